@@ -1,0 +1,86 @@
+"""Throughput of ``encode(x * scale, E4M3, saturate=True)`` on 16M float32 elements, as ratios
+against ml_dtypes / torch measured in the same run (see benchmarks/README.md).
+
+Run: ``python benchmarks/bench_cast.py [--n 16777216] [--repeat 5]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import ml_dtypes
+import numpy as np
+
+import fp8sim
+
+
+def best_of(fn: Callable[[], object], repeat: int) -> float:
+    fn()  # warm-up: builds tables, probes the native path
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--n", type=int, default=16 * 1024 * 1024)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    n, rep = args.n, args.repeat
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    scale = np.float32(37.5)
+    rows: list[tuple[str, float, str]] = []
+
+    anchor = best_of(lambda: x.astype(ml_dtypes.float8_e4m3fn), rep)
+    rows.append(("ml_dtypes x.astype(float8_e4m3fn)  [anchor A]", anchor, "A"))
+    t = best_of(lambda: fp8sim.encode(x * scale, "e4m3", saturate=True), rep)
+    rows.append(("fp8sim numpy encode(x*s, nearest_even, sat)", t, "A"))
+    t_rn = t
+    t = best_of(lambda: fp8sim.encode(x * scale, "e4m3", saturate=True, rounding="stochastic", seed=1), rep)
+    rows.append(("fp8sim numpy encode(x*s, stochastic, sat)", t, "A"))
+    sr_vs_rn = t_rn / t
+    try:
+        import gfloat
+        from gfloat.formats import format_info_ocp_e4m3
+
+        xs = x[: n // 16]
+        tg = best_of(lambda: gfloat.round_ndarray(format_info_ocp_e4m3, xs * scale, sat=True), max(1, rep // 2)) * 16
+        rows.append(("gfloat round_ndarray (1/16 of n, scaled)", tg, "A"))
+    except ImportError:
+        pass
+
+    torch_rows: list[tuple[str, float, str]] = []
+    try:
+        import torch
+
+        xt = torch.from_numpy(x)
+        st = float(scale)
+        tn = best_of(lambda: xt.to(torch.float8_e4m3fn), rep)
+        torch_rows.append(("torch x.to(float8_e4m3fn)  [anchor T]", tn, "T"))
+        tn2 = best_of(lambda: (xt * st).to(torch.float8_e4m3fn), rep)
+        torch_rows.append(("torch (x*s).to(float8_e4m3fn)  [anchor T2]", tn2, "T2"))
+        tt = best_of(lambda: fp8sim.encode(xt * st, "e4m3", saturate=True), rep)
+        torch_rows.append(("fp8sim torch encode(x*s, nearest_even, sat)", tt, "T2"))
+        ttab = best_of(lambda: fp8sim.encode(xt * st, "e4m3", saturate=False), rep)
+        torch_rows.append(("fp8sim torch encode(x*s, nearest_even, no sat: table)", ttab, "T2"))
+        tsr = best_of(lambda: fp8sim.encode(xt * st, "e4m3", saturate=True, rounding="stochastic", seed=1), rep)
+        torch_rows.append(("fp8sim torch encode(x*s, stochastic, sat)", tsr, "T2"))
+        anchors = {"A": anchor, "T": tn, "T2": tn2}
+    except ImportError:
+        anchors = {"A": anchor}
+
+    print(f"n = {n:,} float32 elements, best of {rep}; ratio = anchor time / time (higher is faster)\n")
+    print(f"| {'case':<58} | {'M elem/s':>9} | ratio |")
+    print(f"|{'-' * 60}|{'-' * 11}|-------|")
+    for name, t, a in rows + torch_rows:
+        print(f"| {name:<58} | {n / t / 1e6:>9.0f} | {anchors[a] / t:5.2f}x vs {a} |")
+    print(f"\nstochastic / nearest_even (numpy): {sr_vs_rn:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

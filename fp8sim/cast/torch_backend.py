@@ -1,0 +1,203 @@
+"""torch backend: the same bits as the numpy backend, on any device.
+
+Deterministic float32/float16/bfloat16 casts gather from the same tables as numpy.  For
+``nearest_even`` a native ``.to(float8)`` (optionally after a clamp to the format's range) is used
+instead when it reproduces the table on a probe (every table class of float32 at several low-bit
+patterns, every float16/bfloat16 value, and the critical values one at a time); the probe runs once
+per device, dtype, format and saturation.  float64 runs the exact algorithm in torch float64.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import torch
+
+from ..formats import FloatFormat
+from ._random import torch_bits, torch_bits_at
+from ._rounding import round_codes
+from ._tables import (
+    SR_EXACT,
+    decode_table,
+    f16_code_table,
+    f32_code_table,
+    f32_stochastic_tables,
+    f32_table_ok,
+)
+
+_CPU_CHUNK = 1 << 18
+_NATIVE: dict[tuple, str] = {}
+
+
+@cache
+def _on(table_key: tuple, device: torch.device) -> torch.Tensor:
+    kind, *args = table_key
+    builders = {
+        "f32": f32_code_table,
+        "f16": f16_code_table,
+        "sr_shift": lambda *a: f32_stochastic_tables(*a)[0],
+        "sr_lo": lambda *a: f32_stochastic_tables(*a)[1],
+        "dec": decode_table,
+    }
+    return torch.from_numpy(builders[kind](*args)).to(device)
+
+
+def _chunks(n: int, device: torch.device) -> range:
+    step = _CPU_CHUNK if device.type == "cpu" else max(n, 1)
+    return range(0, n, step)
+
+
+def encode(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: bool, seed: int | None) -> torch.Tensor:
+    """uint8 codes of a float16/bfloat16/float32/float64 tensor, same shape and device."""
+    flat = x.detach().contiguous().reshape(-1)
+    dev = flat.device
+    out = torch.empty(flat.shape, dtype=torch.uint8, device=dev)
+    f16_table = flat.dtype == torch.float16 and rounding != "stochastic"
+    if flat.dtype == torch.float64 or not (f16_table or f32_table_ok(fmt)):
+        _encode_exact(flat, out, fmt, rounding, saturate, seed)
+    elif rounding == "stochastic":
+        _encode_f32_stochastic(_to_f32_exact(flat), out, fmt, saturate, seed)
+    elif rounding == "nearest_even" and (how := _native_choice(fmt, saturate, flat.dtype, dev)) != "table":
+        out = _native(flat, fmt, how)
+    elif flat.dtype == torch.float16:
+        idx = flat.view(torch.int16).to(torch.int32) & 0xFFFF
+        torch.index_select(_on(("f16", fmt, rounding, saturate), dev), 0, idx, out=out)
+    else:
+        flat = _to_f32_exact(flat)
+        table = _on(("f32", fmt, rounding, saturate), dev)
+        u_all = flat.view(torch.int32)
+        for s in _chunks(u_all.numel(), dev):
+            u = u_all[s : s + _CPU_CHUNK] if dev.type == "cpu" else u_all
+            torch.index_select(table, 0, _class_index(u), out=out[s : s + u.numel()])
+    return out.reshape(x.shape)
+
+
+def _to_f32_exact(flat: torch.Tensor) -> torch.Tensor:
+    """float32 with the same value and, for NaN, the same sign (torch's float16 -> float32
+    conversion returns a positive NaN, which would change FP4/FP6 codes)."""
+    if flat.dtype == torch.bfloat16:
+        return (flat.view(torch.int16).to(torch.int32) << 16).view(torch.float32)
+    if flat.dtype == torch.float16:
+        u = flat.float().view(torch.int32)
+        neg_nan = torch.isnan(flat) & (flat.view(torch.int16) < 0)
+        return torch.where(neg_nan, u | -(2**31), u).view(torch.float32)
+    return flat
+
+
+def _class_index(u: torch.Tensor) -> torch.Tensor:
+    return ((u >> 15) & 0x1FFFF) | (u & 0x7FFF).clamp_(max=1)
+
+
+def _native(flat: torch.Tensor, fmt: FloatFormat, how: str) -> torch.Tensor:
+    if how == "clamp_native":
+        lo = -fmt.max if fmt.signed else fmt.min_normal
+        flat = flat.clamp(lo, fmt.max)
+    return flat.to(fmt.torch_dtype).view(torch.uint8)
+
+
+def _encode_f32_stochastic(flat: torch.Tensor, out: torch.Tensor, fmt: FloatFormat, saturate: bool, seed: int) -> None:
+    dev = flat.device
+    shift_table, lo_table = _on(("sr_shift", fmt, saturate), dev), _on(("sr_lo", fmt, saturate), dev)
+    u_all = flat.view(torch.int32)
+    for s in _chunks(u_all.numel(), dev):
+        u = (u_all[s : s + _CPU_CHUNK] if dev.type == "cpu" else u_all).long() & 0xFFFFFFFF
+        shift = shift_table[u >> 23].long()
+        v = (u + (torch_bits(seed, s, u.numel(), dev) >> shift.clamp(max=32))) >> 16
+        code = lo_table[v]
+        exact = shift == SR_EXACT
+        if bool(exact.any()):
+            pos = exact.nonzero().reshape(-1)
+            x64 = u_all[s + pos].view(torch.float32).double()
+            code[pos] = round_codes(torch, x64, fmt, "stochastic", saturate, torch_bits_at(seed, s + pos)).to(
+                torch.uint8
+            )
+        out[s : s + u.numel()] = code
+
+
+def _encode_exact(
+    flat: torch.Tensor, out: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: bool, seed: int | None
+) -> None:
+    for s in _chunks(flat.numel(), flat.device):
+        part = flat[s : s + _CPU_CHUNK] if flat.device.type == "cpu" else flat
+        part = part.double()
+        rbits = torch_bits(seed, s, part.numel(), part.device) if rounding == "stochastic" else None
+        out[s : s + part.numel()] = round_codes(torch, part, fmt, rounding, saturate, rbits).to(torch.uint8)
+
+
+def decode(codes: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    flat = codes.detach().reshape(-1).long()
+    return _on(("dec", fmt), codes.device)[flat].reshape(codes.shape)
+
+
+# -- native fast path -------------------------------------------------------------------------
+
+
+def _probe_inputs(dtype: torch.dtype, fmt: FloatFormat) -> np.ndarray:
+    if dtype in (torch.float16, torch.bfloat16):
+        return np.arange(1 << 16, dtype=np.uint16)
+    cls = np.arange(1 << 17, dtype=np.uint32)
+    hi = (cls >> 1) << 16
+    lows = [np.where(cls & 1, low, 0) for low in (1, 0x7FFF, 0x8000, 0x8001, 0xFFFF)]
+    return np.concatenate([hi] + [hi | low for low in lows]).astype(np.uint32)
+
+
+def _critical_values(fmt: FloatFormat) -> list[float]:
+    """Midpoints between adjacent codes and their float32 neighbours, overflow edges, specials."""
+    vals = decode_table(fmt)
+    fin = np.unique(np.abs(vals[np.isfinite(vals)].astype(np.float64)))
+    mids = (fin[1:] + fin[:-1]) / 2
+    top = fmt.max + (fmt.max - (fin[-2] if fin.size > 1 else 0)) / 2
+    with np.errstate(over="ignore"):
+        pts = np.concatenate([fin, mids, [top, fmt.max * 2, 0.0, np.inf, np.nan]]).astype(np.float32)
+    pts = np.concatenate([pts, np.nextafter(pts, np.float32(np.inf)), np.nextafter(pts, np.float32(0))])
+    return list(np.concatenate([pts, -pts]))
+
+
+def _native_choice(fmt: FloatFormat, saturate: bool, dtype: torch.dtype, device: torch.device) -> str:
+    key = (device.type, device.index, dtype, fmt, saturate)
+    if key in _NATIVE:
+        return _NATIVE[key]
+    choice = "table"
+    if fmt.torch_dtype is not None:
+        bits = _probe_inputs(dtype, fmt)
+        if dtype == torch.float32:
+            probe = torch.from_numpy(bits.view(np.int32)).view(torch.float32)
+        else:
+            probe = torch.from_numpy(bits.view(np.int16)).view(dtype)
+        probe = probe.to(device)
+        want = encode_via_tables(probe, fmt, saturate)
+        crit = torch.tensor(_critical_values(fmt), dtype=torch.float32).to(dtype).to(device)
+        crit_want = encode_via_tables(crit, fmt, saturate)
+        for how in ("native", "clamp_native"):
+            try:
+                ok = torch.equal(_native(probe, fmt, how), want) and torch.equal(_native(probe[3:], fmt, how), want[3:])
+                ok = ok and all(
+                    torch.equal(_native(crit[i : i + 1], fmt, how), crit_want[i : i + 1]) for i in range(crit.numel())
+                )
+            except (RuntimeError, TypeError):
+                ok = False
+            if ok:
+                choice = how
+                break
+    _NATIVE[key] = choice
+    return choice
+
+
+def encode_via_tables(x: torch.Tensor, fmt: FloatFormat, saturate: bool) -> torch.Tensor:
+    """nearest_even codes from the tables only (never the native cast)."""
+    key = (x.device.type, x.device.index, x.dtype, fmt, saturate)
+    saved = _NATIVE.get(key)
+    _NATIVE[key] = "table"
+    try:
+        return encode(x, fmt, "nearest_even", saturate, None)
+    finally:
+        if saved is None:
+            del _NATIVE[key]
+        else:
+            _NATIVE[key] = saved
+
+
+def native_choices() -> dict[tuple, str]:
+    """Which path each probed (device, dtype, format, saturate) uses: 'native', 'clamp_native' or 'table'."""
+    return dict(_NATIVE)
