@@ -1,0 +1,57 @@
+"""The command line: `fp8sim formats`, `fp8sim verify` (exit status follows mismatches)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fp8sim
+from fp8sim import cli, conformance
+
+
+def test_formats_prints_every_format_with_its_limits(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["formats"]) == 0
+    out = capsys.readouterr().out
+    for f in fp8sim.FORMATS.values():
+        row = next(line for line in out.splitlines() if line.startswith(f"| {f.name} |"))
+        assert f"{f.max:.6g} (0x{f.max_code:02x})" in row
+
+
+def test_verify_passes_and_prints_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["verify", "--format", "e2m1", "--format", "e4m3", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "| e4m3 | nearest_even | False | numpy | ml_dtypes | float16 (all 65,536) | 65,536 | 0 |" in out
+    assert "| e4m3 | stochastic | True | torch | exact |" in out or "torch" not in sys.modules
+    assert " 0 mismatches" in out
+
+
+def test_verify_exits_nonzero_and_names_the_first_mismatch(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = conformance.encode
+
+    def flipped(x, fmt, **kw):  # noqa: ANN001, ANN003, ANN202
+        out = real(x, fmt, **kw)
+        if isinstance(out, np.ndarray) and out.size > 300:
+            out = out.copy()
+            out[300] ^= 1  # one wrong low bit
+        return out
+
+    monkeypatch.setattr(conformance, "encode", flipped)
+    assert cli.main(["verify", "--format", "e5m2", "--no-progress", "--no-torch"]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH e5m2 nearest_even saturate=False numpy vs ml_dtypes: x=" in out
+    assert "(#300)" in out
+
+
+def test_module_entry_point_runs() -> None:
+    res = subprocess.run([sys.executable, "-m", "fp8sim", "formats"], capture_output=True, text=True, check=True)
+    assert "| e8m0 |" in res.stdout
+
+
+def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert "verify" in capsys.readouterr().out

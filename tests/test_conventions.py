@@ -1,0 +1,147 @@
+"""Named conventions against the real libraries they reproduce (spec sections 2.3 and 2.4)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fp8sim
+from fp8sim.conformance import count_mismatches
+from fp8sim.formats import FORMATS
+
+BITS16 = np.arange(1 << 16, dtype=np.uint16)
+
+
+def _f32_sample() -> np.ndarray:
+    rng = np.random.default_rng(5)
+    pats = rng.integers(0, 2**32, 1 << 18, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    normal = (rng.standard_normal(1 << 16) * rng.choice([1e-6, 1e-2, 1.0, 300.0, 1e5], 1 << 16)).astype(np.float32)
+    return np.concatenate([pats, normal])
+
+
+def _assert_same(got: np.ndarray, want: np.ndarray, fmt: fp8sim.FloatFormat, x: np.ndarray, what: str) -> None:
+    n, i = count_mismatches(np.asarray(got), np.asarray(want), fmt)
+    assert n == 0, (
+        f"{what} {fmt.name}: {n} codes differ; first x={np.asarray(x).reshape(-1)[i]!r} "
+        f"got 0x{int(np.asarray(got).reshape(-1)[i]):02x} want 0x{int(np.asarray(want).reshape(-1)[i]):02x}"
+    )
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_ml_dtypes_convention_equals_astype_for_float16_bfloat16_float32(name: str) -> None:
+    fmt = FORMATS[name]
+    conv = fp8sim.CONVENTIONS["ml_dtypes"]
+    for x in (BITS16.view(np.float16), BITS16.view(ml_dtypes.bfloat16), _f32_sample()):
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = x.astype(fmt.ml_dtype).view(np.uint8)
+        _assert_same(conv.encode(x, fmt), want, fmt, x, "ml_dtypes")
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_ml_dtypes_convention_double_rounds_float64_arrays_like_ml_dtypes(name: str) -> None:
+    """Spec 2.5 pitfall 1: ml_dtypes casts float64 arrays through float32; the core does not."""
+    fmt = FORMATS[name]
+    vals = np.unique(np.abs(fmt_values(fmt)))
+    mids = (vals[1:] + vals[:-1]) / 2
+    x = np.concatenate([mids + mids * 2.0**-40, mids - mids * 2.0**-40, -(mids + mids * 2.0**-40)])
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = x.astype(fmt.ml_dtype).view(np.uint8)
+    _assert_same(fp8sim.CONVENTIONS["ml_dtypes"].encode(x, fmt), want, fmt, x, "ml_dtypes float64")
+    # ...while the core rounds the exact float64 value once: differs on the ties float32 creates
+    core = fp8sim.encode(x, fmt, saturate=False)
+    assert (core != want).any(), "expected the core to differ from ml_dtypes' double rounding somewhere"
+
+
+def fmt_values(fmt: fp8sim.FloatFormat) -> np.ndarray:
+    v = np.array([fmt.code_value(c) for c in range(fmt.num_codes)])
+    return v[np.isfinite(v)]
+
+
+def test_ml_dtypes_convention_rounds_python_floats_once_like_the_scalar_constructor() -> None:
+    x = 1.0625 + 2.0**-40  # just above the E4M3 midpoint between 1.0 and 1.125
+    want = int(np.array(ml_dtypes.float8_e4m3fn(x)).view(np.uint8))
+    assert fp8sim.CONVENTIONS["ml_dtypes"].encode(x, "e4m3") == want == 0x39
+
+
+def _torch_inputs(torch):  # noqa: ANN001, ANN202
+    with np.errstate(invalid="ignore"):
+        f64 = _f32_sample().astype(np.float64) * (1 + 2.0**-30)
+    return [
+        ("float16", torch.from_numpy(BITS16.view(np.int16)).view(torch.float16)),
+        ("bfloat16", torch.from_numpy(BITS16.view(np.int16)).view(torch.bfloat16)),
+        ("float32", torch.from_numpy(_f32_sample())),
+        ("float64", torch.from_numpy(f64)),
+    ]
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2", "e8m0", "e4m3fnuz", "e5m2fnuz"])
+def test_torch_eager_convention_equals_installed_torch_bit_for_bit(name: str) -> None:
+    torch = pytest.importorskip("torch")
+    fmt = FORMATS[name]
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    conv = fp8sim.CONVENTIONS["torch_eager" if version >= (2, 13) else "torch_eager_legacy"]
+    for label, x in _torch_inputs(torch):
+        want = x.to(fmt.torch_dtype).view(torch.uint8).numpy()
+        got = conv.encode(x, fmt).numpy()
+        # torch_eager reproduces even the NaN codes: compare raw bits, not NaN classes
+        bad = np.flatnonzero(got != want)
+        assert bad.size == 0, (
+            f"{conv.name} {name} {label}: {bad.size} differ; first x={x.reshape(-1)[bad[0]].item()!r} "
+            f"got 0x{got[bad[0]]:02x} want 0x{want[bad[0]]:02x}"
+        )
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"])
+def test_torchao_convention_equals_to_fp8_saturated(name: str) -> None:
+    torch = pytest.importorskip("torch")
+    fu = pytest.importorskip("torchao.float8.float8_utils")
+    fmt = FORMATS[name]
+    for _, x in _torch_inputs(torch):
+        want = fu.to_fp8_saturated(x, fmt.torch_dtype).view(torch.uint8).numpy()
+        _assert_same(fp8sim.CONVENTIONS["torchao"].encode(x, fmt).numpy(), want, fmt, x.float().numpy(), "torchao")
+
+
+# Spec section 2.3 (torch eager E4M3FN before pytorch#178817), written by hand.
+LEGACY_E4M3 = [(448.0, 0x7E), (464.0, 0x7E), (464.5, 0x7F), (479.0, 0x7F), (480.0, 0x7F), (1e9, 0x7F),
+               (-470.0, 0xFF), (float("inf"), 0x7F), (float("-inf"), 0xFF)]
+
+
+@pytest.mark.parametrize(("x", "code"), LEGACY_E4M3)
+def test_torch_eager_legacy_e4m3_overflow_goes_to_nan(x: float, code: int) -> None:
+    assert fp8sim.CONVENTIONS["torch_eager_legacy"].encode(np.float32(x), "e4m3") == code
+
+
+# Spec section 2.4, TE float_to_e8m0 / PTX cvt.rp.satfinite.ue8m0x2 column, by hand.
+SATFINITE_E8M0 = [(0.0, 0x00), (1.0, 0x7F), (1.0000001, 0x80), (1.5, 0x80), (3.0, 0x81),
+                  (float("inf"), 0xFE), (3.0e38, 0xFE), (float("nan"), 0xFF),
+                  (2.0**-127, 0x00), (2.0**-127 * 1.25, 0x01), (2.0**-130, 0x00)]
+
+
+@pytest.mark.parametrize(("x", "code"), SATFINITE_E8M0)
+def test_satfinite_e8m0_rounds_up_and_saturates(x: float, code: int) -> None:
+    assert fp8sim.get_convention("te").encode(np.float32(x), "e8m0") == code
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2", "e2m1", "e2m3", "e3m2"])
+def test_satfinite_equals_gfloat_saturating_nearest_even(name: str) -> None:
+    gfloat = pytest.importorskip("gfloat")
+    from gfloat import formats as gf
+
+    fi = {"e4m3": gf.format_info_ocp_e4m3, "e5m2": gf.format_info_ocp_e5m2, "e2m1": gf.format_info_ocp_e2m1,
+          "e2m3": gf.format_info_ocp_e2m3, "e3m2": gf.format_info_ocp_e3m2}[name]
+    fmt = FORMATS[name]
+    vals = np.unique(np.abs(fmt_values(fmt)))
+    mids = (vals[1:] + vals[:-1]) / 2
+    x = np.concatenate([vals, mids, mids * (1 + 2.0**-20), mids * (1 - 2.0**-20), [fmt.max * 1.1, 1e30, np.inf]])
+    x = np.concatenate([x, -x])
+    want = np.array([gfloat.round_float(fi, float(v), gfloat.RoundMode.TiesToEven, sat=True) for v in x])
+    got = fp8sim.get_convention("cuda").quantize(x, name).astype(np.float64)
+    assert np.array_equal(got, want), f"first differing x={x[np.flatnonzero(got != want)[0]]}"
+
+
+def test_unknown_convention_and_unsupported_format_are_named() -> None:
+    with pytest.raises(ValueError, match="unknown convention 'numpy'; known: ml_dtypes, satfinite"):
+        fp8sim.get_convention("numpy")
+    with pytest.raises(ValueError, match="convention 'torch_eager' has no e2m1"):
+        fp8sim.CONVENTIONS["torch_eager"].encode(np.float32(1.0), "e2m1")
