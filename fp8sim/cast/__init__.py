@@ -57,7 +57,7 @@ def _is_torch(x: Any) -> bool:
 def _float_array(x: Any, arg: str = "x") -> np.ndarray:
     """numpy float16/float32/float64 view of ``x`` (bfloat16 and narrower ml_dtypes floats become
     float32, exactly)."""
-    if isinstance(x, np.ndarray) or isinstance(x, np.generic):
+    if isinstance(x, (np.ndarray, np.generic)):
         arr = np.asarray(x)
     elif isinstance(x, (bool, int, complex)) or not isinstance(x, (float, list, tuple)):
         raise TypeError(
@@ -66,6 +66,9 @@ def _float_array(x: Any, arg: str = "x") -> np.ndarray:
     else:
         arr = np.asarray(x)
     dt = arr.dtype
+    if dt.kind == "f" and not dt.isnative:
+        arr = arr.astype(dt.newbyteorder("="))
+        dt = arr.dtype
     if dt in (np.float16, np.float32, np.float64):
         return arr
     if dt.kind == "V" and dt.type.__module__.startswith("ml_dtypes") and _is_ml_float(dt):
@@ -115,7 +118,7 @@ def encode(
         from . import torch_backend
 
         return torch_backend.encode(_torch_float(x), f, rounding, bool(saturate), seed)
-    scalar = isinstance(x, float)
+    scalar = isinstance(x, float) and not isinstance(x, np.generic)
     arr = _float_array(x)
     out = numpy_backend.encode(arr, f, rounding, bool(saturate), seed)
     if scalar:
@@ -146,8 +149,8 @@ def decode(codes: Any, fmt: str | FloatFormat) -> Any:
         raise TypeError(f"codes must have an integer dtype; got {arr.dtype}")
     if arr.size:
         _check_range(int(arr.min()), int(arr.max()), f)
-    out = decode_table(f)[arr.astype(np.intp)]
-    if isinstance(codes, int):
+    out = decode_table(f)[arr.astype(np.intp).reshape(-1)].reshape(arr.shape)
+    if isinstance(codes, int) and not isinstance(codes, np.generic):
         return float(out)
     return out[()] if isinstance(codes, np.generic) else out
 

@@ -110,7 +110,13 @@ def round_codes(
     n = _i64(xp, n_f)
 
     if rounding == "nearest_even":
-        up = (f > 0.5) | ((f == 0.5) & ((n & 1) == 1))
+        if m:
+            odd = (n & 1) == 1  # the mantissa LSB is the code's LSB
+        elif fmt.subnormals:
+            odd = (n != 0) & (((e + fmt.bias) & 1) == 1)  # no mantissa: the exponent LSB is the code's
+        else:
+            odd = n == n  # E8M0 (ml_dtypes): the implicit bit is the LSB, so ties go up
+        up = (f > 0.5) | ((f == 0.5) & odd)
     elif rounding == "nearest_away":
         up = f >= 0.5
     elif rounding in ("toward_zero", _LO):
