@@ -31,6 +31,7 @@ SR_BITS = 32
 
 # -- failure reporting ------------------------------------------------------------------------
 
+
 def _to_numpy(a: Any) -> np.ndarray:
     if type(a).__module__.startswith("torch"):
         import torch
@@ -95,6 +96,7 @@ def assert_codes_equal(got: Any, want: Any, fmt: Any, inputs: Any, what: str = "
 
 # -- inputs -----------------------------------------------------------------------------------
 
+
 def all_float16() -> np.ndarray:
     """All 65,536 float16 bit patterns."""
     return np.arange(1 << 16, dtype=np.uint16).view(np.float16)
@@ -112,6 +114,7 @@ def widen(x: np.ndarray, dtype: Any) -> np.ndarray:
 
 
 # -- independent exact reference (spec section 2) ---------------------------------------------
+
 
 class Grid:
     """A format's values as exact Fractions, with the codes the spec assigns to them."""

@@ -47,8 +47,20 @@ def _points32(fmt: str) -> np.ndarray:
     assert (pts.astype(np.float64) == np.array([float(p) for p in critical_points(fmt)])).all()
     with np.errstate(over="ignore"):
         extra = np.array(
-            [0.0, f.smallest_positive / 8, f.smallest_positive / 2, 2 * f.max, 4 * f.max, 1e38,
-             np.finfo(np.float32).max, np.finfo(np.float32).tiny, 1e-45, np.inf, np.nan], np.float64
+            [
+                0.0,
+                f.smallest_positive / 8,
+                f.smallest_positive / 2,
+                2 * f.max,
+                4 * f.max,
+                1e38,
+                np.finfo(np.float32).max,
+                np.finfo(np.float32).tiny,
+                1e-45,
+                np.inf,
+                np.nan,
+            ],
+            np.float64,
         ).astype(np.float32)
     pts = np.concatenate([pts, extra])
     with np.errstate(over="ignore"):  # nextafter(float32 max) is Inf
@@ -86,8 +98,13 @@ def _reference(fmt: str, dtype: str, rounding: str, saturate: bool) -> np.ndarra
 def test_numpy_matches_exact_fraction_reference_at_midpoints(fmt, rounding, saturate, dtype):
     x = _points(fmt, dtype)
     got = fp8sim.encode(x, fmt, rounding=rounding, saturate=saturate)
-    assert_codes_equal(got, _reference(fmt, dtype, rounding, saturate), fmt, x,
-                       f"rounding={rounding} saturate={saturate} numpy {dtype}")
+    assert_codes_equal(
+        got,
+        _reference(fmt, dtype, rounding, saturate),
+        fmt,
+        x,
+        f"rounding={rounding} saturate={saturate} numpy {dtype}",
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -116,11 +133,17 @@ def test_fraction_reference_nearest_even_agrees_with_ml_dtypes(fmt, saturate):
         y = np.where(np.isnan(x), x, np.clip(x, np.float32(fi.min), np.float32(fi.max)))
     with np.errstate(invalid="ignore", over="ignore"):
         want = y.astype(f.ml_dtype).view(np.uint8)
-    assert_codes_equal(_reference(fmt, "float32", "nearest_even", saturate), want, fmt, x,
-                       f"Fraction reference vs ml_dtypes, saturate={saturate}")
+    assert_codes_equal(
+        _reference(fmt, "float32", "nearest_even", saturate),
+        want,
+        fmt,
+        x,
+        f"Fraction reference vs ml_dtypes, saturate={saturate}",
+    )
 
 
 # -- every 16-bit input ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("saturate", [False, True], ids=["nonsat", "sat"])
 @pytest.mark.parametrize("rounding", DETERMINISTIC_MODES)
@@ -128,8 +151,13 @@ def test_fraction_reference_nearest_even_agrees_with_ml_dtypes(fmt, saturate):
 def test_vectorised_reference_equals_fraction_reference(fmt, rounding, saturate):
     """Self-check of the fast oracle used on all 2^16 inputs below."""
     x = _points32(fmt)
-    assert_codes_equal(ref_encode_vec(x, fmt, rounding, saturate), _reference(fmt, "float32", rounding, saturate),
-                       fmt, x, f"vectorised vs Fraction reference, rounding={rounding} saturate={saturate}")
+    assert_codes_equal(
+        ref_encode_vec(x, fmt, rounding, saturate),
+        _reference(fmt, "float32", rounding, saturate),
+        fmt,
+        x,
+        f"vectorised vs Fraction reference, rounding={rounding} saturate={saturate}",
+    )
 
 
 @cache
@@ -150,8 +178,13 @@ def test_every_16bit_input_matches_reference(fmt, rounding, saturate, source, ba
         dt = torch.float16 if source == "float16" else torch.bfloat16
         x = torch.from_numpy(x.view(np.int16)).view(dt)  # from bits: NaN signs kept
     got = fp8sim.encode(x, fmt, rounding=rounding, saturate=saturate)
-    assert_codes_equal(got, _reference16(fmt, source, rounding, saturate), fmt, x,
-                       f"rounding={rounding} saturate={saturate} {backend} {source}")
+    assert_codes_equal(
+        got,
+        _reference16(fmt, source, rounding, saturate),
+        fmt,
+        x,
+        f"rounding={rounding} saturate={saturate} {backend} {source}",
+    )
 
 
 @cache
@@ -184,6 +217,7 @@ def test_random_float32_patterns_across_chunks_match_reference(fmt, rounding, ba
 
 # -- gfloat ---------------------------------------------------------------------------------------
 
+
 def _gfloat_format(fmt: str):
     gf = pytest.importorskip("gfloat")
     from gfloat import formats as gff
@@ -202,8 +236,15 @@ def _gfloat_format(fmt: str):
     f = fp8sim.get_format(fmt)
     assert f.specials == "fnuz"
     return gf.FormatInfo(
-        f.name, k=f.bits, precision=f.mbits + 1, bias=f.bias, is_signed=True,
-        domain=gf.Domain.Finite, has_nz=False, num_high_nans=0, has_subnormals=True,
+        f.name,
+        k=f.bits,
+        precision=f.mbits + 1,
+        bias=f.bias,
+        is_signed=True,
+        domain=gf.Domain.Finite,
+        has_nz=False,
+        num_high_nans=0,
+        has_subnormals=True,
         is_twos_complement=False,
     )
 
@@ -258,9 +299,7 @@ def test_matches_gfloat_round_float_at_midpoints(fmt, rounding, saturate, dtype)
                 continue
             want = math.copysign(f.max, v)  # FP4/FP6 non-saturating overflow: max (spec 2.2)
         g = float(got[i])
-        ok = (math.isnan(g) and math.isnan(want)) or (
-            g == want and math.copysign(1.0, g) == math.copysign(1.0, want)
-        )
+        ok = (math.isnan(g) and math.isnan(want)) or (g == want and math.copysign(1.0, g) == math.copysign(1.0, want))
         if not ok:
             code = int(fp8sim.encode(x[i : i + 1], f, rounding=rounding, saturate=saturate)[0])
             raise AssertionError(
@@ -316,13 +355,24 @@ def test_signed_format_without_mantissa_bits_breaks_ties_by_code_parity():
     want = np.array([0x02, 0x04, 0x04, 0x0A], np.uint8)
     assert_codes_equal(ref_encode_array(x, f, "nearest_even", True), want, f, x, "reference")
     gf = pytest.importorskip("gfloat")
-    fi = gf.FormatInfo("x_e3m0", k=4, precision=1, bias=3, is_signed=True, domain=gf.Domain.Finite, has_nz=True,
-                       num_high_nans=0, has_subnormals=True, is_twos_complement=False)
+    fi = gf.FormatInfo(
+        "x_e3m0",
+        k=4,
+        precision=1,
+        bias=3,
+        is_signed=True,
+        domain=gf.Domain.Finite,
+        has_nz=True,
+        num_high_nans=0,
+        has_subnormals=True,
+        is_twos_complement=False,
+    )
     assert [gf.round_float(fi, float(v)) for v in x] == [f.code_value(int(c)) for c in want]
     assert_codes_equal(fp8sim.encode(x, f), want, f, x, "nearest_even ties")
 
 
 # -- named cases from the spec ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("saturate", [False, True], ids=["nonsat", "sat"])
 def test_e8m0_nearest_ties_go_up_like_ml_dtypes(saturate):
@@ -339,14 +389,30 @@ def test_e8m0_nearest_ties_go_up_like_ml_dtypes(saturate):
 def test_e8m0_nearest_sends_lowest_binade_to_code_1_and_below_to_code_0(rounding):
     """Spec 2.4 (ml_dtypes): anything in (2^-127, 2^-126) -> 2^-126; at or below 2^-127 -> 0x00."""
     lo = np.float32(2.0**-127)
-    inside = np.array([np.nextafter(lo, np.float32(1)), np.float32(1.25 * 2.0**-127),
-                       np.nextafter(np.float32(2.0**-126), np.float32(0))], np.float32)
+    inside = np.array(
+        [
+            np.nextafter(lo, np.float32(1)),
+            np.float32(1.25 * 2.0**-127),
+            np.nextafter(np.float32(2.0**-126), np.float32(0)),
+        ],
+        np.float32,
+    )
     below = np.array([lo, np.float32(2.0**-128), np.float32(1e-45), np.float32(2.0**-127 * 0.75)], np.float32)
     for sat in (False, True):
-        assert_codes_equal(fp8sim.encode(inside, "e8m0", rounding=rounding, saturate=sat),
-                           np.ones(3, np.uint8), "e8m0", inside, f"{rounding} (2^-127, 2^-126)")
-        assert_codes_equal(fp8sim.encode(below, "e8m0", rounding=rounding, saturate=sat),
-                           np.zeros(4, np.uint8), "e8m0", below, f"{rounding} <= 2^-127")
+        assert_codes_equal(
+            fp8sim.encode(inside, "e8m0", rounding=rounding, saturate=sat),
+            np.ones(3, np.uint8),
+            "e8m0",
+            inside,
+            f"{rounding} (2^-127, 2^-126)",
+        )
+        assert_codes_equal(
+            fp8sim.encode(below, "e8m0", rounding=rounding, saturate=sat),
+            np.zeros(4, np.uint8),
+            "e8m0",
+            below,
+            f"{rounding} <= 2^-127",
+        )
 
 
 def test_e8m0_directed_modes_round_to_the_power_of_two_above_or_below():
@@ -387,11 +453,21 @@ def test_directed_overflow_rule(fmt):
         ]
     for rounding, v, want in cases:
         x = np.array([v], np.float32)
-        assert_codes_equal(fp8sim.encode(x, f, rounding=rounding, saturate=False), np.array([want], np.uint8),
-                           f, x, f"rounding={rounding} saturate=False")
+        assert_codes_equal(
+            fp8sim.encode(x, f, rounding=rounding, saturate=False),
+            np.array([want], np.uint8),
+            f,
+            x,
+            f"rounding={rounding} saturate=False",
+        )
         sat_want = g.signed_code(g.max, bool(np.signbit(v)))
-        assert_codes_equal(fp8sim.encode(x, f, rounding=rounding, saturate=True), np.array([sat_want], np.uint8),
-                           f, x, f"rounding={rounding} saturate=True")
+        assert_codes_equal(
+            fp8sim.encode(x, f, rounding=rounding, saturate=True),
+            np.array([sat_want], np.uint8),
+            f,
+            x,
+            f"rounding={rounding} saturate=True",
+        )
 
 
 @pytest.mark.parametrize("rounding", DETERMINISTIC_MODES)
@@ -408,5 +484,6 @@ def test_fnuz_negative_values_rounding_to_zero_give_code_0(fmt, rounding):
     assert_codes_equal(got, want, f, x, f"rounding={rounding}")
     half = np.array([-f.smallest_positive / 2], np.float32)  # a tie between 0 and the smallest
     want_half = 0x81 if rounding in ("down", "nearest_away") else 0x00
-    assert_codes_equal(fp8sim.encode(half, f, rounding=rounding), np.array([want_half], np.uint8), f, half,
-                       f"rounding={rounding}")
+    assert_codes_equal(
+        fp8sim.encode(half, f, rounding=rounding), np.array([want_half], np.uint8), f, half, f"rounding={rounding}"
+    )

@@ -102,8 +102,11 @@ _BAD_NUMPY = [
 
 
 @pytest.mark.parametrize("call", ["encode", "quantize"])
-@pytest.mark.parametrize("bad", [1, True, 1j, None, "1.0", object(), *_BAD_NUMPY],
-                         ids=lambda v: f"{type(v).__name__}-{getattr(v, 'dtype', '')}")
+@pytest.mark.parametrize(
+    "bad",
+    [1, True, 1j, None, "1.0", object(), *_BAD_NUMPY],
+    ids=lambda v: f"{type(v).__name__}-{getattr(v, 'dtype', '')}",
+)
 def test_non_float_input_raises_type_error(call, bad):
     with pytest.raises(TypeError):
         getattr(fp8sim, call)(bad, "e4m3")
@@ -136,8 +139,11 @@ def test_decode_out_of_range_codes_raise_value_error(fmt):
         fp8sim.decode(torch.tensor([-1]), f)
 
 
-@pytest.mark.parametrize("bad", [1.0, True, np.array([1.0]), np.array([True]), np.float32(2), None, "3"],
-                         ids=lambda v: f"{type(v).__name__}-{getattr(v, 'dtype', '')}")
+@pytest.mark.parametrize(
+    "bad",
+    [1.0, True, np.array([1.0]), np.array([True]), np.float32(2), None, "3"],
+    ids=lambda v: f"{type(v).__name__}-{getattr(v, 'dtype', '')}",
+)
 def test_decode_non_integer_codes_raise_type_error(bad):
     with pytest.raises(TypeError):
         fp8sim.decode(bad, "e4m3")
@@ -152,6 +158,7 @@ def test_decode_non_integer_tensor_raises_type_error(dtype):
 
 # -- result kinds and shapes -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_python_float_gives_int_code_and_float_value(fmt):
     code = fp8sim.encode(1.0, fmt)
@@ -161,8 +168,11 @@ def test_python_float_gives_int_code_and_float_value(fmt):
     assert type(fp8sim.decode(code, fmt)) is float
 
 
-@pytest.mark.parametrize("scalar", [np.float16(1.0), np.float32(1.0), np.float64(1.0), ml_dtypes.bfloat16(1.0)],
-                         ids=lambda v: type(v).__name__)
+@pytest.mark.parametrize(
+    "scalar",
+    [np.float16(1.0), np.float32(1.0), np.float64(1.0), ml_dtypes.bfloat16(1.0)],
+    ids=lambda v: type(v).__name__,
+)
 def test_numpy_scalar_gives_numpy_scalar(scalar):
     """np.float64 is a subclass of Python float, but it is a numpy scalar: it must not be taken for
     a Python float (which gives int / float results)."""

@@ -109,6 +109,7 @@ def test_torch_output_is_uint8_with_input_shape(fmt):
 
 # -- decode -------------------------------------------------------------------------------------
 
+
 def _ml_decode(fmt: fp8sim.FloatFormat) -> np.ndarray:
     return np.arange(fmt.num_codes, dtype=np.uint8).view(fmt.ml_dtype).astype(np.float32)
 
@@ -165,6 +166,7 @@ def test_format_record_matches_ml_dtypes_finfo(fmt):
 
 
 # -- float64 is rounded once ----------------------------------------------------------------------
+
 
 def _double_rounding_cases(fmt: str) -> tuple[np.ndarray, np.ndarray]:
     """float64 values one float64 ulp above and below each midpoint (and the half step above max),

@@ -31,7 +31,9 @@ def _floats_near_grid(fmt: str) -> st.SearchStrategy[float]:
     pts = [float(p) for p in critical_points(fmt)]
     nudged = st.builds(
         lambda p, k, s: s * float(np.float32(p) + np.float32(k) * np.spacing(np.float32(p))),
-        st.sampled_from(pts), st.integers(-3, 3), st.sampled_from([1.0, -1.0]),
+        st.sampled_from(pts),
+        st.integers(-3, 3),
+        st.sampled_from([1.0, -1.0]),
     )
     return st.one_of(
         st.floats(allow_nan=False, width=32),
@@ -71,7 +73,7 @@ def test_quantize_is_monotonic_in_every_deterministic_mode(fmt, backend, data):
             bad = np.flatnonzero(keep[1:] < keep[:-1])  # Inf - Inf is NaN: compare, do not subtract
             assert bad.size == 0, (
                 f"{fmt} rounding={rounding} saturate={saturate} {backend}: not monotonic: "
-                f"sorted inputs {_np(x)[~np.isnan(q)][bad[0]:bad[0] + 2]} -> {keep[bad[0]:bad[0] + 2]}"
+                f"sorted inputs {_np(x)[~np.isnan(q)][bad[0] : bad[0] + 2]} -> {keep[bad[0] : bad[0] + 2]}"
             )
 
 
@@ -88,8 +90,9 @@ def test_quantize_is_idempotent_in_every_mode(fmt, backend, data):
             codes = fp8sim.encode(x, fmt, **kw)
             q = fp8sim.quantize(x, fmt, **kw)
             again = fp8sim.encode(q, fmt, **kw)
-            assert_codes_equal(again, codes, fmt, q,
-                               f"quantize twice, rounding={rounding} saturate={saturate} {backend}")
+            assert_codes_equal(
+                again, codes, fmt, q, f"quantize twice, rounding={rounding} saturate={saturate} {backend}"
+            )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -132,5 +135,10 @@ def test_negating_the_input_flips_the_sign_bit(fmt, backend, data):
             s1 = 17 if mode == "stochastic" else None
             pos = _np(fp8sim.encode(x, f, rounding=mirrored, saturate=saturate, seed=s1))
             neg = fp8sim.encode(nx, f, rounding=mode, saturate=saturate, seed=s1)
-            assert_codes_equal(neg, _negated_codes(pos, f), f, -xs,
-                               f"encode(-x, {mode}) vs -encode(x, {mirrored}), saturate={saturate} {backend}")
+            assert_codes_equal(
+                neg,
+                _negated_codes(pos, f),
+                f,
+                -xs,
+                f"encode(-x, {mode}) vs -encode(x, {mirrored}), saturate={saturate} {backend}",
+            )

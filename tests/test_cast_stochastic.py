@@ -109,7 +109,8 @@ def test_every_16bit_input_gives_the_same_stochastic_codes_in_every_container(fm
     others = {"numpy-float32": x32, "numpy-float64": widen(x, np.float64)}
     torch = pytest.importorskip("torch")
     others["torch-native"] = torch.from_numpy(x.view(np.int16)).view(
-        torch.float16 if source == "float16" else torch.bfloat16)
+        torch.float16 if source == "float16" else torch.bfloat16
+    )
     others["torch-float32"] = torch.from_numpy(x32)
     for name, xin in others.items():
         got = fp8sim.encode(xin, fmt, rounding="stochastic", seed=77)
@@ -132,8 +133,14 @@ def test_stochastic_bits_follow_flat_c_order_index(fmt, backend):
     assert_codes_equal(got.reshape(-1), flat, fmt, x, f"reshaped {backend}")
     xt = x.reshape(96, 256).T
     want_t = _np(fp8sim.encode(_as(np.ascontiguousarray(xt), backend), fmt, rounding="stochastic", seed=11))
-    got_t = _np(fp8sim.encode(_as(xt, backend) if backend.startswith("numpy") else _as(x.reshape(96, 256), backend).T,
-                              fmt, rounding="stochastic", seed=11))
+    got_t = _np(
+        fp8sim.encode(
+            _as(xt, backend) if backend.startswith("numpy") else _as(x.reshape(96, 256), backend).T,
+            fmt,
+            rounding="stochastic",
+            seed=11,
+        )
+    )
     assert_codes_equal(got_t, want_t, fmt, np.ascontiguousarray(xt), f"transposed {backend}")
 
 
@@ -191,25 +198,42 @@ def test_different_seeds_give_different_codes(fmt):
     b = fp8sim.encode(x, f, rounding="stochastic", seed=2)
     c = fp8sim.encode(x, f, rounding="stochastic", seed=2**63 + 1)
     ambiguous = fp8sim.encode(x, f, rounding="toward_zero") != np.where(
-        np.signbit(x), fp8sim.encode(x, f, rounding="down"), fp8sim.encode(x, f, rounding="up"))
+        np.signbit(x), fp8sim.encode(x, f, rounding="down"), fp8sim.encode(x, f, rounding="up")
+    )
     # with f uniform on (0, 1) two independent draws differ with probability 2f(1-f), 1/3 on average
     assert (a != b)[ambiguous].mean() > 0.2 and (b != c)[ambiguous].mean() > 0.2
 
 
 # -- against gfloat StochasticFastest and the Fraction reference -------------------------------------
 
+
 def _gfloat_format(fmt: str):
     gf = pytest.importorskip("gfloat")
     from gfloat import formats as gff
 
     f = fp8sim.get_format(fmt)
-    table = {"e4m3": gff.format_info_ocp_e4m3, "e5m2": gff.format_info_ocp_e5m2, "e8m0": gff.format_info_ocp_e8m0,
-             "e2m1": gff.format_info_ocp_e2m1, "e2m3": gff.format_info_ocp_e2m3, "e3m2": gff.format_info_ocp_e3m2}
+    table = {
+        "e4m3": gff.format_info_ocp_e4m3,
+        "e5m2": gff.format_info_ocp_e5m2,
+        "e8m0": gff.format_info_ocp_e8m0,
+        "e2m1": gff.format_info_ocp_e2m1,
+        "e2m3": gff.format_info_ocp_e2m3,
+        "e3m2": gff.format_info_ocp_e3m2,
+    }
     if fmt in table:
         return table[fmt]
-    return gf.FormatInfo(f.name, k=f.bits, precision=f.mbits + 1, bias=f.bias, is_signed=True,
-                         domain=gf.Domain.Finite, has_nz=False, num_high_nans=0, has_subnormals=True,
-                         is_twos_complement=False)
+    return gf.FormatInfo(
+        f.name,
+        k=f.bits,
+        precision=f.mbits + 1,
+        bias=f.bias,
+        is_signed=True,
+        domain=gf.Domain.Finite,
+        has_nz=False,
+        num_high_nans=0,
+        has_subnormals=True,
+        is_twos_complement=False,
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -228,8 +252,9 @@ def test_matches_gfloat_stochastic_fastest_with_32_bits(fmt, saturate, backend):
     r = numpy_bits(seed, 0, x.size)
     got_codes = _np(fp8sim.encode(_as(x, backend), f, rounding="stochastic", saturate=saturate, seed=seed))
     got = fp8sim.decode(got_codes, f)
-    ref = np.array([ref_encode(float(v), f, "stochastic", saturate, int(b)) for v, b in zip(x, r, strict=True)],
-                   np.uint8)
+    ref = np.array(
+        [ref_encode(float(v), f, "stochastic", saturate, int(b)) for v, b in zip(x, r, strict=True)], np.uint8
+    )
     assert_codes_equal(got_codes, ref, f, x, f"stochastic vs Fraction reference saturate={saturate} {backend}")
     for i, (v, b) in enumerate(zip(x, r, strict=True)):
         v = float(v)
@@ -243,8 +268,10 @@ def test_matches_gfloat_stochastic_fastest_with_32_bits(fmt, saturate, backend):
             want = math.copysign(f.max, v)
         g = float(got[i])
         ok = (math.isnan(g) and math.isnan(want)) or (g == want and math.copysign(1, g) == math.copysign(1, want))
-        assert ok, (f"{fmt} stochastic saturate={saturate} {backend}: index {i} input {v!r} ({v.hex()}) bits "
-                    f"0x{int(b):08X}: fp8sim {g!r} (code 0x{int(got_codes[i]):02X}), gfloat {want!r}")
+        assert ok, (
+            f"{fmt} stochastic saturate={saturate} {backend}: index {i} input {v!r} ({v.hex()}) bits "
+            f"0x{int(b):08X}: fp8sim {g!r} (code 0x{int(got_codes[i]):02X}), gfloat {want!r}"
+        )
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
@@ -255,11 +282,12 @@ def test_full_precision_float64_matches_fraction_reference(fmt, saturate, backen
     drops its low bits, and the same r_i decide."""
     rng = np.random.default_rng(12)
     x32 = _samples(fmt, 1500, seed=4)
-    x = widen(x32, np.float64) * (1 + rng.uniform(-2.0**-24, 2.0**-24, x32.size))
+    x = widen(x32, np.float64) * (1 + rng.uniform(-(2.0**-24), 2.0**-24, x32.size))
     seed = 555
     r = numpy_bits(seed, 0, x.size)
-    want = np.array([ref_encode(float(v), fmt, "stochastic", saturate, int(b)) for v, b in zip(x, r, strict=True)],
-                    np.uint8)
+    want = np.array(
+        [ref_encode(float(v), fmt, "stochastic", saturate, int(b)) for v, b in zip(x, r, strict=True)], np.uint8
+    )
     xin = x
     if backend == "torch":
         torch = pytest.importorskip("torch")
@@ -270,10 +298,12 @@ def test_full_precision_float64_matches_fraction_reference(fmt, saturate, backen
 
 # -- unbiasedness -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("sign", [1.0, -1.0])
-@pytest.mark.parametrize(("fmt", "lo", "hi"), [("e4m3", 1.0, 1.125), ("e5m2", 1.0, 1.25), ("e2m1", 2.0, 3.0),
-                                               ("e8m0", 1.0, 2.0)])
+@pytest.mark.parametrize(
+    ("fmt", "lo", "hi"), [("e4m3", 1.0, 1.125), ("e5m2", 1.0, 1.25), ("e2m1", 2.0, 3.0), ("e8m0", 1.0, 2.0)]
+)
 def test_stochastic_rounding_is_unbiased(fmt, lo, hi, sign, dtype):
     """x = lo + 0.3 (hi - lo) (to the input precision).  With r uniform, P(up) = p =
     floor(f 2^32) / 2^32 exactly, so over n = 200,000 elements mean(quantize(x)) has expectation

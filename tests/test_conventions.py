@@ -103,8 +103,17 @@ def test_torchao_convention_equals_to_fp8_saturated(name: str) -> None:
 
 
 # Spec section 2.3 (torch eager E4M3FN before pytorch#178817), written by hand.
-LEGACY_E4M3 = [(448.0, 0x7E), (464.0, 0x7E), (464.5, 0x7F), (479.0, 0x7F), (480.0, 0x7F), (1e9, 0x7F),
-               (-470.0, 0xFF), (float("inf"), 0x7F), (float("-inf"), 0xFF)]
+LEGACY_E4M3 = [
+    (448.0, 0x7E),
+    (464.0, 0x7E),
+    (464.5, 0x7F),
+    (479.0, 0x7F),
+    (480.0, 0x7F),
+    (1e9, 0x7F),
+    (-470.0, 0xFF),
+    (float("inf"), 0x7F),
+    (float("-inf"), 0xFF),
+]
 
 
 @pytest.mark.parametrize(("x", "code"), LEGACY_E4M3)
@@ -113,9 +122,19 @@ def test_torch_eager_legacy_e4m3_overflow_goes_to_nan(x: float, code: int) -> No
 
 
 # Spec section 2.4, TE float_to_e8m0 / PTX cvt.rp.satfinite.ue8m0x2 column, by hand.
-SATFINITE_E8M0 = [(0.0, 0x00), (1.0, 0x7F), (1.0000001, 0x80), (1.5, 0x80), (3.0, 0x81),
-                  (float("inf"), 0xFE), (3.0e38, 0xFE), (float("nan"), 0xFF),
-                  (2.0**-127, 0x00), (2.0**-127 * 1.25, 0x01), (2.0**-130, 0x00)]
+SATFINITE_E8M0 = [
+    (0.0, 0x00),
+    (1.0, 0x7F),
+    (1.0000001, 0x80),
+    (1.5, 0x80),
+    (3.0, 0x81),
+    (float("inf"), 0xFE),
+    (3.0e38, 0xFE),
+    (float("nan"), 0xFF),
+    (2.0**-127, 0x00),
+    (2.0**-127 * 1.25, 0x01),
+    (2.0**-130, 0x00),
+]
 
 
 @pytest.mark.parametrize(("x", "code"), SATFINITE_E8M0)
@@ -128,8 +147,13 @@ def test_satfinite_equals_gfloat_saturating_nearest_even(name: str) -> None:
     gfloat = pytest.importorskip("gfloat")
     from gfloat import formats as gf
 
-    fi = {"e4m3": gf.format_info_ocp_e4m3, "e5m2": gf.format_info_ocp_e5m2, "e2m1": gf.format_info_ocp_e2m1,
-          "e2m3": gf.format_info_ocp_e2m3, "e3m2": gf.format_info_ocp_e3m2}[name]
+    fi = {
+        "e4m3": gf.format_info_ocp_e4m3,
+        "e5m2": gf.format_info_ocp_e5m2,
+        "e2m1": gf.format_info_ocp_e2m1,
+        "e2m3": gf.format_info_ocp_e2m3,
+        "e3m2": gf.format_info_ocp_e3m2,
+    }[name]
     fmt = FORMATS[name]
     vals = np.unique(np.abs(fmt_values(fmt)))
     mids = (vals[1:] + vals[:-1]) / 2

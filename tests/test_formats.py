@@ -57,7 +57,7 @@ def test_special_codes_follow_spec_table(name: str) -> None:
     max_code, nan, inf = SPEC_TABLE[name]
     assert fmt.max_code == max_code
     assert fmt.inf_code == inf
-    assert (fmt.is_nan_code(nan) if nan is not None else not fmt.has_nan)
+    assert fmt.is_nan_code(nan) if nan is not None else not fmt.has_nan
 
 
 def test_registry_names_aliases_and_attributes() -> None:

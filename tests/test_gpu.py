@@ -19,10 +19,12 @@ BITS16 = np.arange(1 << 16, dtype=np.uint16)
 
 def _inputs() -> list[tuple[str, object]]:
     rng = np.random.default_rng(11)
-    f32 = np.concatenate([
-        rng.integers(0, 2**32, 1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32),
-        (rng.standard_normal(1 << 18) * 100).astype(np.float32),
-    ])
+    f32 = np.concatenate(
+        [
+            rng.integers(0, 2**32, 1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32),
+            (rng.standard_normal(1 << 18) * 100).astype(np.float32),
+        ]
+    )
     return [
         ("float16", torch.from_numpy(BITS16.view(np.int16)).view(torch.float16)),
         ("bfloat16", torch.from_numpy(BITS16.view(np.int16)).view(torch.bfloat16)),

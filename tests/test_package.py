@@ -30,8 +30,26 @@ def test_import_and_numpy_path_work_without_torch() -> None:
 
 
 def test_public_api_names() -> None:
-    for name in ("encode", "decode", "quantize", "FloatFormat", "FORMATS", "get_format", "ROUNDING_MODES",
-                 "E4M3", "E5M2", "E8M0", "E4M3FNUZ", "E5M2FNUZ", "E2M1", "E2M3", "E3M2",
-                 "CONVENTIONS", "Convention", "get_convention", "__version__"):
+    for name in (
+        "encode",
+        "decode",
+        "quantize",
+        "FloatFormat",
+        "FORMATS",
+        "get_format",
+        "ROUNDING_MODES",
+        "E4M3",
+        "E5M2",
+        "E8M0",
+        "E4M3FNUZ",
+        "E5M2FNUZ",
+        "E2M1",
+        "E2M3",
+        "E3M2",
+        "CONVENTIONS",
+        "Convention",
+        "get_convention",
+        "__version__",
+    ):
         assert hasattr(fp8sim, name), name
     assert fp8sim.ROUNDING_MODES == ("nearest_even", "toward_zero", "up", "down", "nearest_away", "stochastic")
