@@ -1,0 +1,89 @@
+"""QuantizedTensor: what a scaled low-precision tensor really holds.
+
+One type for every layout (per-tensor, per-row, 1x128 / 128x128 blocks, MX, NVFP4): element codes,
+one scale per block, the element and scale formats, the block shape, and the original shape and
+dtype.  Scales are *dequantization* scales (spec "Notation"): ``x ~ decode(code) * scale``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..cast import decode
+from ..formats import FloatFormat
+
+__all__ = ["QuantizedTensor", "expand_blocks"]
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedTensor:
+    """A block-scaled tensor.
+
+    - ``codes``: uint8 numpy array, one (unpacked) element code per element, shape ``padded_shape``.
+    - ``scales``: numpy array with one entry per block, shape ``padded_shape[d] // block[d]``; float32
+      values when ``scale_format`` is None, else uint8 codes of ``scale_format`` (E8M0 for MX, E4M3
+      for NVFP4).
+    - ``fmt``: the element format; ``block``: the block shape (1 along dims that are not blocked).
+    - ``shape``: the original shape (``codes`` may be zero-padded up to whole blocks); ``dtype``:
+      the original dtype's name.
+    - ``global_scale``: a second-level float32 dequantization scale (NVFP4), or None.
+    """
+
+    codes: np.ndarray
+    scales: np.ndarray
+    fmt: FloatFormat
+    block: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    scale_format: FloatFormat | None = None
+    global_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.codes.ndim != len(self.block) or len(self.shape) != len(self.block):
+            raise ValueError(f"block {self.block} must have one entry per dim of shape {self.shape}")
+        want = tuple(c // b for c, b in zip(self.codes.shape, self.block))
+        if any(c % b for c, b in zip(self.codes.shape, self.block)) or tuple(self.scales.shape) != want:
+            raise ValueError(
+                f"scales shape {tuple(self.scales.shape)} does not match codes {self.codes.shape} in blocks {self.block}"
+            )
+
+    @property
+    def padded_shape(self) -> tuple[int, ...]:
+        return tuple(self.codes.shape)
+
+    def scale_values(self) -> np.ndarray:
+        """The block scales as float32 (decoded when they are codes)."""
+        if self.scale_format is None:
+            return self.scales.astype(np.float32)
+        return decode(self.scales, self.scale_format)
+
+    def dequantize(self) -> np.ndarray:
+        """float32 ``decode(code) * scale (* global_scale)`` in the original shape, the product
+        formed exactly and rounded once to float32."""
+        vals = decode(self.codes, self.fmt).astype(np.float64)
+        scale = expand_blocks(self.scale_values().astype(np.float64), self.block)
+        out = vals * scale
+        if self.global_scale is not None:
+            out = out * np.float64(np.float32(self.global_scale))
+        with np.errstate(invalid="ignore", over="ignore"):
+            out = out.astype(np.float32)
+        return out[tuple(slice(0, n) for n in self.shape)]
+
+    def __repr__(self) -> str:
+        sf = self.scale_format.name if self.scale_format else "float32"
+        return (
+            f"QuantizedTensor(fmt={self.fmt.name}, shape={self.shape}, block={self.block}, "
+            f"scales={sf}{tuple(self.scales.shape)}, dtype={self.dtype})"
+        )
+
+
+def expand_blocks(per_block: Any, block: tuple[int, ...]) -> np.ndarray:
+    """Repeat each block's value over the block: shape ``per_block.shape * block``."""
+    out = np.asarray(per_block)
+    for axis, b in enumerate(block):
+        if b != 1:
+            out = np.repeat(out, b, axis=axis)
+    return out
