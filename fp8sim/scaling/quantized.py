@@ -30,6 +30,8 @@ class QuantizedTensor:
     - ``shape``: the original shape (``codes`` may be zero-padded up to whole blocks); ``dtype``:
       the original dtype's name.
     - ``global_scale``: a second-level float32 dequantization scale (NVFP4), or None.
+    - ``scale_is_divisor``: the stored scales are *quantization* scales and dequantization divides
+      by them (torchao: ``_data / _scale``), instead of multiplying.
     """
 
     codes: np.ndarray
@@ -40,15 +42,15 @@ class QuantizedTensor:
     dtype: str
     scale_format: FloatFormat | None = None
     global_scale: float | None = None
+    scale_is_divisor: bool = False
 
     def __post_init__(self) -> None:
         if self.codes.ndim != len(self.block) or len(self.shape) != len(self.block):
             raise ValueError(f"block {self.block} must have one entry per dim of shape {self.shape}")
-        want = tuple(c // b for c, b in zip(self.codes.shape, self.block))
-        if any(c % b for c, b in zip(self.codes.shape, self.block)) or tuple(self.scales.shape) != want:
-            raise ValueError(
-                f"scales shape {tuple(self.scales.shape)} does not match codes {self.codes.shape} in blocks {self.block}"
-            )
+        want = tuple(c // b for c, b in zip(self.codes.shape, self.block, strict=True))
+        if any(c % b for c, b in zip(self.codes.shape, self.block, strict=True)) or tuple(self.scales.shape) != want:
+            got = tuple(self.scales.shape)
+            raise ValueError(f"scales shape {got} does not match codes {self.codes.shape} in blocks {self.block}")
 
     @property
     def padded_shape(self) -> tuple[int, ...]:
@@ -61,11 +63,14 @@ class QuantizedTensor:
         return decode(self.scales, self.scale_format)
 
     def dequantize(self) -> np.ndarray:
-        """float32 ``decode(code) * scale (* global_scale)`` in the original shape, the product
+        """float32 ``decode(code) * scale (* global_scale)`` (or ``/ scale``) in the original shape,
         formed exactly and rounded once to float32."""
-        vals = decode(self.codes, self.fmt).astype(np.float64)
-        scale = expand_blocks(self.scale_values().astype(np.float64), self.block)
-        out = vals * scale
+        vals = decode(self.codes, self.fmt)
+        scale = expand_blocks(self.scale_values(), self.block)
+        if self.scale_is_divisor:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return (vals / scale)[tuple(slice(0, n) for n in self.shape)]  # one float32 rounding
+        out = vals.astype(np.float64) * scale.astype(np.float64)
         if self.global_scale is not None:
             out = out * np.float64(np.float32(self.global_scale))
         with np.errstate(invalid="ignore", over="ignore"):

@@ -1,0 +1,38 @@
+"""amax reductions with the NaN rules of each upstream (spec pitfall 10)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["as_float32", "amax_nan_skipping", "amax_nan_propagating"]
+
+
+def as_float32(x: Any, arg: str = "x") -> np.ndarray:
+    """``fl32(x)`` as a numpy array: float16/bfloat16/float32 exactly, float64 rounded to nearest.
+    torch tensors (any device) are moved to the CPU."""
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        t = x.detach()
+        if not t.is_floating_point():
+            raise TypeError(f"{arg} must be a floating tensor, got {t.dtype}")
+        return t.to(torch.float32).cpu().numpy()
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fV" or arr.dtype == object:
+        raise TypeError(f"{arg} must be a floating array or tensor, got {arr.dtype}")
+    with np.errstate(invalid="ignore", over="ignore"):
+        return arr.astype(np.float32)
+
+
+def amax_nan_skipping(x: np.ndarray, axis: Any = None, keepdims: bool = False) -> np.ndarray:
+    """max|x| as TE computes it (``fmaxf`` from 0): NaN elements are skipped, Inf wins, an empty or
+    all-NaN reduction gives 0."""
+    a = np.abs(x)
+    return np.fmax.reduce(a, axis=axis, keepdims=keepdims, initial=np.float32(0))
+
+
+def amax_nan_propagating(x: np.ndarray, axis: Any = None, keepdims: bool = False) -> np.ndarray:
+    """max|x| as ``torch.amax`` computes it: any NaN makes the result NaN."""
+    return np.max(np.abs(x), axis=axis, keepdims=keepdims, initial=np.float32(0))

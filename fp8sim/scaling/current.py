@@ -1,0 +1,120 @@
+"""Per-tensor current scaling (TE ``Float8CurrentScaling``) and torchao's float8 scale math.
+
+TE (spec 5.1, ``compute_scale_from_amax``), all in float32::
+
+    amax = max(amax, eps)                       # NaN stays NaN
+    scale = 1 if amax is 0, Inf or NaN          # not the previous scale
+    scale = fdiv_rn(fp8_max, amax); Inf -> value_for_inf (FLT_MAX)
+    pow2: keep sign and exponent bits (exact round down to 2^k)
+
+torchao (spec 6.2): ``scale = fl32(max / max(fp64(amax), 1e-12))`` in float64; pow2 rounding is
+``exp2(floor(log2(scale)))`` in float32; amax 0 -> max * 1e12, Inf -> 0, NaN -> NaN.  Casts are
+``satfinite(RN(fl32(x) * scale))`` for both; torchao dequantizes by dividing by its scale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..cast import encode
+from ..formats import FloatFormat, get_format
+from .amax import amax_nan_propagating, amax_nan_skipping, as_float32
+from .quantized import QuantizedTensor
+
+__all__ = [
+    "compute_scale_from_amax",
+    "quantize_current_scaling",
+    "torchao_amax_to_scale",
+    "quantize_torchao",
+    "TORCHAO_EPS",
+]
+
+FLT_MAX = np.float32(np.finfo(np.float32).max)
+TORCHAO_EPS = 1e-12
+
+
+def compute_scale_from_amax(
+    amax: Any,
+    fp8_max: float,
+    *,
+    pow2: bool = False,
+    eps: float = 0.0,
+    value_for_inf: float = float(FLT_MAX),
+) -> np.ndarray:
+    """TE's ``compute_scale_from_amax`` (``common/recipe/recipe_common.cuh``), elementwise, float32."""
+    a = np.asarray(amax, np.float32)
+    a = np.where(a < np.float32(eps), np.float32(eps), a)
+    special = ~np.isfinite(a) | (a == 0)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        scale = np.float32(fp8_max) / np.where(special, np.float32(1), a)
+    scale = np.where(np.isinf(scale), np.float32(value_for_inf), scale).astype(np.float32)
+    if pow2:
+        scale = (scale.view(np.uint32) & np.uint32(0xFF800000)).view(np.float32)
+    return np.where(special, np.float32(1), scale).astype(np.float32)
+
+
+def _pertensor(
+    codes: np.ndarray, scale_value: np.float32, fmt: FloatFormat, shape: tuple, dtype: str, **kw: Any
+) -> QuantizedTensor:
+    block = tuple(max(d, 1) for d in shape)
+    return QuantizedTensor(codes, np.full((1,) * len(shape), scale_value, np.float32), fmt, block, shape, dtype, **kw)
+
+
+def quantize_current_scaling(
+    x: Any, fmt: str | FloatFormat = "e4m3", *, pow2: bool = False, eps: float = 0.0
+) -> QuantizedTensor:
+    """TE current scaling of one tensor: amax over the whole tensor (NaN skipped), the scale from
+    :func:`compute_scale_from_amax`, ``satfinite(RN(fl32(x) * scale))``, ``scale_inv = 1/scale``
+    rounded once (the result's scale)."""
+    f = get_format(fmt)
+    x32 = as_float32(x)
+    scale = compute_scale_from_amax(amax_nan_skipping(x32), f.max, pow2=pow2, eps=eps)
+    codes = encode(x32 * scale, f, saturate=True)
+    return _pertensor(codes, np.float32(1) / scale, f, x32.shape, _dtype_name(x))
+
+
+def torchao_amax_to_scale(amax: Any, fmt: str | FloatFormat, round_scales_to_power_of_2: bool = False) -> np.ndarray:
+    """torchao ``amax_to_scale``: float64 ``max / max(amax, EPS)`` rounded to float32; optional
+    float32 ``exp2(floor(log2(scale)))``."""
+    f = get_format(fmt)
+    a = np.asarray(amax, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = (np.float64(f.max) / np.maximum(a, TORCHAO_EPS)).astype(np.float32)  # NaN propagates
+        if round_scales_to_power_of_2:
+            scale = np.exp2(np.floor(np.log2(scale))).astype(np.float32)
+    return scale
+
+
+def quantize_torchao(
+    x: Any,
+    fmt: str | FloatFormat = "e4m3",
+    *,
+    granularity: str = "tensorwise",
+    axiswise_dim: int = -1,
+    round_scales_to_power_of_2: bool = False,
+) -> QuantizedTensor:
+    """torchao float8 dynamic scaling: ``granularity`` "tensorwise" (one scale) or "axiswise" (one
+    scale per slice, reducing over ``axiswise_dim`` with keepdim, as torchao's rowwise recipes do);
+    amax in the input dtype, NaN propagating; cast ``clamp(fl32(x) * scale, +-max)`` then RN.
+    The result stores torchao's scale with ``scale_is_divisor=True`` (dequantize is ``data / scale``)."""
+    f = get_format(fmt)
+    if granularity not in ("tensorwise", "axiswise"):
+        raise ValueError(f"granularity must be 'tensorwise' or 'axiswise', got {granularity!r}")
+    x32 = as_float32(x)
+    if granularity == "tensorwise":
+        scale = torchao_amax_to_scale(amax_nan_propagating(x32), f, round_scales_to_power_of_2)
+        codes = encode(x32 * scale, f, saturate=True)
+        return _pertensor(codes, scale, f, x32.shape, _dtype_name(x), scale_is_divisor=True)
+    if x32.ndim == 0 or not -x32.ndim <= axiswise_dim < x32.ndim:
+        raise ValueError(f"axiswise_dim {axiswise_dim} out of range for a tensor of shape {x32.shape}")
+    dim = axiswise_dim % x32.ndim
+    scale = torchao_amax_to_scale(amax_nan_propagating(x32, axis=dim, keepdims=True), f, round_scales_to_power_of_2)
+    codes = encode(x32 * scale, f, saturate=True)
+    block = tuple(n if i == dim else 1 for i, n in enumerate(x32.shape))
+    return QuantizedTensor(codes, scale, f, block, x32.shape, _dtype_name(x), scale_is_divisor=True)
+
+
+def _dtype_name(x: Any) -> str:
+    return str(getattr(x, "dtype", np.asarray(x).dtype)).replace("torch.", "")
