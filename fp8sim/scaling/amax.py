@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["as_float32", "amax_nan_skipping", "amax_nan_propagating"]
+__all__ = ["as_float32", "dtype_name", "amax_nan_skipping", "amax_nan_propagating"]
 
 
 def as_float32(x: Any, arg: str = "x") -> np.ndarray:
@@ -24,6 +24,12 @@ def as_float32(x: Any, arg: str = "x") -> np.ndarray:
         raise TypeError(f"{arg} must be a floating array or tensor, got {arr.dtype}")
     with np.errstate(invalid="ignore", over="ignore"):
         return arr.astype(np.float32)
+
+
+def dtype_name(x: Any) -> str:
+    """The dtype of a numpy array or torch tensor as a plain name ("bfloat16", "float32", ...)."""
+    dt = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+    return str(dt).replace("torch.", "")
 
 
 def amax_nan_skipping(x: np.ndarray, axis: Any = None, keepdims: bool = False) -> np.ndarray:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..cast import encode
 from ..formats import FloatFormat, get_format
-from .amax import amax_nan_skipping, as_float32
+from .amax import amax_nan_skipping, as_float32, dtype_name
 from .current import compute_scale_from_amax
 from .quantized import QuantizedTensor
 
@@ -56,7 +56,7 @@ def quantize_block_scaling(
         raise ValueError(f"block_dim must be 1 (1x{block_size}) or 2 ({block_size}x{block_size}); got {block_dim!r}")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    dtype = _dtype_name(x)
+    dtype = dtype_name(x)
     value_for_inf = input_dtype_max(dtype if dtype in _DTYPE_MAX else "float32")
     x32 = as_float32(x)
     if x32.ndim == 0:
@@ -80,9 +80,6 @@ def quantize_block_scaling(
     with np.errstate(divide="ignore"):
         scale_inv = (np.float32(1) / scale).astype(np.float32)
     expanded = np.expand_dims(scale, inner)
-    codes = encode((split * expanded).reshape(padded.shape), f, saturate=True)
+    with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
+        codes = encode((split * expanded).reshape(padded.shape), f, saturate=True)
     return QuantizedTensor(codes, scale_inv, f, block, x32.shape, dtype)
-
-
-def _dtype_name(x: Any) -> str:
-    return str(getattr(x, "dtype", np.asarray(x).dtype)).replace("torch.", "")

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..cast import encode
 from ..formats import FloatFormat, get_format
-from .amax import amax_nan_propagating, amax_nan_skipping, as_float32
+from .amax import amax_nan_propagating, amax_nan_skipping, as_float32, dtype_name
 from .quantized import QuantizedTensor
 
 __all__ = [
@@ -71,8 +71,9 @@ def quantize_current_scaling(
     f = get_format(fmt)
     x32 = as_float32(x)
     scale = compute_scale_from_amax(amax_nan_skipping(x32), f.max, pow2=pow2, eps=eps)
-    codes = encode(x32 * scale, f, saturate=True)
-    return _pertensor(codes, np.float32(1) / scale, f, x32.shape, _dtype_name(x))
+    with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
+        codes = encode(x32 * scale, f, saturate=True)
+    return _pertensor(codes, np.float32(1) / scale, f, x32.shape, dtype_name(x))
 
 
 def torchao_amax_to_scale(amax: Any, fmt: str | FloatFormat, round_scales_to_power_of_2: bool = False) -> np.ndarray:
@@ -105,16 +106,14 @@ def quantize_torchao(
     x32 = as_float32(x)
     if granularity == "tensorwise":
         scale = torchao_amax_to_scale(amax_nan_propagating(x32), f, round_scales_to_power_of_2)
-        codes = encode(x32 * scale, f, saturate=True)
-        return _pertensor(codes, scale, f, x32.shape, _dtype_name(x), scale_is_divisor=True)
+        with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
+            codes = encode(x32 * scale, f, saturate=True)
+        return _pertensor(codes, scale, f, x32.shape, dtype_name(x), scale_is_divisor=True)
     if x32.ndim == 0 or not -x32.ndim <= axiswise_dim < x32.ndim:
         raise ValueError(f"axiswise_dim {axiswise_dim} out of range for a tensor of shape {x32.shape}")
     dim = axiswise_dim % x32.ndim
     scale = torchao_amax_to_scale(amax_nan_propagating(x32, axis=dim, keepdims=True), f, round_scales_to_power_of_2)
-    codes = encode(x32 * scale, f, saturate=True)
+    with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
+        codes = encode(x32 * scale, f, saturate=True)
     block = tuple(n if i == dim else 1 for i, n in enumerate(x32.shape))
-    return QuantizedTensor(codes, scale, f, block, x32.shape, _dtype_name(x), scale_is_divisor=True)
-
-
-def _dtype_name(x: Any) -> str:
-    return str(getattr(x, "dtype", np.asarray(x).dtype)).replace("torch.", "")
+    return QuantizedTensor(codes, scale, f, block, x32.shape, dtype_name(x), scale_is_divisor=True)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..cast import encode
 from ..recipe import DelayedScaling, tensor_format
-from .amax import amax_nan_skipping, as_float32
+from .amax import amax_nan_skipping, as_float32, dtype_name
 from .quantized import QuantizedTensor
 
 __all__ = ["DelayedScaler", "FLT_MAX"]
@@ -87,10 +87,11 @@ class DelayedScaler:
         self._check_index(index)
         x32 = as_float32(x)
         self.record(index, x32)
-        codes = encode(x32 * self.scale[index], self.fmt, saturate=True)
+        with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
+            codes = encode(x32 * self.scale[index], self.fmt, saturate=True)
         block = tuple(max(d, 1) for d in x32.shape)
         scales = np.full((1,) * x32.ndim, self.scale_inv[index], np.float32)
-        return QuantizedTensor(codes, scales, self.fmt, block, x32.shape, _dtype_name(x))
+        return QuantizedTensor(codes, scales, self.fmt, block, x32.shape, dtype_name(x))
 
     def update(self, reduced_amax: np.ndarray | None = None, group: Any = None) -> None:
         """TE's scale update.  With ``recipe.reduce_amax`` and an initialised ``torch.distributed``
@@ -173,10 +174,6 @@ class DelayedScaler:
             f"DelayedScaler(n={self.n}, fmt={self.fmt.name}, history_len={self.amax_history.shape[0]}, "
             f"algo={self.recipe.amax_compute_algo!r}, fused={self.fused}, scale={self.scale.tolist()})"
         )
-
-
-def _dtype_name(x: Any) -> str:
-    return str(getattr(x, "dtype", np.asarray(x).dtype)).replace("torch.", "")
 
 
 def _framework(a: np.ndarray) -> Any:
