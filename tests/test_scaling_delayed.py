@@ -13,6 +13,7 @@ import os
 import numpy as np
 import pytest
 
+import fp8sim
 from fp8sim.recipe import DelayedScaling, Format
 from fp8sim.scaling.delayed import FLT_MAX, DelayedScaler
 
@@ -193,3 +194,19 @@ def test_reduce_amax_all_reduces_max_across_two_gloo_processes(tmp_path) -> None
         got = np.load(tmp_path / f"rank{rank}.npy")
         # both ranks: amax MAX-reduced to (8, 0.5) -> scales 448/8, 448/0.5; history rolled
         assert got.tolist() == [56.0, 896.0, 0.0, 0.0, 8.0, 0.5], f"rank {rank}: {got}"
+
+
+def test_quantize_records_the_nan_skipping_amax_and_casts_with_the_current_scale() -> None:
+    s = DelayedScaler(DelayedScaling(amax_history_len=1, reduce_amax=False))
+    s.scale[0] = np.float32(3.0)
+    x = np.array([np.nan, -5.0, 2.0, -np.inf], np.float32)
+    q = s.quantize(0, x)
+    assert s.amax_history[0, 0] == np.inf  # Inf wins, NaN skipped
+    q2 = s.quantize(0, np.array([np.nan, 0.5], np.float32))
+    assert q2.codes[1] == fp8sim.encode(np.float32(1.5), "e4m3")
+    assert q.codes.tolist()[1:] == [fp8sim.encode(np.float32(-15.0), "e4m3"), fp8sim.encode(np.float32(6.0), "e4m3"),
+                                    0xFE]  # -Inf saturates to -448
+    assert q.scales.reshape(-1)[0] == np.float32(1) / np.float32(3)
+    s2 = DelayedScaler(DelayedScaling(amax_history_len=1, reduce_amax=False))
+    s2.quantize(0, np.array([np.nan, -7.0], np.float32))
+    assert s2.amax_history[0, 0] == 7.0

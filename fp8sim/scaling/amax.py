@@ -23,7 +23,7 @@ def as_float32(x: Any, arg: str = "x") -> np.ndarray:
     if arr.dtype.kind not in "fV" or arr.dtype == object:
         raise TypeError(f"{arg} must be a floating array or tensor, got {arr.dtype}")
     with np.errstate(invalid="ignore", over="ignore"):
-        return arr.astype(np.float32)
+        return arr.astype(np.float32, copy=False)
 
 
 def dtype_name(x: Any) -> str:
@@ -35,8 +35,9 @@ def dtype_name(x: Any) -> str:
 def amax_nan_skipping(x: np.ndarray, axis: Any = None, keepdims: bool = False) -> np.ndarray:
     """max|x| as TE computes it (``fmaxf`` from 0): NaN elements are skipped, Inf wins, an empty or
     all-NaN reduction gives 0."""
-    a = np.abs(x)
-    return np.fmax.reduce(a, axis=axis, keepdims=keepdims, initial=np.float32(0))
+    hi = np.fmax.reduce(x, axis=axis, keepdims=keepdims, initial=np.float32(0))
+    lo = np.fmin.reduce(x, axis=axis, keepdims=keepdims, initial=np.float32(0))
+    return np.maximum(hi, -lo)  # no |x| temporary; both reductions skip NaN
 
 
 def amax_nan_propagating(x: np.ndarray, axis: Any = None, keepdims: bool = False) -> np.ndarray:

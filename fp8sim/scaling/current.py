@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..cast import encode
+from ..cast.numpy_backend import encode_scaled_with_amax
 from ..formats import FloatFormat, get_format
 from .amax import amax_nan_propagating, amax_nan_skipping, as_float32, dtype_name
 from .quantized import QuantizedTensor
@@ -71,8 +72,7 @@ def quantize_current_scaling(
     f = get_format(fmt)
     x32 = as_float32(x)
     scale = compute_scale_from_amax(amax_nan_skipping(x32), f.max, pow2=pow2, eps=eps)
-    with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
-        codes = encode(x32 * scale, f, saturate=True)
+    codes, _ = encode_scaled_with_amax(x32, scale, f, saturate=True)
     return _pertensor(codes, np.float32(1) / scale, f, x32.shape, dtype_name(x))
 
 

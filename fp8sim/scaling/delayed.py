@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cast import encode
+from ..cast.numpy_backend import encode_scaled_with_amax
 from ..recipe import DelayedScaling, tensor_format
 from .amax import amax_nan_skipping, as_float32, dtype_name
 from .quantized import QuantizedTensor
@@ -86,9 +86,8 @@ class DelayedScaler:
         """
         self._check_index(index)
         x32 = as_float32(x)
-        self.record(index, x32)
-        with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
-            codes = encode(x32 * self.scale[index], self.fmt, saturate=True)
+        codes, amax = encode_scaled_with_amax(x32, self.scale[index], self.fmt, saturate=True)
+        self.amax_history[0, index] = np.fmax(self.amax_history[0, index], amax)
         block = tuple(max(d, 1) for d in x32.shape)
         scales = np.full((1,) * x32.ndim, self.scale_inv[index], np.float32)
         return QuantizedTensor(codes, scales, self.fmt, block, x32.shape, dtype_name(x))
