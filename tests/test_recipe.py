@@ -23,8 +23,13 @@ def test_format_maxima() -> None:
 
 @pytest.mark.parametrize(
     ("fmt", "forward", "want"),
-    [(r.Format.HYBRID, True, "e4m3"), (r.Format.HYBRID, False, "e5m2"), (r.Format.E4M3, False, "e4m3"),
-     (r.Format.E4M3, True, "e4m3"), (r.Format.E2M1, True, "e2m1")],
+    [
+        (r.Format.HYBRID, True, "e4m3"),
+        (r.Format.HYBRID, False, "e5m2"),
+        (r.Format.E4M3, False, "e4m3"),
+        (r.Format.E4M3, True, "e4m3"),
+        (r.Format.E2M1, True, "e2m1"),
+    ],
 )
 def test_tensor_format_per_spec_4_2(fmt: r.Format, forward: bool, want: str) -> None:
     assert r.tensor_format(fmt, forward).name == want
@@ -43,7 +48,10 @@ def test_current_block_mx_nvfp4_defaults() -> None:
     c = r.Float8CurrentScaling()
     assert c.fp8_format == r.Format.HYBRID and c.use_power_2_scales is False
     assert (c.fp8_gemm_fprop, c.fp8_gemm_dgrad, c.fp8_gemm_wgrad) == (
-        r.MMParams(False), r.MMParams(True), r.MMParams(True))
+        r.MMParams(False),
+        r.MMParams(True),
+        r.MMParams(True),
+    )
     assert c.fp8_quant_fwd_inp == r.QParams(power_2_scale=False, amax_epsilon=0.0)
     m = r.MXFP8BlockScaling()
     assert (m.margin, m.fp8_format, m.fp8_dpa, m.fp8_mha) == (0, r.Format.E4M3, False, False)
@@ -53,7 +61,11 @@ def test_current_block_mx_nvfp4_defaults() -> None:
     assert b.fp8_quant_fwd_weight.power_2_scale is True
     n = r.NVFP4BlockScaling()
     assert (n.fp4_format, n.fp8_format, n.nvfp4_4over6, n.nvfp4_4over6_e4m3_use_256) == (
-        r.Format.E2M1, r.Format.E4M3, "none", "all")
+        r.Format.E2M1,
+        r.Format.E4M3,
+        "none",
+        "all",
+    )
     # spec 5.4 per-role table: input RHT, weight 2-D, grad RHT + SR
     assert n.fp4_quant_fwd_inp == r.QParams(random_hadamard_transform=True)
     assert n.fp4_quant_fwd_weight == r.QParams(fp4_2d_quantization=True)
@@ -80,13 +92,15 @@ def test_backward_override_messages() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"x_block_scaling_dim": 3}, "Only 1D or 2D blocks supported for x"),
-     ({"w_block_scaling_dim": 0}, "Only 1D or 2D blocks supported for w"),
-     ({"grad_block_scaling_dim": 3}, "Only 1D or 2D blocks supported for grad"),
-     ({"x_block_scaling_dim": 2}, "2D by 2D block gemm not supported."),
-     ({"fp8_gemm_fprop": r.MMParams(False)}, "Split accumulator required for fprop."),
-     ({"fp8_gemm_wgrad": r.MMParams(False)}, "Split accumulator required for wgrad."),
-     ({"fp8_dpa": True}, "FP8 attention is not supported for Float8BlockScaling.")],
+    [
+        ({"x_block_scaling_dim": 3}, "Only 1D or 2D blocks supported for x"),
+        ({"w_block_scaling_dim": 0}, "Only 1D or 2D blocks supported for w"),
+        ({"grad_block_scaling_dim": 3}, "Only 1D or 2D blocks supported for grad"),
+        ({"x_block_scaling_dim": 2}, "2D by 2D block gemm not supported."),
+        ({"fp8_gemm_fprop": r.MMParams(False)}, "Split accumulator required for fprop."),
+        ({"fp8_gemm_wgrad": r.MMParams(False)}, "Split accumulator required for wgrad."),
+        ({"fp8_dpa": True}, "FP8 attention is not supported for Float8BlockScaling."),
+    ],
 )
 def test_float8_block_scaling_validation_messages(kwargs: dict, message: str) -> None:
     with pytest.raises(AssertionError) as info:
@@ -96,9 +110,11 @@ def test_float8_block_scaling_validation_messages(kwargs: dict, message: str) ->
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"nvfp4_4over6": "some"}, "NVTE_NVFP4_4OVER6 must be one of: 'none', 'weights', 'activations', 'all'."),
-     ({"nvfp4_4over6_err_mode": "L2"}, "NVTE_NVFP4_4OVER6_ERR_MODE must be one of: 'MAE', 'MSE'."),
-     ({"fp8_format": r.Format.E5M2}, "Only E4M3 is supported for NVFP4 scaling")],
+    [
+        ({"nvfp4_4over6": "some"}, "NVTE_NVFP4_4OVER6 must be one of: 'none', 'weights', 'activations', 'all'."),
+        ({"nvfp4_4over6_err_mode": "L2"}, "NVTE_NVFP4_4OVER6_ERR_MODE must be one of: 'MAE', 'MSE'."),
+        ({"fp8_format": r.Format.E5M2}, "Only E4M3 is supported for NVFP4 scaling"),
+    ],
 )
 def test_nvfp4_validation_messages(kwargs: dict, message: str) -> None:
     with pytest.raises(AssertionError) as info:
@@ -145,8 +161,13 @@ print(c.use_power_2_scales, c.fp8_quant_fwd_inp.power_2_scale, b.use_f32_scales,
 
 
 def test_environment_defaults_are_read_at_import() -> None:
-    env = {"NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES": "1", "NVTE_FP8_BLOCK_SCALING_FP32_SCALES": "1",
-           "NVTE_NVFP4_DISABLE_RHT": "1", "NVTE_BACKWARD_OVERRIDE": "dequantized", "PATH": ""}
+    env = {
+        "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES": "1",
+        "NVTE_FP8_BLOCK_SCALING_FP32_SCALES": "1",
+        "NVTE_NVFP4_DISABLE_RHT": "1",
+        "NVTE_BACKWARD_OVERRIDE": "dequantized",
+        "PATH": "",
+    }
     out = subprocess.run([sys.executable, "-c", ENV_PROBE], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True", "True", "False", "True", "False", "dequantized"]
 

@@ -64,6 +64,7 @@ def test_current_scaling_quantize_casts_with_satfinite_and_stores_scale_inv() ->
 
 # ---- torchao: against its own functions --------------------------------------------------------
 
+
 def _inputs():  # noqa: ANN202
     rng = np.random.default_rng(9)
     base = (rng.standard_t(2, size=(64, 96)) * np.exp2(rng.integers(-8, 8, (64, 1)))).astype(np.float32)
@@ -83,14 +84,19 @@ def test_torchao_tensorwise_and_rowwise_match_torchao(fmt: str, pow2: bool) -> N
     for x in _inputs():
         for in_dtype in (torch.float32, torch.bfloat16):
             xt = torch.from_numpy(x).to(in_dtype)
-            for gran, dim in ((ScalingGranularity.TENSORWISE, None), (ScalingGranularity.AXISWISE, -1),
-                              (ScalingGranularity.AXISWISE, 0)):
-                scale = fu.tensor_to_scale(xt, dt, scaling_granularity=gran, axiswise_dim=dim,
-                                           round_scales_to_power_of_2=pow2)
+            for gran, dim in (
+                (ScalingGranularity.TENSORWISE, None),
+                (ScalingGranularity.AXISWISE, -1),
+                (ScalingGranularity.AXISWISE, 0),
+            ):
+                scale = fu.tensor_to_scale(
+                    xt, dt, scaling_granularity=gran, axiswise_dim=dim, round_scales_to_power_of_2=pow2
+                )
                 data = fu.to_fp8_saturated(xt.float() * scale, dt).view(torch.uint8).numpy()
                 g = "tensorwise" if dim is None else "axiswise"
-                q = quantize_torchao(xt, fmt, granularity=g, axiswise_dim=dim if dim is not None else -1,
-                                     round_scales_to_power_of_2=pow2)
+                q = quantize_torchao(
+                    xt, fmt, granularity=g, axiswise_dim=dim if dim is not None else -1, round_scales_to_power_of_2=pow2
+                )
                 want_s = scale.numpy().reshape(q.scales.shape)
                 assert np.array_equal(q.scales.view(np.uint32), want_s.view(np.uint32)) or (
                     np.isnan(q.scales).any() and np.array_equal(np.isnan(q.scales), np.isnan(want_s))
@@ -100,7 +106,8 @@ def test_torchao_tensorwise_and_rowwise_match_torchao(fmt: str, pow2: bool) -> N
                 deq = (torch.from_numpy(data).view(dt).float() / scale).numpy()
                 got = q.dequantize()
                 assert np.array_equal(np.isnan(got), np.isnan(deq)) and np.array_equal(
-                    got[~np.isnan(got)], deq[~np.isnan(deq)])
+                    got[~np.isnan(got)], deq[~np.isnan(deq)]
+                )
 
 
 def test_torchao_special_amax_values_spec_6_2() -> None:
@@ -118,6 +125,7 @@ def test_torchao_bad_arguments() -> None:
 
 # ---- FP8 block scaling: an independent reference of spec 5.3 written here -----------------------
 
+
 def _ref_block(x: np.ndarray, bm: int, bn: int, pow2: bool, value_for_inf: float) -> tuple[np.ndarray, np.ndarray]:
     """Plain loops over blocks; scale per spec 5.1/5.3 with Python floats and explicit rounding."""
     m, n = x.shape
@@ -125,7 +133,7 @@ def _ref_block(x: np.ndarray, bm: int, bn: int, pow2: bool, value_for_inf: float
     codes = np.zeros((scales.shape[0] * bm, scales.shape[1] * bn), np.uint8)
     for i in range(scales.shape[0]):
         for j in range(scales.shape[1]):
-            blk = x[i * bm:(i + 1) * bm, j * bn:(j + 1) * bn]
+            blk = x[i * bm : (i + 1) * bm, j * bn : (j + 1) * bn]
             finite_or_inf = np.abs(blk[~np.isnan(blk)])
             amax = float(finite_or_inf.max()) if finite_or_inf.size else 0.0
             if amax == 0 or math.isinf(amax):
@@ -139,12 +147,15 @@ def _ref_block(x: np.ndarray, bm: int, bn: int, pow2: bool, value_for_inf: float
             scales[i, j] = np.float32(1.0) / np.float32(s)
             scaled = blk.astype(np.float32) * np.float32(s)
             clipped = np.clip(scaled, -448, 448)  # satfinite == clamp then RN (spec 2.3)
-            codes[i * bm:i * bm + blk.shape[0], j * bn:j * bn + blk.shape[1]] = clipped.astype(
-                ml_dtypes.float8_e4m3fn).view(np.uint8)
+            codes[i * bm : i * bm + blk.shape[0], j * bn : j * bn + blk.shape[1]] = clipped.astype(
+                ml_dtypes.float8_e4m3fn
+            ).view(np.uint8)
     return scales, codes
 
 
-@pytest.mark.parametrize(("kw", "bm", "bn"), [({}, 1, 128), ({"block_dim": 2}, 128, 128), ({"columnwise": True}, 128, 1)])
+@pytest.mark.parametrize(
+    ("kw", "bm", "bn"), [({}, 1, 128), ({"block_dim": 2}, 128, 128), ({"columnwise": True}, 128, 1)]
+)
 @pytest.mark.parametrize("pow2", [True, False])
 def test_block_scaling_matches_reference(kw: dict, bm: int, bn: int, pow2: bool) -> None:
     rng = np.random.default_rng(21)

@@ -111,9 +111,11 @@ def test_unfused_callable_sees_pre_roll_history_and_always_rolls() -> None:
     s = DelayedScaler(DelayedScaling(amax_history_len=3, amax_compute_algo=algo, reduce_amax=False))
     assert not s.fused
     # step: recorded amax -> (history passed to the callable, history after, scale)
-    steps = [(2.0, [2, 0, 0], [0, 0, 2], 224.0),
-             (0.0, [0, 0, 2], [0, 2, 0], 224.0),  # no zero-amax skip: rolls; max over history is 2
-             (4.0, [4, 2, 0], [0, 0, 4], 112.0)]
+    steps = [
+        (2.0, [2, 0, 0], [0, 0, 2], 224.0),
+        (0.0, [0, 0, 2], [0, 2, 0], 224.0),  # no zero-amax skip: rolls; max over history is 2
+        (4.0, [4, 2, 0], [0, 0, 4], 112.0),
+    ]
     for amax, passed, after, scale in steps:
         s.record(0, np.array([amax], np.float32))
         s.update()
@@ -204,8 +206,11 @@ def test_quantize_records_the_nan_skipping_amax_and_casts_with_the_current_scale
     assert s.amax_history[0, 0] == np.inf  # Inf wins, NaN skipped
     q2 = s.quantize(0, np.array([np.nan, 0.5], np.float32))
     assert q2.codes[1] == fp8sim.encode(np.float32(1.5), "e4m3")
-    assert q.codes.tolist()[1:] == [fp8sim.encode(np.float32(-15.0), "e4m3"), fp8sim.encode(np.float32(6.0), "e4m3"),
-                                    0xFE]  # -Inf saturates to -448
+    assert q.codes.tolist()[1:] == [
+        fp8sim.encode(np.float32(-15.0), "e4m3"),
+        fp8sim.encode(np.float32(6.0), "e4m3"),
+        0xFE,
+    ]  # -Inf saturates to -448
     assert q.scales.reshape(-1)[0] == np.float32(1) / np.float32(3)
     s2 = DelayedScaler(DelayedScaling(amax_history_len=1, reduce_amax=False))
     s2.quantize(0, np.array([np.nan, -7.0], np.float32))
