@@ -1,5 +1,16 @@
-"""Emulated FP8 GEMM: tensor-core instruction models and ``scaled_mm``."""
+"""Emulated FP8 GEMM: tensor-core instruction models, accumulator presets and ``scaled_mm``."""
 
+from .accumulators import ACCUMULATORS, Accumulator, get_accumulator
 from .instructions import INSTRUCTION_MODELS, InstructionModel, dot_add, get_instruction_model
+from .scaled_mm import scaled_mm
 
-__all__ = ["INSTRUCTION_MODELS", "InstructionModel", "dot_add", "get_instruction_model"]
+__all__ = [
+    "ACCUMULATORS",
+    "Accumulator",
+    "get_accumulator",
+    "INSTRUCTION_MODELS",
+    "InstructionModel",
+    "dot_add",
+    "get_instruction_model",
+    "scaled_mm",
+]

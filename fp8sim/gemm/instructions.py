@@ -30,7 +30,7 @@ import numpy as np
 from ..cast._tables import decode_table
 from ..formats import FloatFormat, get_format
 
-__all__ = ["InstructionModel", "INSTRUCTION_MODELS", "get_instruction_model", "dot_add"]
+__all__ = ["InstructionModel", "INSTRUCTION_MODELS", "get_instruction_model", "dot_add", "run_instruction"]
 
 _F32_NAN = np.array(0x7FFFFFFF, np.uint32).view(np.float32)
 _F16_NAN = np.array(0x7FFF, np.uint16).view(np.float16)
@@ -167,8 +167,27 @@ def dot_add(
             raise ValueError(f"scale_a and scale_b must have shape {want}; got {sa.shape} and {sb.shape}")
     elif scale_a is not None or scale_b is not None:
         raise ValueError(f"{m.name} takes no block scales")
-    acc = c.astype(np.float64)
+    out = run_instruction(m, fa, fb, ac, bc, c.astype(np.float64), sa, sb, out_dtype)
+    return out.astype(np.float16 if out_dtype == "float16" else np.float32)
+
+
+def run_instruction(
+    m: InstructionModel,
+    fa: FloatFormat,
+    fb: FloatFormat,
+    ac: np.ndarray,
+    bc: np.ndarray,
+    c: np.ndarray,
+    sa: np.ndarray | None = None,
+    sb: np.ndarray | None = None,
+    out_dtype: str = "float32",
+    specials: bool = True,
+) -> np.ndarray:
+    """One instruction on int64 code arrays that broadcast to ``[..., k]`` and a float64 ``c`` of
+    the leading shape; returns float64 holding the instruction's output values.  ``specials=False``
+    skips the NaN/Inf pass when the caller knows every input is finite."""
     step = m.k // m.halves
+    acc = c
     with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 and Inf - Inf: resolved as NaN below
         for h in range(m.halves):
             part = slice(h * step, (h + 1) * step)
@@ -176,8 +195,8 @@ def dot_add(
             if sa is not None:
                 blocks = slice(h * step // m.scale_block, (h + 1) * step // m.scale_block)
                 psa, psb = sa[..., blocks], sb[..., blocks]
-            acc = _fused(m, fa, fb, ac[..., part], bc[..., part], acc, psa, psb, out_dtype)
-    return acc.astype(np.float16 if out_dtype == "float16" else np.float32)
+            acc = _fused(m, fa, fb, ac[..., part], bc[..., part], acc, psa, psb, out_dtype, specials)
+    return acc
 
 
 def _fused(
@@ -190,18 +209,19 @@ def _fused(
     sa: np.ndarray | None,
     sb: np.ndarray | None,
     out_dtype: str,
+    specials: bool = True,
 ) -> np.ndarray:
     va, s_a, e_a = (t[ac] for t in _decoded(fa))
     vb, s_b, e_b = (t[bc] for t in _decoded(fb))
     c_emin = -14 if out_dtype == "float16" else -126
     s_c, e_c = _decode_float(c, c_emin)
-    exact = va * vb  # float64, exact
+    exact = va * vb if (specials or m.scale_format == "ue4m3") else None  # float64, exact
     if m.scale_format == "e8m0":
         xa = np.repeat(sa - 127, m.scale_block, axis=-1)
         xb = np.repeat(sb - 127, m.scale_block, axis=-1)
         s, e = s_a * s_b, e_a + e_b + xa + xb
         nan_scale = (sa == 0xFF).any(-1) | (sb == 0xFF).any(-1)
-        special = np.sum(exact * np.ldexp(1.0, xa + xb), axis=-1) + c
+        special = np.sum(exact * np.ldexp(1.0, xa + xb), axis=-1) + c if specials else None
     elif m.scale_format == "ue4m3":
         e4 = get_format("e4m3")
         _, ss, se = _decoded(e4)
@@ -210,11 +230,11 @@ def _fused(
         s = gsum * ss[ma] * ss[mb]
         e = se[ma] + se[mb]
         nan_scale = (ma == 0x7F).any(-1) | (mb == 0x7F).any(-1)
-        special = np.sum(gsum * e4_values(ma) * e4_values(mb), axis=-1) + c
+        special = np.sum(gsum * e4_values(ma) * e4_values(mb), axis=-1) + c if specials else None
     else:
         s, e = s_a * s_b, e_a + e_b
-        nan_scale = np.zeros(c.shape, bool)
-        special = np.sum(exact, axis=-1) + c
+        nan_scale = None
+        special = np.sum(exact, axis=-1) + c if specials else None
     big_e = np.maximum(e.max(axis=-1), e_c)
     n = m.frac_bits
     terms = np.trunc(np.ldexp(s, n + e - big_e[..., None]))
@@ -225,11 +245,12 @@ def _fused(
             out = value.astype(np.float16).astype(np.float64)
     else:
         out = _truncate_f32(value, m.out_mbits)
-    with np.errstate(invalid="ignore"):
-        nan = np.isnan(special) | nan_scale
-        out = np.where(np.isinf(special), special, out)
     nan_value = np.float64(_F16_NAN) if out_dtype == "float16" else np.float64(_F32_NAN)
-    out = np.where(nan, nan_value, out)
+    if special is not None:
+        out = np.where(np.isinf(special), special, out)
+        out = np.where(np.isnan(special), nan_value, out)
+    if nan_scale is not None:
+        out = np.where(nan_scale, nan_value, out)
     return out
 
 

@@ -1,0 +1,83 @@
+"""Accumulator presets for emulated GEMMs: how the products of a dot product are summed.
+
+- ``exact``: the exact sum, rounded once to float32 (nearest even).
+- ``dequantized_fp32``: dequantize each operand with its scales to float32, then one float32
+  matmul (BLAS order): torchao ``emulate=True``, torch's CPU ``_scaled_mm`` and most fake-quant
+  tools.
+- tensor-core chains (spec 9.2): instructions of the named model run along K, each feeding its
+  result to the next as ``c``; ``promote_every`` K elements (split accumulation) the chain's result
+  is added with float32 round-to-nearest into a register accumulator and the chain restarts from 0.
+  ``promote_every=None`` chains over all of K (cuBLAS FAST_ACCUM=1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from .instructions import INSTRUCTION_MODELS
+
+__all__ = ["Accumulator", "ACCUMULATORS", "get_accumulator"]
+
+
+@dataclass(frozen=True)
+class Accumulator:
+    """How a GEMM sums its products; ``instruction`` names an :data:`INSTRUCTION_MODELS` entry
+    for ``kind="tensor_core"`` (block-scaled layouts switch to the Blackwell block-scale kinds)."""
+
+    name: str
+    kind: Literal["exact", "dequantized_fp32", "tensor_core"]
+    instruction: str | None = None
+    promote_every: int | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("exact", "dequantized_fp32", "tensor_core"):
+            raise ValueError(f"kind must be 'exact', 'dequantized_fp32' or 'tensor_core'; got {self.kind!r}")
+        if self.kind == "tensor_core":
+            if self.instruction not in INSTRUCTION_MODELS:
+                raise ValueError(
+                    f"instruction must be one of {', '.join(INSTRUCTION_MODELS)}; got {self.instruction!r}"
+                )
+            k = INSTRUCTION_MODELS[self.instruction].k
+            if self.promote_every is not None and (self.promote_every < k or self.promote_every % k):
+                raise ValueError(f"promote_every must be a positive multiple of the instruction's K={k}")
+
+    def with_promotion(self, every: int | None) -> Accumulator:
+        """The same chain with another promotion interval (None: never promote)."""
+        return replace(self, name=f"{self.name}@{every}", promote_every=every)
+
+
+ACCUMULATORS: dict[str, Accumulator] = {
+    a.name: a
+    for a in (
+        Accumulator("exact", "exact", description="exact sum, one float32 rounding"),
+        Accumulator("dequantized_fp32", "dequantized_fp32", description="dequantize, then a float32 matmul"),
+        Accumulator("hopper_fast", "tensor_core", "hopper_wgmma", None, "Hopper wgmma chained over all K"),
+        Accumulator("hopper_split", "tensor_core", "hopper_wgmma", 128, "Hopper, promoted to fp32 every 128 K"),
+        Accumulator("ada_fast", "tensor_core", "ada_mma", None, "Ada mma.sync chained over all K"),
+        Accumulator("ada_split", "tensor_core", "ada_mma", 128, "Ada, promoted to fp32 every 128 K"),
+        Accumulator("blackwell", "tensor_core", "blackwell_tcgen05", None, "Blackwell tcgen05 (25 bits), chained"),
+        Accumulator("blackwell_split", "tensor_core", "blackwell_tcgen05", 128, "Blackwell, promoted every 128 K"),
+    )
+}
+_ALIASES = {
+    "exact_fp32": "exact",
+    "torchao_emulate": "dequantized_fp32",
+    "cpu_reference": "dequantized_fp32",
+    "hopper_split128": "hopper_split",
+    "ada": "ada_fast",
+    "ada_split128": "ada_split",
+    "blackwell_f8f6f4": "blackwell",
+    "blackwell_mx": "blackwell",
+    "blackwell_nvfp4": "blackwell",
+}
+
+
+def get_accumulator(acc: str | Accumulator) -> Accumulator:
+    if isinstance(acc, Accumulator):
+        return acc
+    name = _ALIASES.get(acc, acc)
+    if name in ACCUMULATORS:
+        return ACCUMULATORS[name]
+    raise ValueError(f"unknown accumulator {acc!r}; known: {', '.join([*ACCUMULATORS, *_ALIASES])}")

@@ -1,0 +1,362 @@
+"""``scaled_mm``: torch._scaled_mm's semantics (spec 8) with a chosen accumulator (spec 9.2).
+
+``out = cast_out(epilogue(acc))`` where ``acc`` sums ``a @ b`` as the accumulator says and the
+epilogue applies the dequantization scales, the bias and the output rounding:
+
+- tensorwise / rowwise scales (float32): ``d = fl32(fl32(sa * sb) * acc)`` (``epilogue="alpha"``,
+  default) or ``fl32(fl32(acc * sa) * sb)`` (``"sequential"``); then ``fl32(d + bias)``; then round
+  to the output dtype (nearest even; FP8 output is ``satfinite(RN(d * scale_result))``).
+- 1x128 / 128x128 block scales (float32): per 128-wide K tile ``P`` (the accumulator over the
+  tile), ``y = fma(fl32(P * s1), s2, y)`` as TE's cuBLAS-exact blockwise reference does (spec 8.3).
+- MX 1x32 (E8M0 codes) and NVFP4 1x16 (UE4M3 codes): the block scales enter the instructions
+  (Blackwell ``kind::mxf8f6f4`` / ``kind::mxf4nvf4``); scales are given unswizzled, one per block,
+  shaped ``(M, K/block)`` and ``(K/block, N)``.
+
+Operands: torch float8 tensors (row-major ``a``, column-major ``b``, as cuBLASLt wants) or numpy
+code arrays with ``a_format`` / ``b_format``.  ``strict=True`` raises torch's messages for what CUDA
+refuses; ``strict=False`` lifts the layout and size checks for studies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..cast import decode, encode
+from ..formats import FloatFormat, get_format
+from ..scaling.amax import dtype_name
+from ._exact import exact_matmul_f32, round_sum_to_f32, two_sum
+from .accumulators import Accumulator, get_accumulator
+from .instructions import INSTRUCTION_MODELS, get_instruction_model, run_instruction
+
+__all__ = ["scaled_mm"]
+
+_TORCH_FMT = {
+    "float8_e4m3fn": "e4m3",
+    "float8_e5m2": "e5m2",
+    "float8_e4m3fnuz": "e4m3fnuz",
+    "float8_e5m2fnuz": "e5m2fnuz",
+}
+_OUT_FLOATS = ("float32", "bfloat16", "float16")
+_TORCH_NAMES = {"float32": "Float", "bfloat16": "BFloat16", "float16": "Half"}
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _operand(x: Any, fmt: str | FloatFormat | None, name: str) -> tuple[np.ndarray, FloatFormat]:
+    if _is_torch(x):
+        dt = str(x.dtype).replace("torch.", "")
+        if dt not in _TORCH_FMT:
+            raise ValueError(f"Expected {name} to be Float8 matrix got {dt}")
+        return x.detach().contiguous().view(__import__("torch").uint8).cpu().numpy().astype(np.int64), get_format(
+            _TORCH_FMT[dt]
+        )
+    if fmt is None:
+        raise ValueError(f"{name} is a code array: pass {'a' if name == 'mat1' else 'b'}_format= (e.g. 'e4m3')")
+    f = get_format(fmt)
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integer codes of {f.name}, got dtype {arr.dtype}")
+    if arr.size and (arr.min() < 0 or arr.max() >= f.num_codes):
+        raise ValueError(f"{name} holds codes outside [0, {f.num_codes - 1}] for {f.name}")
+    return arr.astype(np.int64), f
+
+
+def _scale(x: Any) -> np.ndarray:
+    if x is None:
+        return None
+    if _is_torch(x):
+        t = x.detach().cpu()
+        if str(t.dtype) in ("torch.float8_e8m0fnu", "torch.float8_e4m3fn"):
+            return t.view(__import__("torch").uint8).numpy()
+        if str(t.dtype) in ("torch.bfloat16", "torch.float16"):
+            return t.float().numpy()  # exact
+        return t.numpy()
+    return np.asarray(x)
+
+
+def _layout(sa: np.ndarray, sb: np.ndarray, m: int, k: int, n: int, fa: FloatFormat) -> str:
+    """Which scale layout the pair of scales is (spec 8.2), or ValueError."""
+    if sa.dtype == np.float32 and sb.dtype == np.float32:
+        if sa.size == 1 and sb.size == 1:
+            return "tensorwise"
+        if sa.shape == (m, 1) and sb.shape == (1, n):
+            return "rowwise"
+        kb = -(-k // 128)
+        a1, a2 = sa.shape == (m, kb), sa.shape == (-(-m // 128), kb)
+        b1, b2 = sb.shape == (kb, n), sb.shape == (kb, -(-n // 128))
+        if (a1 or a2) and (b1 or b2) and not (a2 and b2 and not (a1 or b1)):
+            return f"block_{'1' if a1 else '2'}x{'1' if b1 else '2'}"
+    if sa.dtype == np.uint8 and sb.dtype == np.uint8:
+        if fa.name == "e2m1" and sa.shape == (m, k // 16) and sb.shape == (k // 16, n):
+            return "nvfp4"
+        if sa.shape == (m, k // 32) and sb.shape == (k // 32, n):
+            return "mx"
+    raise ValueError("Invalid scaling configuration.")
+
+
+def _check_torch_rules(a: Any, b: Any, fa: FloatFormat, fb: FloatFormat, bias: Any, out: str) -> None:
+    m, k = a.shape
+    n = b.shape[1]
+    if _is_torch(a) and not (a.stride(1) == 1 and b.stride(0) == 1):
+        raise RuntimeError("Only multiplication of row-major and column-major matrices is supported by cuBLASLt")
+    if k % 16:
+        raise RuntimeError(f"Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: ({m}x{k}).")
+    if k % 16 or n % 16:
+        raise RuntimeError(f"mat2 shape ({k}x{n}) must be divisible by 16")
+    if fa.name == "e5m2" and fb.name == "e5m2":
+        raise RuntimeError("Multiplication of two Float8_e5m2 matrices is not supported")
+    if bias is not None:
+        bdt = dtype_name(bias)
+        if out == "float32":
+            raise RuntimeError("Bias is not supported when out_dtype is set to Float32")
+        if bdt not in ("bfloat16", "float16"):
+            raise RuntimeError(f"Bias must be either Half or BFloat16, but got {_TORCH_NAMES.get(bdt, bdt)}")
+        if out == "bfloat16" and bdt != "bfloat16":
+            raise RuntimeError(f"Bias must be BFloat16 to compute BFloat16 output, but got {_TORCH_NAMES[bdt]}")
+        if out == "float16" and bdt != "float16":
+            raise RuntimeError(f"Bias must be Float16 to compute Half output, but got {_TORCH_NAMES[bdt]}")
+
+
+def scaled_mm(
+    a: Any,
+    b: Any,
+    scale_a: Any,
+    scale_b: Any,
+    bias: Any = None,
+    scale_result: Any = None,
+    out_dtype: Any = None,
+    use_fast_accum: bool = False,
+    *,
+    accumulator: str | Accumulator | None = None,
+    device: str = "hopper",
+    a_format: str | FloatFormat | None = None,
+    b_format: str | FloatFormat | None = None,
+    strict: bool = True,
+    epilogue: str = "alpha",
+) -> Any:
+    """Emulated ``torch._scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype,
+    use_fast_accum)``; scales are dequantization multipliers.
+
+    ``accumulator``: a preset name (``exact``, ``dequantized_fp32``, ``hopper_fast``,
+    ``hopper_split``, ``ada_fast``, ``ada_split``, ``blackwell``, ``blackwell_split``) or an
+    :class:`Accumulator`; None picks ``{device}_fast`` when ``use_fast_accum`` else
+    ``{device}_split`` (``device``: hopper, ada or blackwell).  ``out_dtype`` defaults to ``a``'s
+    format (FP8 output, as torch); for numpy operands it may be "float32", "bfloat16", "float16" or
+    a format name.  Returns a torch tensor for torch operands (on ``a``'s device), else numpy.
+    """
+    torch_in = _is_torch(a)
+    ac, fa = _operand(a, a_format, "mat1")
+    bc, fb = _operand(b, b_format, "mat2")
+    if ac.ndim != 2 or bc.ndim != 2:
+        raise RuntimeError(f"mat1 and mat2 must be matrices, got shapes {ac.shape} and {bc.shape}")
+    m, k = ac.shape
+    if bc.shape[0] != k:
+        raise RuntimeError(f"mat_a and mat_b shapes cannot be multiplied ({m}x{k} and {bc.shape[0]}x{bc.shape[1]})")
+    n = bc.shape[1]
+    out = _out_name(out_dtype, fa)
+    if epilogue not in ("alpha", "sequential"):
+        raise ValueError(f"epilogue must be 'alpha' or 'sequential', got {epilogue!r}")
+    if strict:
+        _check_torch_rules(a, b, fa, fb, bias, out)
+    acc = _pick_accumulator(accumulator, use_fast_accum, device)
+    sa, sb = _scale(scale_a), _scale(scale_b)
+    layout = _layout(sa, sb, m, k, n, fa)
+    if m == 0 or n == 0 or k == 0:
+        d = np.zeros((m, n), np.float32)
+    elif layout in ("tensorwise", "rowwise"):
+        raw = _accumulate(ac, bc, fa, fb, acc)
+        d = _alpha(raw, sa.reshape(-1, 1) if layout == "rowwise" else sa.reshape(1, 1), sb.reshape(1, -1), epilogue)
+    elif layout.startswith("block"):
+        d = _blockwise(ac, bc, fa, fb, acc, sa, sb, layout)
+    else:
+        d = _block_scaled_in_instruction(ac, bc, fa, fb, acc, sa, sb, layout)
+    if bias is not None:
+        bvals = _scale(bias).astype(np.float32).reshape(1, -1)
+        d = (d + bvals).astype(np.float32)
+    return _finish(d, out, scale_result, torch_in, a)
+
+
+def _out_name(out_dtype: Any, fa: FloatFormat) -> str:
+    if out_dtype is None:
+        return fa.name
+    name = str(out_dtype).replace("torch.", "")
+    if name in _OUT_FLOATS:
+        return name
+    if name in _TORCH_FMT:
+        return _TORCH_FMT[name]
+    return get_format(name).name
+
+
+def _pick_accumulator(acc: Any, fast: bool, device: str) -> Accumulator:
+    if acc is not None:
+        return get_accumulator(acc)
+    if device not in ("hopper", "ada", "blackwell"):
+        raise ValueError(f"device must be 'hopper', 'ada' or 'blackwell', got {device!r}")
+    if device == "blackwell":
+        return get_accumulator("blackwell" if fast else "blackwell_split")
+    return get_accumulator(f"{device}_{'fast' if fast else 'split'}")
+
+
+def _values(codes: np.ndarray, f: FloatFormat) -> np.ndarray:
+    return decode(codes.astype(np.uint8), f).astype(np.float64)
+
+
+def _accumulate(ac: np.ndarray, bc: np.ndarray, fa: FloatFormat, fb: FloatFormat, acc: Accumulator) -> np.ndarray:
+    """float32 (M, N): the unscaled sum of a @ b as ``acc`` computes it."""
+    va, vb = _values(ac, fa), _values(bc, fb)
+    if acc.kind == "exact":
+        return _exact_with_specials(va, vb, fa, fb)
+    if acc.kind == "dequantized_fp32":
+        return np.matmul(va.astype(np.float32), vb.astype(np.float32))
+    return _tensor_core(ac, bc, fa, fb, acc, None, None)
+
+
+def _exact_with_specials(va: np.ndarray, vb: np.ndarray, fa: FloatFormat, fb: FloatFormat) -> np.ndarray:
+    finite_a, finite_b = np.isfinite(va), np.isfinite(vb)
+    out = exact_matmul_f32(np.where(finite_a, va, 0.0), np.where(finite_b, vb, 0.0), fa.mbits, fb.mbits)
+    if not (finite_a.all() and finite_b.all()):
+        with np.errstate(invalid="ignore", over="ignore"):
+            special = np.matmul(va, vb)  # NaN/Inf propagate as IEEE says
+        out = np.where(np.isfinite(special), out, special.astype(np.float32))
+    return out
+
+
+def _tensor_core(
+    ac: np.ndarray,
+    bc: np.ndarray,
+    fa: FloatFormat,
+    fb: FloatFormat,
+    acc: Accumulator,
+    sa: np.ndarray | None,
+    sb: np.ndarray | None,
+    instruction: str | None = None,
+) -> np.ndarray:
+    """Chains of instructions along K with optional float32 promotion; float32 (M, N)."""
+    im = get_instruction_model(instruction or acc.instruction)
+    m, k = ac.shape
+    n = bc.shape[1]
+    kk = -(-k // im.k) * im.k
+    if kk != k:  # zero-pad K to whole instructions (zeros add nothing)
+        ac = np.pad(ac, ((0, 0), (0, kk - k)))
+        bc = np.pad(bc, ((0, kk - k), (0, 0)))
+    bt = np.ascontiguousarray(bc.T)
+    specials = bool(_has_specials(ac, fa) or _has_specials(bc, fb))
+    every = acc.promote_every or kk
+    out = np.zeros((m, n), np.float32)
+    rows = max(1, (1 << 17) // max(n * im.k, 1))
+    with np.errstate(invalid="ignore", over="ignore"):
+        for r0 in range(0, m, rows):
+            a_t = ac[r0 : r0 + rows]
+            reg = np.zeros((a_t.shape[0], n), np.float32)
+            for g0 in range(0, kk, every):
+                chain = np.zeros((a_t.shape[0], n), np.float64)
+                for j in range(g0, min(g0 + every, kk), im.k):
+                    blk = slice(j, j + im.k)
+                    psa = psb = None
+                    if sa is not None:
+                        sblk = slice(j // im.scale_block, (j + im.k) // im.scale_block)
+                        psa = sa[r0 : r0 + rows, None, sblk]
+                        psb = sb.T[None, :, sblk]
+                    chain = run_instruction(
+                        im, fa, fb, a_t[:, None, blk], bt[None, :, blk], chain, psa, psb, specials=specials
+                    )
+                reg = (reg + chain.astype(np.float32)).astype(np.float32) if every != kk else chain.astype(np.float32)
+            out[r0 : r0 + rows] = reg
+    return out
+
+
+def _has_specials(codes: np.ndarray, f: FloatFormat) -> bool:
+    if not (f.has_nan or f.has_inf):
+        return False
+    bad = np.array([not np.isfinite(f.code_value(c)) for c in range(f.num_codes)])
+    return bool(bad[codes].any())
+
+
+def _alpha(raw: np.ndarray, sa: np.ndarray, sb: np.ndarray, epilogue: str) -> np.ndarray:
+    sa32, sb32 = sa.astype(np.float32), sb.astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if epilogue == "alpha":
+            return ((sa32 * sb32).astype(np.float32) * raw).astype(np.float32)
+        return ((raw * sa32).astype(np.float32) * sb32).astype(np.float32)
+
+
+def _fma_f32(x: np.ndarray, s: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """float32 fma(x, s, y): the exact x*s + y rounded once (float32 inputs)."""
+    p = x.astype(np.float64) * s.astype(np.float64)  # exact: 24 x 24 bits
+    hi, lo = two_sum(p, y.astype(np.float64))
+    with np.errstate(invalid="ignore"):
+        special = ~np.isfinite(hi)
+    return np.where(special, hi.astype(np.float32), round_sum_to_f32(np.where(special, 0.0, hi), lo))
+
+
+def _blockwise(ac, bc, fa, fb, acc, sa, sb, layout) -> np.ndarray:  # noqa: ANN001
+    """TE's cuBLAS-exact blockwise reference (spec 8.3): per 128-wide K tile P, then an FMA."""
+    m, k = ac.shape
+    n = bc.shape[1]
+    a2d, b2d = layout[6] == "2", layout[8] == "2"
+    if a2d and b2d:
+        raise RuntimeError("2D by 2D block gemm not supported.")
+    y = np.zeros((m, n), np.float32)
+    for t, k0 in enumerate(range(0, k, 128)):
+        sl = slice(k0, k0 + 128)
+        p = _accumulate(ac[:, sl], bc[sl], fa, fb, acc)
+        s_a = np.repeat(sa[:, t : t + 1], 128, axis=0)[:m] if a2d else sa[:, t : t + 1]
+        s_b = np.repeat(sb[t : t + 1, :], 128, axis=1)[:, :n] if b2d else sb[t : t + 1, :]
+        s_a = np.broadcast_to(s_a.astype(np.float32), (m, n))
+        s_b = np.broadcast_to(s_b.astype(np.float32), (m, n))
+        with np.errstate(invalid="ignore", over="ignore"):
+            if a2d:  # 2D(a) x 1D(b): y = fma(fl32(P * sb), sa, y)
+                y = _fma_f32((p * s_b).astype(np.float32), s_a, y)
+            else:  # 1D(a) x 1D/2D(b): y = fma(fl32(P * sa), sb, y)
+                y = _fma_f32((p * s_a).astype(np.float32), s_b, y)
+    return y
+
+
+def _block_scaled_in_instruction(ac, bc, fa, fb, acc, sa, sb, layout) -> np.ndarray:  # noqa: ANN001
+    """MX (E8M0 per 32) and NVFP4 (UE4M3 per 16): scales inside the instruction."""
+    block = 16 if layout == "nvfp4" else 32
+    sfmt = get_format("e4m3" if layout == "nvfp4" else "e8m0")
+    if acc.kind == "tensor_core":
+        if INSTRUCTION_MODELS[acc.instruction].out_mbits != 23 or not acc.instruction.startswith("blackwell"):
+            raise ValueError(f"{layout} block scales need a Blackwell accumulator (blackwell, blackwell_split)")
+        instr = "blackwell_mxf4nvf4" if layout == "nvfp4" else "blackwell_mxf8f6f4"
+        return _tensor_core(ac, bc, fa, fb, acc, sa.astype(np.int64), sb.astype(np.int64), instr)
+    sva = np.repeat(decode(sa, sfmt).astype(np.float64), block, axis=1)
+    svb = np.repeat(decode(sb, sfmt).astype(np.float64), block, axis=0)
+    if layout == "nvfp4":
+        sva, svb = np.abs(sva), np.abs(svb)  # the sign bit of a UE4M3 scale is ignored
+    va, vb = _values(ac, fa) * sva, _values(bc, fb) * svb
+    if acc.kind == "exact":
+        return _exact_with_specials(va, vb, fa, fb)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.matmul(va.astype(np.float32), vb.astype(np.float32))
+
+
+def _finish(d: np.ndarray, out: str, scale_result: Any, torch_in: bool, a: Any) -> Any:
+    if out == "float32":
+        res = d.astype(np.float32)
+    elif out == "bfloat16":
+        res = d.astype(ml_dtypes.bfloat16)
+    elif out == "float16":
+        with np.errstate(over="ignore"):
+            res = d.astype(np.float16)
+    else:
+        sr = np.float32(1.0) if scale_result is None else np.asarray(_scale(scale_result), np.float32).reshape(())
+        with np.errstate(invalid="ignore", over="ignore"):
+            res = encode((d * sr).astype(np.float32), out, saturate=True)
+    if not torch_in:
+        return res
+    import torch
+
+    if out == "bfloat16":
+        t = torch.from_numpy(res.view(np.int16)).view(torch.bfloat16)
+    elif out in _OUT_FLOATS:
+        t = torch.from_numpy(np.ascontiguousarray(res))
+    else:
+        t = torch.from_numpy(res).view(get_format(out).torch_dtype)
+    return t.to(a.device)
