@@ -29,7 +29,10 @@ class QuantizedTensor:
     - ``fmt``: the element format; ``block``: the block shape (1 along dims that are not blocked).
     - ``shape``: the original shape (``codes`` may be zero-padded up to whole blocks); ``dtype``:
       the original dtype's name.
-    - ``global_scale``: a second-level float32 dequantization scale (NVFP4), or None.
+    - ``global_scale``: a second-level float32 dequantization scale (NVFP4; an array broadcasting
+      over the leading dims for row-scaled NVFP4), or None.
+    - ``global_amax``: the amax the global scale came from, where an upstream dequantizes from it
+      (TE NVFP4), or None.
     - ``scale_is_divisor``: the stored scales are *quantization* scales and dequantization divides
       by them (torchao: ``_data / _scale``), instead of multiplying.
     """
@@ -41,8 +44,9 @@ class QuantizedTensor:
     shape: tuple[int, ...]
     dtype: str
     scale_format: FloatFormat | None = None
-    global_scale: float | None = None
+    global_scale: float | np.ndarray | None = None
     scale_is_divisor: bool = False
+    global_amax: float | np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.codes.ndim != len(self.block) or len(self.shape) != len(self.block):
@@ -72,7 +76,8 @@ class QuantizedTensor:
                 return (vals / scale)[tuple(slice(0, n) for n in self.shape)]  # one float32 rounding
         out = vals.astype(np.float64) * scale.astype(np.float64)
         if self.global_scale is not None:
-            out = out * np.float64(np.float32(self.global_scale))
+            g = np.asarray(self.global_scale, np.float32).astype(np.float64)
+            out = out * (g if g.ndim == 0 else _pad_to(g, out.shape))
         with np.errstate(invalid="ignore", over="ignore"):
             out = out.astype(np.float32)
         return out[tuple(slice(0, n) for n in self.shape)]
@@ -83,6 +88,13 @@ class QuantizedTensor:
             f"QuantizedTensor(fmt={self.fmt.name}, shape={self.shape}, block={self.block}, "
             f"scales={sf}{tuple(self.scales.shape)}, dtype={self.dtype})"
         )
+
+
+def _pad_to(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A per-row global scale (shape ``shape[:-1] + (1,)`` of the original tensor) padded to the
+    padded codes' shape with ones."""
+    pad = [(0, s - n) if n != 1 else (0, 0) for n, s in zip(g.shape, shape, strict=True)]
+    return np.pad(g, pad, constant_values=1.0)
 
 
 def expand_blocks(per_block: Any, block: tuple[int, ...]) -> np.ndarray:
