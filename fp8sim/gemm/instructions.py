@@ -30,7 +30,7 @@ import numpy as np
 from ..cast._tables import decode_table
 from ..formats import FloatFormat, get_format
 
-__all__ = ["InstructionModel", "INSTRUCTION_MODELS", "get_instruction_model", "dot_add", "run_instruction"]
+__all__ = ["InstructionModel", "INSTRUCTION_MODELS", "get_instruction_model", "dot_add", "run_instruction", "align_sum"]
 
 _F32_NAN = np.array(0x7FFFFFFF, np.uint32).view(np.float32)
 _F16_NAN = np.array(0x7FFF, np.uint16).view(np.float16)
@@ -113,13 +113,6 @@ def _decoded(fmt: FloatFormat, zero_exp: int = _ZERO_EXP) -> tuple[np.ndarray, n
     e[nz] = np.maximum(np.frexp(mag[nz])[1] - 1, fmt.emin)
     s = np.where(nz, np.ldexp(mag, -e), 0.0) * np.where(np.signbit(vals), -1.0, 1.0)
     return vals, s, e
-
-
-def _decode_float(c: np.ndarray, emin: int) -> tuple[np.ndarray, np.ndarray]:
-    """(s, e) of float values with exponent floor ``emin`` (zeros at ``emin`` too)."""
-    mag = np.where(np.isfinite(c), np.abs(c), 0.0)
-    e = np.where(mag > 0, np.maximum(np.frexp(mag)[1] - 1, emin), emin).astype(np.int64)
-    return np.ldexp(np.copysign(mag, c), -e), e
 
 
 def _codes(x: Any, arg: str, fmt: FloatFormat) -> np.ndarray:
@@ -211,42 +204,26 @@ def _fused(
     out_dtype: str,
     specials: bool = True,
 ) -> np.ndarray:
-    va, s_a, e_a = (t[ac] for t in _decoded(fa))
-    vb, s_b, e_b = (t[bc] for t in _decoded(fb))
-    c_emin = -14 if out_dtype == "float16" else -126
-    s_c, e_c = _decode_float(c, c_emin)
-    exact = va * vb if (specials or m.scale_format == "ue4m3") else None  # float64, exact
+    va, _, e_a = (t[ac] for t in _decoded(fa))
+    vb, _, e_b = (t[bc] for t in _decoded(fb))
+    exact = va * vb  # float64, exact (NaN/Inf where the inputs are special)
     if m.scale_format == "e8m0":
-        xa = np.repeat(sa - 127, m.scale_block, axis=-1)
-        xb = np.repeat(sb - 127, m.scale_block, axis=-1)
-        s, e = s_a * s_b, e_a + e_b + xa + xb
+        x = np.repeat(sa - 127, m.scale_block, axis=-1) + np.repeat(sb - 127, m.scale_block, axis=-1)
+        p, e = exact * np.ldexp(1.0, x), e_a + e_b + x
         nan_scale = (sa == 0xFF).any(-1) | (sb == 0xFF).any(-1)
-        special = np.sum(exact * np.ldexp(1.0, xa + xb), axis=-1) + c if specials else None
     elif m.scale_format == "ue4m3":
-        e4 = get_format("e4m3")
-        _, ss, se = _decoded(e4)
+        vals, _, se = _decoded(get_format("e4m3"))
         gsum = exact.reshape(exact.shape[:-1] + (-1, m.scale_block)).sum(-1)  # exact: multiples of 1/4
-        ma, mb = sa & 0x7F, sb & 0x7F
-        s = gsum * ss[ma] * ss[mb]
-        e = se[ma] + se[mb]
+        ma, mb = sa & 0x7F, sb & 0x7F  # the sign bit of a scale is ignored
+        p, e = gsum * vals[ma] * vals[mb], se[ma] + se[mb]  # block terms are not normalised
         nan_scale = (ma == 0x7F).any(-1) | (mb == 0x7F).any(-1)
-        special = np.sum(gsum * e4_values(ma) * e4_values(mb), axis=-1) + c if specials else None
     else:
-        s, e = s_a * s_b, e_a + e_b
+        p, e = exact, e_a + e_b
         nan_scale = None
-        special = np.sum(exact, axis=-1) + c if specials else None
-    big_e = np.maximum(e.max(axis=-1), e_c)
-    n = m.frac_bits
-    terms = np.trunc(np.ldexp(s, n + e - big_e[..., None]))
-    total = terms.sum(axis=-1) + np.trunc(np.ldexp(s_c, n + e_c - big_e))
-    value = np.ldexp(total, big_e - n)  # exact
-    if out_dtype == "float16":
-        with np.errstate(over="ignore"):
-            out = value.astype(np.float16).astype(np.float64)
-    else:
-        out = _truncate_f32(value, m.out_mbits)
+    out = align_sum(m, np.where(np.isfinite(p), p, 0.0) if specials else p, e, c, out_dtype)
     nan_value = np.float64(_F16_NAN) if out_dtype == "float16" else np.float64(_F32_NAN)
-    if special is not None:
+    if specials:
+        special = np.sum(p, axis=-1) + c
         out = np.where(np.isinf(special), special, out)
         out = np.where(np.isnan(special), nan_value, out)
     if nan_scale is not None:
@@ -254,8 +231,22 @@ def _fused(
     return out
 
 
-def e4_values(codes: np.ndarray) -> np.ndarray:
-    return _decoded(get_format("e4m3"))[0][codes]
+def align_sum(m: InstructionModel, p: np.ndarray, e: np.ndarray, c: np.ndarray, out_dtype: str) -> np.ndarray:
+    """Steps 2-4 for finite terms: ``p`` the exact term values ``[..., terms]`` with nominal
+    exponents ``e``, ``c`` the accumulator input (float64 holding a float32/float16 value).  Each
+    term ``s * 2^e`` truncated to ``frac_bits`` below E is ``trunc(p * 2^(frac_bits - E))``."""
+    c_emin = -14 if out_dtype == "float16" else -126
+    c_mag = np.where(np.isfinite(c), np.abs(c), 0.0)
+    e_c = np.where(c_mag > 0, np.maximum(np.frexp(c_mag)[1] - 1, c_emin), c_emin)
+    big_e = np.maximum(e.max(axis=-1), e_c)
+    n = m.frac_bits
+    unit = np.ldexp(1.0, n - big_e)  # 2^(n - E): one truncation grid per output
+    total = np.trunc(p * unit[..., None]).sum(axis=-1) + np.trunc(np.where(np.isfinite(c), c, 0.0) * unit)
+    value = total / unit  # exact: an integer times a power of two
+    if out_dtype == "float16":
+        with np.errstate(over="ignore"):
+            return value.astype(np.float16).astype(np.float64)
+    return _truncate_f32(value, m.out_mbits)
 
 
 def _truncate_f32(v: np.ndarray, mbits: int) -> np.ndarray:

@@ -29,7 +29,7 @@ from ..formats import FloatFormat, get_format
 from ..scaling.amax import dtype_name
 from ._exact import exact_matmul_f32, round_sum_to_f32, two_sum
 from .accumulators import Accumulator, get_accumulator
-from .instructions import INSTRUCTION_MODELS, get_instruction_model, run_instruction
+from .instructions import INSTRUCTION_MODELS, _decoded, align_sum, get_instruction_model, run_instruction
 
 __all__ = ["scaled_mm"]
 
@@ -246,27 +246,47 @@ def _tensor_core(
         bc = np.pad(bc, ((0, kk - k), (0, 0)))
     bt = np.ascontiguousarray(bc.T)
     specials = bool(_has_specials(ac, fa) or _has_specials(bc, fb))
+    fast = not specials and im.scale_format != "ue4m3" and im.halves == 1
+    if fast:  # decode once; each step is then products + exponents + align_sum (same arithmetic)
+        va, _, ea = (t[ac] for t in _decoded(fa))
+        vb, _, eb = (t[bt] for t in _decoded(fb))
+        ea, eb = ea.astype(np.int16), eb.astype(np.int16)
+        if sa is not None:
+            xa = np.repeat(sa.astype(np.int16) - 127, im.scale_block, axis=1)
+            xb = np.repeat(sb.T.astype(np.int16) - 127, im.scale_block, axis=1)
+            va, vb = va * np.ldexp(1.0, xa), vb * np.ldexp(1.0, xb)
+            ea, eb = ea + xa, eb + xb
     every = acc.promote_every or kk
     out = np.zeros((m, n), np.float32)
-    rows = max(1, (1 << 17) // max(n * im.k, 1))
+    rows = max(1, (1 << 16) // max(n * im.k, 1))
     with np.errstate(invalid="ignore", over="ignore"):
         for r0 in range(0, m, rows):
-            a_t = ac[r0 : r0 + rows]
-            reg = np.zeros((a_t.shape[0], n), np.float32)
+            r1 = min(r0 + rows, m)
+            reg = np.zeros((r1 - r0, n), np.float32)
             for g0 in range(0, kk, every):
-                chain = np.zeros((a_t.shape[0], n), np.float64)
+                chain = np.zeros((r1 - r0, n), np.float64)
                 for j in range(g0, min(g0 + every, kk), im.k):
                     blk = slice(j, j + im.k)
+                    if fast:
+                        p = va[r0:r1, None, blk] * vb[None, :, blk]
+                        e = ea[r0:r1, None, blk] + eb[None, :, blk]
+                        # a NaN/Inf accumulator (NaN scale, overflow) stays what it is, as in the model
+                        chain = np.where(np.isfinite(chain), align_sum(im, p, e, chain, "float32"), chain)
+                        if sa is not None:
+                            sj = j // im.scale_block  # NaN scale (0xFF) -> NaN, then carried along the chain
+                            bad = (sa[r0:r1, sj, None] == 0xFF) | (sb[None, sj, :] == 0xFF)
+                            chain = np.where(bad, np.float64(np.float32(np.nan)), chain)
+                        continue
                     psa = psb = None
                     if sa is not None:
                         sblk = slice(j // im.scale_block, (j + im.k) // im.scale_block)
-                        psa = sa[r0 : r0 + rows, None, sblk]
+                        psa = sa[r0:r1, None, sblk]
                         psb = sb.T[None, :, sblk]
                     chain = run_instruction(
-                        im, fa, fb, a_t[:, None, blk], bt[None, :, blk], chain, psa, psb, specials=specials
+                        im, fa, fb, ac[r0:r1, None, blk], bt[None, :, blk], chain, psa, psb, specials=specials
                     )
                 reg = (reg + chain.astype(np.float32)).astype(np.float32) if every != kk else chain.astype(np.float32)
-            out[r0 : r0 + rows] = reg
+            out[r0:r1] = reg
     return out
 
 
