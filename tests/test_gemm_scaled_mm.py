@@ -350,3 +350,19 @@ def test_accumulator_registry() -> None:
         get_accumulator("volta")
     with pytest.raises(ValueError, match="promote_every must be a positive multiple"):
         get_accumulator("hopper_fast").with_promotion(48)
+
+
+def test_error_vs_k_study_shows_fast_growing_and_split_bounded(tmp_path) -> None:  # noqa: ANN001
+    pytest.importorskip("matplotlib")
+    from fp8sim.gemm.study import error_vs_k
+
+    r = error_vs_k(ks=(128, 1024, 4096), accumulators=("hopper_fast", "hopper_split", "blackwell"), m=16, n=16)
+    fast, split = r.rel_error["hopper_fast"], r.rel_error["hopper_split"]
+    assert fast[0] < fast[1] < fast[2] and fast[2] > 20 * fast[0]
+    assert max(split) < 1.5 * min(split)
+    assert r.rel_error["blackwell"][2] < split[2] / 10  # 25 bits instead of 13
+    assert "| 4096 |" in r.table()
+    r.plot(str(tmp_path / "evk.png"))
+    assert (tmp_path / "evk.png").stat().st_size > 10_000
+    with pytest.raises(ValueError, match="distribution must be 'normal' or 'positive'"):
+        error_vs_k(ks=(32,), distribution="uniform")
