@@ -52,9 +52,7 @@ def _operand(x: Any, fmt: str | FloatFormat | None, name: str) -> tuple[np.ndarr
         dt = str(x.dtype).replace("torch.", "")
         if dt not in _TORCH_FMT:
             raise ValueError(f"Expected {name} to be Float8 matrix got {dt}")
-        return x.detach().contiguous().view(__import__("torch").uint8).cpu().numpy().astype(np.int64), get_format(
-            _TORCH_FMT[dt]
-        )
+        return x.detach().contiguous().view(__import__("torch").uint8).cpu().numpy(), get_format(_TORCH_FMT[dt])
     if fmt is None:
         raise ValueError(f"{name} is a code array: pass {'a' if name == 'mat1' else 'b'}_format= (e.g. 'e4m3')")
     f = get_format(fmt)
@@ -63,7 +61,7 @@ def _operand(x: Any, fmt: str | FloatFormat | None, name: str) -> tuple[np.ndarr
         raise TypeError(f"{name} must hold integer codes of {f.name}, got dtype {arr.dtype}")
     if arr.size and (arr.min() < 0 or arr.max() >= f.num_codes):
         raise ValueError(f"{name} holds codes outside [0, {f.num_codes - 1}] for {f.name}")
-    return arr.astype(np.int64), f
+    return arr.astype(np.uint8, copy=False), f
 
 
 def _scale(x: Any) -> np.ndarray:
@@ -203,17 +201,19 @@ def _pick_accumulator(acc: Any, fast: bool, device: str) -> Accumulator:
 
 
 def _values(codes: np.ndarray, f: FloatFormat) -> np.ndarray:
-    return decode(codes.astype(np.uint8), f).astype(np.float64)
+    """float32 values of uint8 codes (exact)."""
+    return decode(codes, f)
 
 
 def _accumulate(ac: np.ndarray, bc: np.ndarray, fa: FloatFormat, fb: FloatFormat, acc: Accumulator) -> np.ndarray:
     """float32 (M, N): the unscaled sum of a @ b as ``acc`` computes it."""
+    if acc.kind == "tensor_core":
+        return _tensor_core(ac, bc, fa, fb, acc, None, None)
     va, vb = _values(ac, fa), _values(bc, fb)
     if acc.kind == "exact":
-        return _exact_with_specials(va, vb, fa, fb)
-    if acc.kind == "dequantized_fp32":
-        return np.matmul(va.astype(np.float32), vb.astype(np.float32))
-    return _tensor_core(ac, bc, fa, fb, acc, None, None)
+        return _exact_with_specials(va.astype(np.float64), vb.astype(np.float64), fa, fb)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.matmul(va, vb)
 
 
 def _exact_with_specials(va: np.ndarray, vb: np.ndarray, fa: FloatFormat, fb: FloatFormat) -> np.ndarray:
@@ -350,7 +350,7 @@ def _block_scaled_in_instruction(ac, bc, fa, fb, acc, sa, sb, layout) -> np.ndar
     svb = np.repeat(decode(sb, sfmt).astype(np.float64), block, axis=0)
     if layout == "nvfp4":
         sva, svb = np.abs(sva), np.abs(svb)  # the sign bit of a UE4M3 scale is ignored
-    va, vb = _values(ac, fa) * sva, _values(bc, fb) * svb
+    va, vb = _values(ac, fa).astype(np.float64) * sva, _values(bc, fb).astype(np.float64) * svb
     if acc.kind == "exact":
         return _exact_with_specials(va, vb, fa, fb)
     with np.errstate(invalid="ignore", over="ignore"):

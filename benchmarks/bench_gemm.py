@@ -1,0 +1,96 @@
+"""Emulated FP8 GEMM speed, as ratios measured in one run (see benchmarks/README.md).
+
+- ``hopper_fast`` on 512 x 512 x 4096: multiply-adds per second, and the ratio to the slow scalar
+  reference of tests/test_gemm_instructions.py (timed on a few outputs, per multiply-add).
+- ``dequantized_fp32`` and ``exact`` on 2048^3: time relative to ``torch.matmul`` on float32.
+- torch's own CPU ``_scaled_mm`` at 512^3: time relative to ``torch.matmul``, and its ULP distance
+  from ``exact`` (it is not a hardware reference: reported, never asserted).
+
+Run: ``python benchmarks/bench_gemm.py [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+from bench_cast import best_of
+
+from fp8sim.gemm import INSTRUCTION_MODELS, scaled_mm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_gemm_instructions import reference  # noqa: E402  (the slow scalar reference)
+
+
+def _codes(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(2)
+    rng = np.random.default_rng(0)
+    one = np.float32(1)
+    kw = {"a_format": "e4m3", "b_format": "e4m3", "out_dtype": "float32"}
+    rows = []
+
+    m, k = (128, 1024) if args.quick else (512, 4096)
+    a, b = _codes(rng, (m, k)), _codes(rng, (k, m))
+    t0 = time.perf_counter()
+    scaled_mm(a, b, one, one, accumulator="hopper_fast", **kw)
+    t_fast = time.perf_counter() - t0
+    macs = m * m * k
+    model = INSTRUCTION_MODELS["hopper_wgmma"]
+    outs = 2
+    t0 = time.perf_counter()
+    for j in range(outs):
+        acc = 0.0
+        for t in range(0, k, 32):
+            acc = reference(
+                model, a[0, t : t + 32].tolist(), b[t : t + 32, j].tolist(), acc, "e4m3", "e4m3", None, None, "float32"
+            )
+    t_ref = (time.perf_counter() - t0) / (outs * k)  # seconds per multiply-add
+    rows.append((f"hopper_fast {m}x{m}x{k}: M multiply-adds/s", f"{macs / t_fast / 1e6:.0f}", ">= 50"))
+    rows.append(("hopper_fast vs scalar reference (per multiply-add)", f"{t_ref * macs / t_fast:.0f}x", ">= 1000x"))
+
+    n = 512 if args.quick else 2048
+    x, y = _codes(rng, (n, n)), _codes(rng, (n, n))
+    xf, yf = torch.randn(n, n), torch.randn(n, n)
+    t_mm = best_of(lambda: torch.matmul(xf, yf), 3)
+    t_deq = best_of(lambda: scaled_mm(x, y, one, one, accumulator="dequantized_fp32", **kw), 3)
+    t_ex = best_of(lambda: scaled_mm(x, y, one, one, accumulator="exact", **kw), 3)
+    rows.append((f"dequantized_fp32 {n}^3 / torch.matmul fp32 (time)", f"{t_deq / t_mm:.2f}x", "<= 1.3x"))
+    rows.append((f"exact {n}^3 / torch.matmul fp32 (time)", f"{t_ex / t_mm:.2f}x", "<= 3x"))
+
+    s = 512
+    xa = torch.from_numpy(x[:s, :s].copy()).view(torch.float8_e4m3fn)
+    yb = torch.from_numpy(y[:s, :s].T.copy()).view(torch.float8_e4m3fn).t()
+    t_sm = best_of(lambda: torch._scaled_mm(xa, yb, torch.tensor(1.0), torch.tensor(1.0), out_dtype=torch.float32), 1)
+    t_mm512 = best_of(lambda: torch.matmul(xf[:s, :s], yf[:s, :s]), 3)
+    ref = scaled_mm(x[:s, :s], y[:s, :s], one, one, accumulator="exact", **kw)
+    got = torch._scaled_mm(xa, yb, torch.tensor(1.0), torch.tensor(1.0), out_dtype=torch.float32).numpy()
+    ulp = np.abs(got.view(np.int32).astype(np.int64) - ref.view(np.int32).astype(np.int64))
+    rows.append((f"torch CPU _scaled_mm {s}^3 / torch.matmul (time)", f"{t_sm / t_mm512:.0f}x", "(reported)"))
+    rows.append(
+        (
+            f"torch CPU _scaled_mm {s}^3 vs exact: bit-exact / max ULP",
+            f"{(ulp == 0).mean():.1%} / {int(ulp.max())}",
+            "(reported)",
+        )
+    )
+
+    print("| case | result | target |\n|---|---:|---:|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} |")
+
+
+if __name__ == "__main__":
+    main()
