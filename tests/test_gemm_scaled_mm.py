@@ -366,3 +366,21 @@ def test_error_vs_k_study_shows_fast_growing_and_split_bounded(tmp_path) -> None
     assert (tmp_path / "evk.png").stat().st_size > 10_000
     with pytest.raises(ValueError, match="distribution must be 'normal' or 'positive'"):
         error_vs_k(ks=(32,), distribution="uniform")
+
+
+def test_torch_packed_fp4_operands_equal_unpacked_codes() -> None:
+    torch = pytest.importorskip("torch")
+    from fp8sim.scaling.packing import pack_fp4
+
+    rng = np.random.default_rng(9)
+    a = rng.integers(0, 16, (32, 64)).astype(np.uint8)
+    w = rng.integers(0, 16, (16, 64)).astype(np.uint8)
+    ap = torch.from_numpy(np.asarray(pack_fp4(a))).view(torch.float4_e2m1fn_x2)
+    wp = torch.from_numpy(np.asarray(pack_fp4(w))).view(torch.float4_e2m1fn_x2)
+    sa = rng.integers(0x30, 0x40, (32, 4)).astype(np.uint8)
+    sb = rng.integers(0x30, 0x40, (4, 16)).astype(np.uint8)
+    got = scaled_mm(ap, wp.t(), torch.from_numpy(sa).view(torch.float8_e4m3fn),
+                    torch.from_numpy(sb).view(torch.float8_e4m3fn), out_dtype=torch.float32, accumulator="blackwell")
+    want = scaled_mm(a, w.T, sa, sb, out_dtype="float32", accumulator="blackwell", a_format="e2m1", b_format="e2m1",
+                     strict=False)
+    assert np.array_equal(got.numpy(), want)

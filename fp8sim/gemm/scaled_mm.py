@@ -50,6 +50,12 @@ def _is_torch(x: Any) -> bool:
 def _operand(x: Any, fmt: str | FloatFormat | None, name: str) -> tuple[np.ndarray, FloatFormat]:
     if _is_torch(x):
         dt = str(x.dtype).replace("torch.", "")
+        if dt == "float4_e2m1fn_x2":  # two E2M1 codes per byte along K (element 2i in the low nibble)
+            from ..scaling.packing import unpack_fp4
+
+            if name == "mat1":
+                return np.asarray(unpack_fp4(x.detach().cpu())), get_format("e2m1")
+            return np.asarray(unpack_fp4(x.detach().cpu().t())).T, get_format("e2m1")
         if dt not in _TORCH_FMT:
             raise ValueError(f"Expected {name} to be Float8 matrix got {dt}")
         return x.detach().contiguous().view(__import__("torch").uint8).cpu().numpy(), get_format(_TORCH_FMT[dt])
