@@ -13,14 +13,13 @@ Oracles:
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
 
+from ._progress import Progress
 from .cast import ROUNDING_MODES, encode
 from .cast._rounding import round_codes
 from .conventions import CONVENTIONS
@@ -92,25 +91,6 @@ def _torch() -> object | None:
     return torch
 
 
-class _Progress:
-    """A one-line progress bar on stderr (no dependency)."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.monotonic()
-
-    def step(self, label: str) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        frac = self.done / max(self.total, 1)
-        bar = "#" * int(frac * 30)
-        eta = (time.monotonic() - self.t0) / frac * (1 - frac) if frac else 0.0
-        sys.stderr.write(f"\r[{bar:<30}] {self.done}/{self.total} {label[:40]:<40} eta {eta:5.0f}s")
-        sys.stderr.flush()
-        if self.done == self.total:
-            sys.stderr.write("\n")
-
-
 def run(
     formats: tuple[str, ...] | None = None,
     exhaustive: bool = False,
@@ -127,7 +107,7 @@ def run(
             jobs.append((f, label, gen, 1))
         if exhaustive and f.name in EXHAUSTIVE_FORMATS:
             jobs.append((f, "float32 (all 2^32)", _f32_exhaustive, (1 << 32) // _CHUNK))
-    bar = _Progress(sum(j[3] for j in jobs), progress)
+    bar = Progress(sum(j[3] for j in jobs), progress)
     cases: list[Case] = []
     for f, label, gen, _ in jobs:
         rows: dict[tuple, Case] = {}

@@ -65,12 +65,13 @@ class Convention:
         if not f.signed and self.unsigned_negative == "abs":
             x = abs(x)
         codes = encode(x, f, **opts)
-        if not f.has_zero and self.unsigned_zero == "min":
-            codes = _where(codes, x == 0, 0)
-        if f.name in self.nan_codes:
-            nan = self.nan_codes[f.name]
-            codes = _where(codes, _isnan(x) & _signbit(x), nan | f.sign_mask)
-            codes = _where(codes, _isnan(x) & ~_signbit(x), nan)
+        with np.errstate(invalid="ignore"):  # NaN comparisons on bfloat16 arrays warn
+            if not f.has_zero and self.unsigned_zero == "min":
+                codes = _where(codes, x == 0, 0)
+            if f.name in self.nan_codes:
+                nan = self.nan_codes[f.name]
+                codes = _where(codes, _isnan(x) & _signbit(x), nan | f.sign_mask)
+                codes = _where(codes, _isnan(x) & ~_signbit(x), nan)
         return codes
 
     def quantize(self, x: Any, fmt: str | FloatFormat, *, seed: int | None = None) -> Any:

@@ -172,6 +172,8 @@ def scaled_mm(
     layout = _layout(sa, sb, m, k, n, fa)
     if m == 0 or n == 0 or k == 0:
         d = np.zeros((m, n), np.float32)
+    elif acc.kind == "dequantized_fp32":
+        d = _dequantized(ac, bc, fa, fb, sa, sb, layout)
     elif layout in ("tensorwise", "rowwise"):
         raw = _accumulate(ac, bc, fa, fb, acc)
         d = _alpha(raw, sa.reshape(-1, 1) if layout == "rowwise" else sa.reshape(1, 1), sb.reshape(1, -1), epilogue)
@@ -218,8 +220,49 @@ def _accumulate(ac: np.ndarray, bc: np.ndarray, fa: FloatFormat, fb: FloatFormat
     va, vb = _values(ac, fa), _values(bc, fb)
     if acc.kind == "exact":
         return _exact_with_specials(va.astype(np.float64), vb.astype(np.float64), fa, fb)
+    return _matmul_f32(va, vb)
+
+
+def _matmul_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One float32 matmul: torch.matmul (CPU BLAS) with ``b`` column-major as torch._scaled_mm users
+    pass it, when torch is installed; numpy's otherwise.  Summation order is the BLAS's."""
+    try:
+        import torch
+    except ImportError:
+        with np.errstate(invalid="ignore", over="ignore"):
+            return np.matmul(a, b)
+    bt = torch.from_numpy(np.ascontiguousarray(b.T)).t()
+    return torch.matmul(torch.from_numpy(np.ascontiguousarray(a)), bt).numpy()
+
+
+def _expand_scales(s: np.ndarray, rows: int, cols: int, layout: str, side: str) -> np.ndarray:
+    """Per-element dequantization scales (float32 or float64 for block-scale codes) of one operand."""
+    if layout == "tensorwise":
+        return s.reshape(1, 1).astype(np.float32)
+    if layout == "rowwise":
+        return s.astype(np.float32)
+    if layout in ("mx", "nvfp4"):
+        fmt = get_format("e8m0" if layout == "mx" else "e4m3")
+        v = np.abs(decode(s, fmt)).astype(np.float32)  # a UE4M3 scale's sign bit is ignored
+        block = 32 if layout == "mx" else 16
+        return np.repeat(v, block, axis=1 if side == "a" else 0)
+    two_d = layout[6 if side == "a" else 8] == "2"
+    v = s.astype(np.float32)
+    v = np.repeat(v, 128, axis=1 if side == "a" else 0)  # along K
+    if two_d:
+        v = np.repeat(v, 128, axis=0 if side == "a" else 1)
+    return v[:rows, :cols]
+
+
+def _dequantized(ac, bc, fa, fb, sa, sb, layout) -> np.ndarray:  # noqa: ANN001
+    """Dequantize each operand with its scales (float32 multiply), then one float32 matmul: torchao's
+    ``emulate=True`` and torch's CPU ``_scaled_mm`` (spec 6.2, 8.3)."""
+    m, k = ac.shape
+    n = bc.shape[1]
     with np.errstate(invalid="ignore", over="ignore"):
-        return np.matmul(va, vb)
+        a = (_values(ac, fa) * _expand_scales(sa, m, k, layout, "a")).astype(np.float32)
+        b = (_values(bc, fb) * _expand_scales(sb, k, n, layout, "b")).astype(np.float32)
+    return _matmul_f32(a, b)
 
 
 def _exact_with_specials(va: np.ndarray, vb: np.ndarray, fa: FloatFormat, fb: FloatFormat) -> np.ndarray:
@@ -357,10 +400,7 @@ def _block_scaled_in_instruction(ac, bc, fa, fb, acc, sa, sb, layout) -> np.ndar
     if layout == "nvfp4":
         sva, svb = np.abs(sva), np.abs(svb)  # the sign bit of a UE4M3 scale is ignored
     va, vb = _values(ac, fa).astype(np.float64) * sva, _values(bc, fb).astype(np.float64) * svb
-    if acc.kind == "exact":
-        return _exact_with_specials(va, vb, fa, fb)
-    with np.errstate(invalid="ignore", over="ignore"):
-        return np.matmul(va.astype(np.float32), vb.astype(np.float32))
+    return _exact_with_specials(va, vb, fa, fb)
 
 
 def _finish(d: np.ndarray, out: str, scale_result: Any, torch_in: bool, a: Any) -> Any:

@@ -1,0 +1,230 @@
+"""``fp8sim compare``: recompute every captured op with the emulator and measure the agreement.
+
+Emulator choices follow the captured device: casts under the named convention that describes the
+device's torch (``torch_eager`` for torch >= 2.13 on the CPU, ``torch_eager_legacy`` before; on a
+GPU the best of all conventions, each one's rate reported); ``scaled_mm`` with the accumulator of
+the device (CPU: ``dequantized_fp32``, the CPU kernel's arithmetic; sm_89: ``ada_*``; sm_90:
+``hopper_*``; sm_100/sm_120: ``blackwell*``; fast or split as captured); torchao ops with
+``fp8sim.scaling.current.quantize_torchao``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._progress import Progress
+from ..cast import encode
+from ..cast._tables import decode_table
+from ..conventions import CONVENTIONS
+from ..formats import FORMATS, FloatFormat
+from ..gemm import scaled_mm
+from .fileformat import read_bundle
+from .suite import GemmCase, gemm_operands, input_set
+
+__all__ = ["OpResult", "CompareResult", "compare_capture", "cast_convention_for", "accumulator_for"]
+
+
+@dataclass
+class OpResult:
+    """Agreement of one captured op with the emulator."""
+
+    name: str
+    kind: str
+    emulator: str = ""
+    n: int = 0
+    bit_exact: int = 0
+    max_ulp: float = 0.0
+    mean_ulp: float = 0.0
+    clusters: dict[str, list[int]] = field(default_factory=dict)  # category -> [count, mismatches]
+    extra: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.bit_exact / self.n if self.n else 1.0
+
+
+@dataclass
+class CompareResult:
+    path: str
+    meta: dict[str, Any]
+    ops: list[OpResult]
+
+    def failing(self, patterns: list[str]) -> list[OpResult]:
+        """Ops whose name matches one of the glob ``patterns`` and that are not bit-exact."""
+        return [
+            o
+            for o in self.ops
+            if o.skipped is None and o.bit_exact < o.n and any(fnmatch.fnmatch(o.name, p) for p in patterns)
+        ]
+
+
+def cast_convention_for(meta: dict[str, Any]) -> str | None:
+    """The convention that describes the captured torch's casts, None when unknown (GPU)."""
+    if meta.get("device", "cpu") != "cpu":
+        return None
+    version = tuple(int(p) for p in str(meta.get("torch", "0.0")).split("+")[0].split(".")[:2])
+    return "torch_eager" if version >= (2, 13) else "torch_eager_legacy"
+
+
+def accumulator_for(meta: dict[str, Any], fast: bool) -> str:
+    """The accumulator preset that models the captured device's ``_scaled_mm``."""
+    if meta.get("device", "cpu") == "cpu":
+        return "dequantized_fp32"
+    cc = tuple(meta.get("compute_capability") or (0, 0))
+    if cc[0] == 9:
+        return "hopper_fast" if fast else "hopper_split"
+    if cc == (8, 9):
+        return "ada_fast" if fast else "ada_split"
+    if cc[0] in (10, 12):
+        return "blackwell" if fast else "blackwell_split"
+    return "exact"
+
+
+def _ordered_f(bits: np.ndarray, width: int) -> np.ndarray:
+    """Integers ordered like the floats whose bit patterns are ``bits`` (int32 or int16)."""
+    b = bits.astype(np.int64)
+    sign = 1 << (width - 1)
+    b = np.where(b < 0, b + (1 << width), b)  # unsigned view
+    return np.where(b & sign, sign - b - 1, b)  # negatives below positives, -0 next to +0
+
+
+def _ulp_codes(got: np.ndarray, want: np.ndarray, f: FloatFormat) -> tuple[np.ndarray, np.ndarray]:
+    """(ULP distance between codes on the format's sorted grid, both-NaN mask)."""
+    vals = decode_table(f).astype(np.float64)
+    nan = np.isnan(vals)
+    order = np.argsort(np.where(nan, np.inf, vals), kind="stable")
+    rank = np.empty_like(order)
+    uniq = np.unique(vals[~nan])
+    rank = np.searchsorted(uniq, np.where(nan, 0, vals))
+    return np.abs(rank[got].astype(np.int64) - rank[want]), nan[got] & nan[want]
+
+
+def _stats(res: OpResult, equal: np.ndarray, ulp: np.ndarray) -> None:
+    res.n = int(equal.size)
+    res.bit_exact = int(equal.sum())
+    finite = np.isfinite(ulp)
+    res.max_ulp = float(ulp[finite].max()) if finite.any() else 0.0
+    res.mean_ulp = float(ulp[finite].mean()) if finite.any() else 0.0
+
+
+def _cast_categories(x: np.ndarray, f: FloatFormat) -> dict[str, np.ndarray]:
+    with np.errstate(invalid="ignore"):
+        x32 = x.astype(np.float32)
+        a = np.abs(x32.astype(np.float64))
+        nan, inf = np.isnan(a), np.isinf(a)
+        tie = encode(x32, f, rounding="nearest_even") != encode(x32, f, rounding="nearest_away")
+        sat = ~nan & ~inf & (a > f.max)
+        sub = ~nan & (a > 0) & (a < f.min_normal)
+    cats = {"nan": nan, "inf": inf, "saturation": sat, "tie": tie & ~sat, "subnormal": sub & ~tie, "zero": a == 0}
+    taken = np.zeros(a.shape, bool)
+    for m in cats.values():
+        taken |= m
+    cats["normal"] = ~taken
+    return cats
+
+
+def _compare_cast(op: dict, codes: np.ndarray, meta: dict) -> OpResult:
+    f = FORMATS[op["format"]]
+    x = input_set(op["inputs"], op.get("seed", 0))
+    res = OpResult(op["name"], "cast")
+    nan_codes = np.array([f.is_nan_code(c) for c in range(f.num_codes)])
+    rates: dict[str, float] = {}
+    results: dict[str, np.ndarray] = {}
+    for name, conv in CONVENTIONS.items():
+        if conv.formats is not None and f.name not in conv.formats:
+            continue
+        emu = conv.encode(x, f)
+        eq = (emu == codes) | (nan_codes[emu] & nan_codes[codes])
+        rates[name], results[name] = float(eq.mean()), emu
+    chosen = cast_convention_for(meta)
+    if chosen not in rates:
+        chosen = max(rates, key=lambda k: rates[k])
+    emu = results[chosen]
+    res.emulator = f"convention {chosen}"
+    equal = (emu == codes) | (nan_codes[emu] & nan_codes[codes])
+    ulp, _ = _ulp_codes(emu, codes, f)
+    ulp = np.where(nan_codes[emu] | nan_codes[codes], np.inf, ulp).astype(np.float64)
+    ulp[equal] = 0
+    _stats(res, equal, ulp)
+    res.clusters = {k: [int(m.sum()), int((m & ~equal).sum())] for k, m in _cast_categories(x, f).items() if m.any()}
+    res.extra["convention_rates"] = rates
+    return res
+
+
+def _compare_gemm(op: dict, bits: np.ndarray, meta: dict) -> OpResult:
+    fields = {k: op[k] for k in GemmCase.__dataclass_fields__}
+    case = GemmCase(**fields)
+    a, b, sa, sb = gemm_operands(case)
+    acc = accumulator_for(meta, case.fast_accum)
+    kw = {"a_format": case.a_format, "b_format": case.b_format, "out_dtype": case.out_dtype}
+    emu = scaled_mm(a, b, sa, sb, accumulator=acc, **kw)
+    exact = scaled_mm(a, b, sa, sb, accumulator="exact", **kw)
+    width = 32 if case.out_dtype == "float32" else 16
+    view = np.int32 if width == 32 else np.int16
+    got_k = _ordered_f(bits.view(view), width)
+    emu_k = _ordered_f(np.ascontiguousarray(emu).view(view), width)
+    ex_k = _ordered_f(np.ascontiguousarray(exact).view(view), width)
+    res = OpResult(op["name"], "scaled_mm", emulator=f"accumulator {acc}")
+    ulp = np.abs(got_k - emu_k).astype(np.float64)
+    _stats(res, ulp == 0, ulp)
+    res.extra.update(
+        k=case.k,
+        fast_accum=case.fast_accum,
+        layout=case.layout,
+        out_dtype=case.out_dtype,
+        formats=f"{case.a_format}x{case.b_format}",
+        native_vs_exact_mean_ulp=float(np.abs(got_k - ex_k).mean()),
+        emulator_vs_exact_mean_ulp=float(np.abs(emu_k - ex_k).mean()),
+    )
+    return res
+
+
+def _compare_torchao(op: dict, arrays: dict) -> OpResult:
+    from ..scaling.current import quantize_torchao
+    from .capture import torchao_input
+
+    f = FORMATS[op["format"]]
+    q = quantize_torchao(
+        torchao_input(), f, granularity=op["granularity"], axiswise_dim=-1, round_scales_to_power_of_2=op["pow2"]
+    )
+    codes, scale = arrays[op["name"] + "/codes"], arrays[op["name"] + "/scale"]
+    nan_codes = np.array([f.is_nan_code(c) for c in range(f.num_codes)])
+    eq_codes = (q.codes == codes) | (nan_codes[q.codes] & nan_codes[codes])
+    eq_scale = q.scales.reshape(scale.shape).view(np.uint32) == scale.astype(np.float32).view(np.uint32)
+    res = OpResult(op["name"], "torchao_float8", emulator="fp8sim.scaling.current.quantize_torchao")
+    equal = np.concatenate([eq_codes.reshape(-1), eq_scale.reshape(-1)])
+    ulp, _ = _ulp_codes(q.codes.reshape(-1), codes.reshape(-1), f)
+    _stats(res, equal, np.concatenate([ulp.astype(np.float64), (~eq_scale.reshape(-1)).astype(np.float64)]))
+    res.clusters = {
+        "codes": [int(eq_codes.size), int((~eq_codes).sum())],
+        "scales": [int(eq_scale.size), int((~eq_scale).sum())],
+    }
+    return res
+
+
+def compare_capture(path: str | Path, progress: bool = False) -> CompareResult:
+    """Compare every op of the capture at ``path`` with the emulator."""
+    header, arrays = read_bundle(path)
+    meta = header["meta"]
+    ops = header["ops"]
+    bar = Progress(len(ops), progress, prefix="compare ")
+    out: list[OpResult] = []
+    for op in ops:
+        if "skipped" in op:
+            out.append(OpResult(op["name"], op["kind"], skipped=op["skipped"]))
+        elif op["kind"] == "cast":
+            out.append(_compare_cast(op, arrays[op["name"]], meta))
+        elif op["kind"] == "scaled_mm":
+            out.append(_compare_gemm(op, arrays[op["name"]], meta))
+        elif op["kind"] == "torchao_float8":
+            out.append(_compare_torchao(op, arrays))
+        else:
+            out.append(OpResult(op["name"], op["kind"], skipped=f"unknown op kind {op['kind']!r} (newer fp8sim?)"))
+        bar.step(op["name"])
+    return CompareResult(str(path), meta, out)
