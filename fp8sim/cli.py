@@ -1,4 +1,4 @@
-"""The ``fp8sim`` command line: ``fp8sim formats``, ``fp8sim verify [--exhaustive]``."""
+"""The ``fp8sim`` command line: ``formats``, ``verify``, ``capture``, ``compare``, ``report``."""
 
 from __future__ import annotations
 
@@ -45,6 +45,29 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--format", action="append", dest="formats", choices=list(FORMATS), help="restrict to a format")
     v.add_argument("--no-torch", action="store_true", help="skip the torch backend and oracle")
     v.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    c = sub.add_parser("capture", help="record native results (torch casts, _scaled_mm, torchao) on this machine")
+    c.add_argument("--out", required=True, help="capture file to write (e.g. reports/captures/h200.fp8cap)")
+    c.add_argument("--device", default="cpu", help="cpu or cuda[:index] (default cpu)")
+    c.add_argument("--suite", default="quick", choices=["quick", "full"], help="quick: K up to 1024; full: up to 8192")
+    c.add_argument("--force", action="store_true", help="overwrite an existing file")
+    c.add_argument("--no-progress", action="store_true")
+    m = sub.add_parser("compare", help="recompute a capture with the emulator and report the agreement")
+    m.add_argument("file", help="a capture file from `fp8sim capture`")
+    m.add_argument("--report", metavar="DIR", help="write report.md and plots into DIR")
+    m.add_argument(
+        "--require-bit-exact",
+        metavar="OPS",
+        default="",
+        help="comma-separated globs of op names that must be 100%% bit-exact (e.g. 'cast/*'); exit 1 otherwise",
+    )
+    m.add_argument("--no-progress", action="store_true")
+    r = sub.add_parser(
+        "report", help="build the default report (the main job): formats, conformance, captures, studies"
+    )
+    r.add_argument("--out", default="reports/default", help="output folder (default reports/default)")
+    r.add_argument("--captures", default="reports/captures", help="folder of .fp8cap files to include")
+    r.add_argument("--quick", action="store_true", help="smaller sweeps (for tests)")
+    r.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
     if args.command == "formats":
@@ -71,6 +94,45 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(format_table(cases))
         return 1 if any(c.mismatches for c in cases) else 0
+    if args.command == "capture":
+        from .native.capture import capture
+
+        try:
+            path = capture(
+                args.out, device=args.device, suite=args.suite, force=args.force, progress=not args.no_progress
+            )
+        except (FileExistsError, RuntimeError, ImportError, ValueError) as exc:
+            print(f"fp8sim capture: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {path}")
+        return 0
+    if args.command == "compare":
+        from .native.compare import compare_capture
+        from .native.fileformat import CaptureFileError
+
+        try:
+            res = compare_capture(args.file, progress=not args.no_progress)
+        except (CaptureFileError, FileNotFoundError) as exc:
+            print(f"fp8sim compare: {exc}", file=sys.stderr)
+            return 2
+        for o in res.ops:
+            status = f"skipped: {o.skipped}" if o.skipped else f"{o.rate:9.4%} bit-exact, max ULP {o.max_ulp:g}"
+            print(f"{o.name:<64} {status}")
+        if args.report:
+            from .report import write_compare_report
+
+            print(f"wrote {write_compare_report(res, args.report)}")
+        patterns = [p for p in args.require_bit_exact.split(",") if p]
+        bad = res.failing(patterns)
+        for o in bad:
+            print(f"NOT BIT-EXACT (required): {o.name}: {o.n - o.bit_exact} of {o.n} differ", file=sys.stderr)
+        return 1 if bad else 0
+    if args.command == "report":
+        from .report import build_default_report
+
+        path = build_default_report(args.out, quick=args.quick, progress=not args.no_progress, captures=args.captures)
+        print(f"wrote {path}")
+        return 0
     ap.print_help()
     return 2
 

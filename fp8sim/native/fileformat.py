@@ -18,6 +18,7 @@ import json
 import os
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,8 @@ def read_bundle(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.n
             }
     except (zipfile.BadZipFile, EOFError, OSError) as exc:
         raise CaptureFileError(f"{path} is truncated or not a capture file ({exc})") from None
+    except zlib.error as exc:
+        raise CaptureFileError(f"{path} is corrupt: compressed data do not decode ({exc})") from None
     except (ValueError, json.JSONDecodeError) as exc:
         if isinstance(exc, CaptureFileError):
             raise

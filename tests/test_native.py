@@ -1,0 +1,115 @@
+"""capture -> compare round trip on the CPU, file-format integrity, and the default report."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fp8sim import cli
+from fp8sim.native.compare import compare_capture
+from fp8sim.native.fileformat import CaptureFileError, read_bundle, write_bundle
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def cap(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fp8sim.native.capture import capture
+
+    return capture(tmp_path_factory.mktemp("cap") / "cpu.fp8cap", suite="quick", progress=False)
+
+
+def test_fresh_cpu_capture_is_bit_exact_under_the_torch_cpu_convention(cap: Path) -> None:
+    res = compare_capture(cap)
+    casts = [o for o in res.ops if o.kind == "cast"]
+    assert len(casts) == 15 and all(o.emulator == "convention torch_eager" for o in casts)
+    assert all(o.bit_exact == o.n > 0 for o in casts), [(o.name, o.rate) for o in casts if o.rate < 1]
+    gemms = [o for o in res.ops if o.kind == "scaled_mm"]
+    assert gemms and all(o.rate == 1.0 for o in gemms)  # the CPU kernel is dequantize + fp32 BLAS
+    assert res.meta["device"] == "cpu" and res.meta["torch"] == torch.__version__
+
+
+def test_one_flipped_output_is_reported_exactly(cap: Path, tmp_path: Path) -> None:
+    header, arrays = read_bundle(cap)
+    key = "cast/e4m3/bf16_all"
+    flipped = arrays[key].copy()
+    flipped[0x3F80] ^= 0x01  # bfloat16 1.0 -> code 0x38 becomes 0x39
+    arrays[key] = flipped
+    doc = {k: header[k] for k in ("meta", "ops", "suite", "suite_version")}
+    bad = write_bundle(tmp_path / "flipped.fp8cap", arrays, doc)
+    res = compare_capture(bad)
+    wrong = [o for o in res.ops if o.bit_exact < o.n]
+    assert [o.name for o in wrong] == [key]
+    assert wrong[0].n - wrong[0].bit_exact == 1
+    assert wrong[0].clusters["normal"][1] == 1
+    assert cli.main(["compare", str(bad), "--require-bit-exact", "cast/*", "--no-progress"]) == 1
+    assert cli.main(["compare", str(bad), "--require-bit-exact", "scaled_mm/*", "--no-progress"]) == 0
+
+
+def test_corrupt_truncated_and_newer_files_are_refused(cap: Path, tmp_path: Path) -> None:
+    data = bytearray(cap.read_bytes())
+    # one byte changed inside a stored member's data
+    with zipfile.ZipFile(cap) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(".npy"))
+    data[info.header_offset + 30 + len(info.filename) + 5] ^= 0xFF
+    corrupt = tmp_path / "corrupt.fp8cap"
+    corrupt.write_bytes(bytes(data))
+    with pytest.raises(CaptureFileError, match="corrupt|truncated"):
+        read_bundle(corrupt)
+    trunc = tmp_path / "trunc.fp8cap"
+    trunc.write_bytes(cap.read_bytes()[: len(data) // 2])
+    with pytest.raises(CaptureFileError, match="truncated or not a capture file"):
+        read_bundle(trunc)
+    header, arrays = read_bundle(cap)
+    newer = tmp_path / "newer.fp8cap"
+    write_bundle(newer, arrays, {k: header[k] for k in ("meta", "ops")})
+    with zipfile.ZipFile(newer) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    members["__meta__.json"] = members["__meta__.json"].replace(b'"version": 1', b'"version": 99')
+    with zipfile.ZipFile(newer, "w") as z:
+        for n, b in members.items():
+            z.writestr(n, b)
+    with pytest.raises(CaptureFileError, match="version 99, newer than this fp8sim reads"):
+        read_bundle(newer)
+    assert cli.main(["compare", str(trunc), "--no-progress"]) == 2
+
+
+def test_existing_file_is_not_overwritten_and_no_partial_file_is_left(
+    cap: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = cap.read_bytes()
+    with pytest.raises(FileExistsError, match="--force"):
+        write_bundle(cap, {"x": np.zeros(3)}, {"meta": {}, "ops": []})
+    assert cap.read_bytes() == before
+    assert cli.main(["capture", "--out", str(cap), "--no-progress"]) == 2
+
+    from fp8sim.native import fileformat
+
+    def boom(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise OSError("disk full")
+
+    monkeypatch.setattr(fileformat.np, "save", boom)
+    target = tmp_path / "never.fp8cap"
+    with pytest.raises(OSError, match="disk full"):
+        write_bundle(target, {"x": np.zeros(3)}, {"meta": {}, "ops": []})
+    assert not target.exists() and not list(tmp_path.glob(".never*"))
+
+
+def test_compare_report_and_default_report_write_what_they_name(cap: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    assert cli.main(["compare", str(cap), "--report", str(tmp_path / "cmp"), "--no-progress"]) == 0
+    md = (tmp_path / "cmp" / "report.md").read_text()
+    for png in ("gemm_error_vs_k.png", "bit_exact_rates.png"):
+        assert f"({png})" in md and (tmp_path / "cmp" / png).stat().st_size > 5000
+    caps = tmp_path / "caps"
+    caps.mkdir()
+    (caps / "cpu.fp8cap").write_bytes(cap.read_bytes())
+    out = tmp_path / "report"
+    assert cli.main(["report", "--out", str(out), "--captures", str(caps), "--quick", "--no-progress"]) == 0
+    text = (out / "README.md").read_text()
+    for png in ("format_grids.png", "scaling_snr.png", "error_vs_k.png"):
+        assert f"({png})" in text and (out / png).stat().st_size > 5000
+    assert "ops bit-exact" in text and (out / "captures" / "cpu" / "report.md").exists()
