@@ -68,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--captures", default="reports/captures", help="folder of .fp8cap files to include")
     r.add_argument("--quick", action="store_true", help="smaller sweeps (for tests)")
     r.add_argument("--no-progress", action="store_true")
+    st = sub.add_parser("study", help="train a small model under every recipe on the CPU; loss curves and a table")
+    st.add_argument("--out", default="reports/study", help="output folder (default reports/study)")
+    st.add_argument("--steps", type=int, default=150)
+    st.add_argument("--recipes", default="", help="comma-separated subset of the study's recipes (default: all)")
+    st.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
     if args.command == "formats":
@@ -132,6 +137,18 @@ def main(argv: list[str] | None = None) -> int:
 
         path = build_default_report(args.out, quick=args.quick, progress=not args.no_progress, captures=args.captures)
         print(f"wrote {path}")
+        return 0
+    if args.command == "study":
+        from .study import STUDY_RECIPES, run_study, write_study
+
+        recipes = tuple(r for r in args.recipes.split(",") if r) or STUDY_RECIPES
+        try:
+            res = run_study(recipes, steps=args.steps, progress=not args.no_progress)
+        except (ValueError, ImportError) as exc:
+            print(f"fp8sim study: {exc}", file=sys.stderr)
+            return 2
+        print(res.table())
+        print(f"wrote {write_study(res, args.out)}")
         return 0
     ap.print_help()
     return 2
