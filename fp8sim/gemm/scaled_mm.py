@@ -224,15 +224,15 @@ def _accumulate(ac: np.ndarray, bc: np.ndarray, fa: FloatFormat, fb: FloatFormat
 
 
 def _matmul_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """One float32 matmul: torch.matmul (CPU BLAS) with ``b`` column-major as torch._scaled_mm users
-    pass it, when torch is installed; numpy's otherwise.  Summation order is the BLAS's."""
+    """One float32 matmul: torch.matmul (CPU BLAS) on contiguous operands, as torch's CPU
+    ``_scaled_mm`` runs it after dequantizing, when torch is installed; numpy's otherwise.  Summation
+    order is the BLAS's."""
     try:
         import torch
     except ImportError:
         with np.errstate(invalid="ignore", over="ignore"):
             return np.matmul(a, b)
-    bt = torch.from_numpy(np.ascontiguousarray(b.T)).t()
-    return torch.matmul(torch.from_numpy(np.ascontiguousarray(a)), bt).numpy()
+    return torch.matmul(torch.from_numpy(np.ascontiguousarray(a)), torch.from_numpy(np.ascontiguousarray(b))).numpy()
 
 
 def _expand_scales(s: np.ndarray, rows: int, cols: int, layout: str, side: str) -> np.ndarray:

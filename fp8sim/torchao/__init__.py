@@ -1,0 +1,40 @@
+"""torchao float8 training (spec 6.1, 6.2), emulated bit for bit without torchao.
+
+``convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("rowwise"))`` swaps
+``nn.Linear`` modules for :class:`Float8Linear`, whose forward and backward GEMMs reproduce
+torchao 0.18's float8 arithmetic (``emulate=True`` by default; fp8sim tensor-core accumulators via
+``accumulator=``).  The config classes keep torchao's names, defaults and messages.  Needs torch.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without torch
+    raise ImportError("fp8sim.torchao needs torch (pip install torch); torchao itself is not required") from exc
+
+from .config import (
+    CastConfig,
+    Float8GemmConfig,
+    Float8LinearConfig,
+    Float8LinearRecipeName,
+    ScalingGranularity,
+    ScalingType,
+    e4m3_dtype,
+    e5m2_dtype,
+)
+from .linear import Float8Linear, convert_to_float8_training, swap_linear_layers
+
+__all__ = [
+    "ScalingType",
+    "ScalingGranularity",
+    "CastConfig",
+    "Float8GemmConfig",
+    "Float8LinearRecipeName",
+    "Float8LinearConfig",
+    "Float8Linear",
+    "convert_to_float8_training",
+    "swap_linear_layers",
+    "e4m3_dtype",
+    "e5m2_dtype",
+]

@@ -1,0 +1,324 @@
+"""``Float8Linear`` and ``convert_to_float8_training``: torchao's float8 training arithmetic, emulated.
+
+A linear layer runs three GEMMs (spec 6.2), each ``a @ b`` with ``a``'s reduction dim last, on the
+2-D views torchao uses (so the float32 BLAS call sees the same layouts)::
+
+    output      = input_2d @ weight.t()                  (input dim -1, weight^T dim 0)
+    grad_input  = grad_output_2d @ weight                 (grad_output dim -1, weight^T dim -1)
+    grad_weight = grad_output_2d.t() @ input_2d           (grad_output dim 0, input dim 0)
+
+An enabled operand is cast dynamically as :func:`fp8sim.scaling.current.quantize_torchao` does
+(amax NaN-propagating, ``scale = fl32(max / max(fp64(amax), 1e-12))``, optional power-of-2 floor,
+``satfinite(RN(fl32(x) * scale))``); AXISWISE scales run along the GEMM's reduction dim.  A
+DISABLED GEMM is ``torch.mm`` of the high-precision operands.  The float8 GEMM is, with
+``accumulator=None`` (or ``"torchao_emulate"``), torchao's ``emulate=True`` arithmetic:
+``torch.mm(data_a / scale_a, data_b / scale_b).to(out_dtype)`` in float32.  With an fp8sim
+accumulator preset it is torchao's ``addmm_float8_unwrapped`` through :func:`fp8sim.gemm.scaled_mm`:
+dequantization scales ``1/scale`` (float32 reciprocals), a tensorwise scale expanded against an
+axiswise one, rowwise without fast accumulation as unit scales then ``out *= (1/sa)(1/sb)``, and
+rowwise float32/float16 outputs produced in bfloat16 and cast.  ``"hopper"``, ``"ada"`` and
+``"blackwell"`` pick the fast or split preset from each GEMM's ``use_fast_accum``; ``"dequantized_fp32"``
+is torchao ``emulate=False`` on the CPU (``torch._scaled_mm``'s CPU fallback).  The bias is
+added after the GEMM in the output dtype (``out + bias.to(out.dtype)``), so its gradient is torch's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..cast import decode
+from ..formats import FloatFormat, get_format
+from ..gemm import Accumulator, get_accumulator, scaled_mm
+from ..scaling.current import quantize_torchao
+from .config import Float8LinearConfig, ScalingGranularity, ScalingType
+
+__all__ = ["Float8Linear", "convert_to_float8_training", "swap_linear_layers"]
+
+_FP8_FORMATS = {
+    torch.float8_e4m3fn: "e4m3",
+    torch.float8_e5m2: "e5m2",
+    torch.float8_e4m3fnuz: "e4m3fnuz",
+    torch.float8_e5m2fnuz: "e5m2fnuz",
+}
+_DEVICE_ACCUMULATORS = ("hopper", "ada", "blackwell")
+_EMULATE = "torchao_emulate"
+
+
+class _GemmSpec(NamedTuple):
+    """How one of the three GEMMs runs: torchao's ScaledMMConfig plus the fp8sim accumulator."""
+
+    use_fast_accum: bool
+    pad_inner_dim: bool
+    round_scales_to_power_of_2: bool
+    accumulator: str | Accumulator | None  # None: torchao emulate; a device name: fast/split per use_fast_accum
+
+
+class _Gemms(NamedTuple):
+    """The specs of the output, grad_input and grad_weight GEMMs."""
+
+    output: _GemmSpec
+    grad_input: _GemmSpec
+    grad_weight: _GemmSpec
+
+
+def _gemm_specs(config: Float8LinearConfig, accumulator: str | Accumulator | None) -> _Gemms:
+    """The three GEMMs of a Float8Linear from its config and its current ``accumulator``."""
+    acc = _check_accumulator(accumulator)
+    pad, pow2 = config.pad_inner_dim, config.round_scales_to_power_of_2
+    return _Gemms(
+        _GemmSpec(config.gemm_config_output.use_fast_accum, pad, pow2, acc),
+        _GemmSpec(config.gemm_config_grad_input.use_fast_accum, pad, pow2, acc),
+        _GemmSpec(config.gemm_config_grad_weight.use_fast_accum, pad, pow2, acc),
+    )
+
+
+@dataclass(frozen=True)
+class _Float8:
+    """An operand cast to float8 (what torchao's Float8TrainingTensor holds): uint8 codes in the
+    operand's shape, the float32 quantization scale (0-dim, or keepdim for axiswise), the format."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    fmt: FloatFormat
+    axiswise: bool
+
+
+def _check_accumulator(accumulator: str | Accumulator | None) -> str | Accumulator | None:
+    """The accumulator as the GEMMs use it; unknown names raise fp8sim's ValueError now."""
+    if accumulator is None or accumulator == _EMULATE:
+        return None
+    if isinstance(accumulator, str) and accumulator in _DEVICE_ACCUMULATORS:
+        return accumulator
+    return get_accumulator(accumulator)
+
+
+def _cast(x: torch.Tensor, target_dtype: torch.dtype, granularity: ScalingGranularity, dim: int, pow2: bool) -> _Float8:
+    """torchao's ``hp_tensor_to_float8_dynamic`` of a 2-D operand (axiswise scales reduce ``dim``)."""
+    if target_dtype not in _FP8_FORMATS:
+        raise ValueError(f"Unsupported float8_dtype: {target_dtype}")
+    fmt = get_format(_FP8_FORMATS[target_dtype])
+    axiswise = granularity is ScalingGranularity.AXISWISE
+    q = quantize_torchao(
+        x.detach(), fmt, granularity=granularity.value, axiswise_dim=dim, round_scales_to_power_of_2=pow2
+    )
+    scale = q.scales if axiswise else q.scales.reshape(())
+    codes = torch.from_numpy(np.ascontiguousarray(q.codes)).to(x.device)
+    return _Float8(codes, torch.from_numpy(np.ascontiguousarray(scale)).to(x.device), fmt, axiswise)
+
+
+def _dequantized_like(t: _Float8, ref: torch.Tensor) -> torch.Tensor:
+    """torchao's ``_data.float() / _scale`` (float32 division), with ``ref``'s strides as torchao's
+    elementwise ops keep them (contiguous when ``ref`` is not dense)."""
+    values = decode(t.codes, t.fmt) / t.scale
+    return torch.empty_like(ref, dtype=torch.float32).copy_(values)
+
+
+def _pad_k(codes: torch.Tensor, dim: int) -> torch.Tensor:
+    """torchao's ``pad_tensor_for_matmul``: zero codes up to a multiple of 16 along ``dim``."""
+    extra = -codes.shape[dim] % 16
+    if not extra:
+        return codes
+    return nn.functional.pad(codes, (0, extra) if dim == 1 else (0, 0, 0, extra))
+
+
+def _scaled_mm_gemm(a: _Float8, b: _Float8, out_dtype: torch.dtype, spec: _GemmSpec) -> torch.Tensor:
+    """torchao's ``preprocess_addmm`` + ``addmm_float8_unwrapped`` with fp8sim's ``scaled_mm``."""
+    a_codes, b_codes = a.codes, b.codes
+    if spec.pad_inner_dim:
+        a_codes, b_codes = _pad_k(a_codes, 1), _pad_k(b_codes, 0)
+    m, n = a_codes.shape[0], b_codes.shape[1]
+    a_scale, b_scale = a.scale, b.scale
+    if not a.axiswise and b.axiswise:
+        a_scale = a_scale.repeat(m).reshape(-1, 1)
+    elif a.axiswise and not b.axiswise:
+        b_scale = b_scale.repeat(n).reshape(1, -1)
+    a_inv, b_inv = a_scale.reciprocal(), b_scale.reciprocal()
+    rowwise = tuple(a_scale.shape) == (m, 1) and tuple(b_scale.shape) == (1, n)
+    post = None
+    if rowwise and not spec.use_fast_accum:
+        post = a_inv * b_inv
+        a_inv = b_inv = a_inv.new_ones(())
+    mm_dtype = torch.bfloat16 if rowwise and out_dtype in (torch.float16, torch.float32) else out_dtype
+    acc = spec.accumulator
+    device = acc if isinstance(acc, str) else "hopper"
+    out = scaled_mm(
+        a_codes.view(a.fmt.torch_dtype),
+        b_codes.view(b.fmt.torch_dtype),
+        a_inv,
+        b_inv,
+        out_dtype=mm_dtype,
+        use_fast_accum=spec.use_fast_accum,
+        accumulator=None if isinstance(acc, str) else acc,
+        device=device,
+        strict=False,
+    )
+    if post is not None:
+        out *= post
+    return out.to(out_dtype)
+
+
+def _gemm(a_hp: torch.Tensor, b_hp: torch.Tensor, cc_a: Any, cc_b: Any, spec: _GemmSpec) -> torch.Tensor:
+    """``a_hp @ b_hp`` as torchao computes it; the output dtype is ``a_hp``'s."""
+    if cc_a.scaling_type is ScalingType.DISABLED:  # the config guarantees cc_b is DISABLED too
+        return torch.mm(a_hp, b_hp)
+    pow2 = spec.round_scales_to_power_of_2
+    a = _cast(a_hp, cc_a.target_dtype, cc_a.scaling_granularity, -1, pow2)
+    b = _cast(b_hp, cc_b.target_dtype, cc_b.scaling_granularity, 0, pow2)
+    if spec.accumulator is None:
+        return torch.mm(_dequantized_like(a, a_hp), _dequantized_like(b, b_hp)).to(a_hp.dtype)
+    return _scaled_mm_gemm(a, b, a_hp.dtype, spec)
+
+
+class _Float8MatMul(torch.autograd.Function):
+    """``input @ weight_t`` with float8 GEMMs forward and backward (torchao's ``matmul_with_hp_or_float8_args``)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, input_hp: torch.Tensor, weight_hp_t: torch.Tensor, config: Float8LinearConfig, gemms: _Gemms
+    ) -> torch.Tensor:
+        ctx.save_for_backward(input_hp, weight_hp_t)
+        ctx.config, ctx.gemms = config, gemms
+        input_2d = input_hp.reshape(-1, input_hp.shape[-1])
+        out = _gemm(input_2d, weight_hp_t, config.cast_config_input, config.cast_config_weight, gemms.output)
+        return out.reshape(*input_hp.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        input_hp, weight_hp_t = ctx.saved_tensors
+        c, gemms = ctx.config, ctx.gemms
+        go_2d = grad_output.reshape(-1, grad_output.shape[-1])
+        grad_input = grad_weight_t = None
+        if ctx.needs_input_grad[0]:
+            gi = _gemm(
+                go_2d, weight_hp_t.t(), c.cast_config_grad_output, c.cast_config_weight_for_grad_input, gemms.grad_input
+            )
+            grad_input = gi.reshape(*grad_output.shape[:-1], gi.shape[-1])
+        if ctx.needs_input_grad[1]:
+            input_2d = input_hp.reshape(-1, input_hp.shape[-1])
+            cc_go, cc_i = c.cast_config_grad_output_for_grad_weight, c.cast_config_input_for_grad_weight
+            grad_weight_t = _gemm(go_2d.t(), input_2d, cc_go, cc_i, gemms.grad_weight).t()
+        return grad_input, grad_weight_t, None, None
+
+
+class Float8Linear(nn.Linear):
+    """``nn.Linear`` whose three GEMMs run in emulated float8 as torchao's ``Float8Linear`` (module docstring).
+
+    Extra keywords: ``config`` (:class:`Float8LinearConfig`, default ``Float8LinearConfig()``) and
+    ``accumulator`` (None or ``"torchao_emulate"``: torchao ``emulate=True`` arithmetic; an fp8sim preset or
+    :class:`~fp8sim.gemm.Accumulator`; ``"hopper"`` / ``"ada"`` / ``"blackwell"``: fast or split per
+    GEMM from ``use_fast_accum``).  fp8sim always emulates: ``config.emulate`` and
+    ``config.enable_fsdp_float8_all_gather`` do not change the arithmetic.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: Any = None,
+        dtype: torch.dtype | None = None,
+        *,
+        config: Float8LinearConfig | None = None,
+        accumulator: str | Accumulator | None = None,
+    ) -> None:
+        super().__init__(in_features, out_features, bias, device, dtype)
+        config = Float8LinearConfig() if config is None else config
+        if not isinstance(config, Float8LinearConfig):
+            raise TypeError(f"config must be an fp8sim.torchao.Float8LinearConfig, got {type(config).__name__}")
+        self.config = config
+        self.accumulator = accumulator
+        self.scaling_type_input = config.cast_config_input.scaling_type
+        self.scaling_type_weight = config.cast_config_weight.scaling_type
+        self.scaling_type_grad_output = config.cast_config_grad_output.scaling_type
+        _check_accumulator(accumulator)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """torchao's forward: CUDA autocast dtype for the input, the float8 matmul, then ``+ bias``."""
+        if torch.is_autocast_enabled():
+            input = input.to(torch.get_autocast_dtype("cuda"))
+        gemms = _gemm_specs(self.config, self.accumulator)
+        output = _Float8MatMul.apply(input, self.weight.t(), self.config, gemms)
+        if self.bias is not None:
+            output = output + self.bias.to(output.dtype)
+        return output
+
+    def extra_repr(self) -> str:
+        c = self.config
+        parts = [
+            f"i:{c.cast_config_input.short_str()}",
+            f"w:{c.cast_config_weight.short_str()}",
+            f"go:{c.cast_config_grad_output.short_str()}",
+        ]
+        if c.cast_config_input_for_grad_weight != c.cast_config_input:
+            parts.append(f"i_gw:{c.cast_config_input_for_grad_weight.short_str()}")
+        if c.cast_config_weight_for_grad_input != c.cast_config_weight:
+            parts.append(f"w_gi:{c.cast_config_weight_for_grad_input.short_str()}")
+        if c.cast_config_grad_output_for_grad_weight != c.cast_config_grad_output:
+            parts.append(f"go_gw:{c.cast_config_grad_output_for_grad_weight.short_str()}")
+        acc = self.accumulator
+        acc_str = "" if acc is None else f", accumulator={getattr(acc, 'name', acc)}"
+        return f"{super().extra_repr()}, cast_configs={','.join(parts)}{acc_str}"
+
+    @classmethod
+    def from_float(
+        cls,
+        mod: nn.Linear,
+        config: Float8LinearConfig | None = None,
+        *,
+        accumulator: str | Accumulator | None = None,
+    ) -> Float8Linear:
+        """A Float8Linear sharing ``mod``'s weight and bias Parameters (torchao's ``from_float``)."""
+        with torch.device("meta"):
+            new_mod = cls(mod.in_features, mod.out_features, bias=False, config=config, accumulator=accumulator)
+        new_mod.weight = mod.weight
+        new_mod.bias = mod.bias
+        return new_mod
+
+
+def swap_linear_layers(
+    module: nn.Module,
+    from_float_func: Callable[[nn.Linear], nn.Linear],
+    *,
+    module_filter_fn: Callable[[nn.Module, str], bool] | None = None,
+) -> nn.Module:
+    """Replace each ``nn.Linear`` (subclasses included) passing ``module_filter_fn(module, fqn)``,
+    children before parents; a root Linear is returned converted, not changed in place."""
+    if isinstance(module, nn.Linear) and (module_filter_fn is None or module_filter_fn(module, "")):
+        if len(list(module.children())) > 0:
+            raise AssertionError(f"Does not support a root nn.Linear with children: {module}")
+        return from_float_func(module)
+
+    def visit(mod: nn.Module, fqn: str, parent: nn.Module | None) -> None:
+        for name, child in mod.named_children():
+            visit(child, f"{fqn}.{name}" if fqn else name, mod)
+        if isinstance(mod, nn.Linear) and (module_filter_fn is None or module_filter_fn(mod, fqn)):
+            if parent is None:  # only a filter that changes its answer for the root gets here
+                raise AssertionError(f"Linear root module should return early: {mod}")
+            setattr(parent, fqn.split(".")[-1], from_float_func(mod))
+
+    visit(module, "", None)
+    return module
+
+
+def convert_to_float8_training(
+    module: nn.Module,
+    *,
+    module_filter_fn: Callable[[nn.Module, str], bool] | None = None,
+    config: Float8LinearConfig | None = None,
+    accumulator: str | Accumulator | None = None,
+) -> nn.Module:
+    """Swap the ``nn.Linear`` modules of ``module`` for :class:`Float8Linear` (torchao's semantics:
+    post-order, filter called as ``(module, fqn)`` for Linears only, a root Linear returned)."""
+    config = Float8LinearConfig() if config is None else config
+    _check_accumulator(accumulator)
+    return swap_linear_layers(
+        module,
+        lambda m: Float8Linear.from_float(m, config=config, accumulator=accumulator),
+        module_filter_fn=module_filter_fn,
+    )
