@@ -240,7 +240,7 @@ def read(x: Any, fmt: FloatFormat | None, arg: str) -> Side:
 
 
 def _index(i: int, shape: tuple[int, ...]) -> str:
-    return str(list(np.unravel_index(i, shape))) if shape else "[()]"
+    return str([int(k) for k in np.unravel_index(i, shape)]) if shape else "[()]"
 
 
 def _dec(v: float) -> str:

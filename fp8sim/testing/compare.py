@@ -86,10 +86,11 @@ def _pair(actual: Any, expected: Any, fmt: str | FloatFormat | None) -> _Pair:
 
 def _describe(side: Side, value: float, i: int, enc: Encoding) -> str:
     code = _bits.hex_of(enc, int(side.bits.reshape(-1)[i]))
+    shown = int(value) if enc.kind == "int" else float(value)
     if side.shown is None:
-        return f"{float(value)!r} ({enc.name} {code})"
+        return f"{shown!r} ({enc.name} {code})"
     raw = _bits.hex_of(side.shown, int(side.shown_bits.reshape(-1)[i]))
-    return f"{float(value)!r} ({side.shown.name} {raw}, {enc.name} {code})"
+    return f"{shown!r} ({side.shown.name} {raw}, {enc.name} {code})"
 
 
 def _ulp_text(p: _Pair, i: int) -> str:
@@ -115,25 +116,30 @@ def _max_ulp(p: _Pair, mask: np.ndarray) -> int:
     return int(p.ulp[sel].max()) if sel.any() else 0
 
 
-def _failure(p: _Pair, bad: np.ndarray, max_report: int, what: str) -> str:
+def _failure(p: _Pair, bad: np.ndarray, max_report: int, budget: int | None = None) -> str:
     n, total = int(bad.sum()), bad.size
-    head = (
-        f"{what}: {n} of {total} elements differ ({_bits.pct(n, total)}), compared as {p.enc.describe()} "
-        f"(NaNs equal by class); max ULP distance {_max_ulp(p, bad)}"
-    )
+    if budget is None:
+        head = f"not bit-exact: {n} of {total} elements differ ({_bits.pct(n, total)})"
+    else:
+        diff = int((~p.equal).sum())
+        head = (
+            f"not within {budget} ULP: {n} of {total} elements ({_bits.pct(n, total)}) are further apart "
+            f"({diff} differ at all)"
+        )
+    head += f", compared as {p.enc.describe()} (NaNs equal by class)"
+    if (bad & ~p.nan_mismatch).any():
+        head += f"; max ULP distance {_max_ulp(p, bad)}"
     nans = int((bad & p.nan_mismatch).sum())
     if nans:
         head += f"; {nans} NaN vs number"
     idx = np.flatnonzero(bad)[: max(int(max_report), 0)]
-    lines = [head, f"first {idx.size} differing (index: actual | expected | distance):", *_lines(p, idx)]
+    lines = [head, f"first {idx.size} (index: actual | expected | distance):", *_lines(p, idx)]
     if n > idx.size:
         lines.append(f"  ... and {n - idx.size} more")
     return "\n".join(lines)
 
 
-def assert_bit_exact(
-    actual: Any, expected: Any, fmt: str | FloatFormat | None = None, *, max_report: int = 10
-) -> None:
+def assert_bit_exact(actual: Any, expected: Any, fmt: str | FloatFormat | None = None, *, max_report: int = 10) -> None:
     """Assert that ``actual`` and ``expected`` hold the same bit patterns, element by element.
 
     Operands: numpy arrays, torch tensors (any device; moved to the CPU), Python numbers or lists;
@@ -152,7 +158,7 @@ def assert_bit_exact(
     p = _pair(actual, expected, fmt)
     bad = ~p.equal
     if bad.any():
-        raise AssertionError(_failure(p, bad, max_report, "not bit-exact"))
+        raise AssertionError(_failure(p, bad, max_report))
 
 
 def assert_within_ulp(
@@ -168,7 +174,7 @@ def assert_within_ulp(
         return
     score = np.where(p.nan_mismatch, np.inf, p.ulp.astype(np.float64))
     worst = int(np.argmax(np.where(bad, score, -1.0)))
-    head, rest = _failure(p, bad, max_report, f"beyond the budget of {ulp_budget} ULP").split("\n", 1)
+    head, rest = _failure(p, bad, max_report, int(ulp_budget)).split("\n", 1)
     worst_line = "worst: " + _lines(p, np.array([worst]))[0].lstrip()
     raise AssertionError(f"{head}\n{worst_line}\n{rest}")
 
@@ -220,14 +226,10 @@ class ComparisonResult:
             "| ULP distance | elements | share |",
             "|---|---|---|",
         ]
-        rows += [
-            f"| {k} | {v:,} | {_bits.pct(v, self.size)} |" for k, v in self.histogram.items() if v or k == "0"
-        ]
+        rows += [f"| {k} | {v:,} | {_bits.pct(v, self.size)} |" for k, v in self.histogram.items() if v or k == "0"]
         if self.mismatches:
             rows += ["", "| mismatch class | elements | share of mismatches |", "|---|---|---|"]
-            rows += [
-                f"| {k} | {v:,} | {_bits.pct(v, self.mismatches)} |" for k, v in self.classes.items() if v
-            ]
+            rows += [f"| {k} | {v:,} | {_bits.pct(v, self.mismatches)} |" for k, v in self.classes.items() if v]
         return "\n".join(rows)
 
     def __str__(self) -> str:
