@@ -219,3 +219,63 @@ def test_every_recipe_trains_a_step_close_to_high_precision(recipe) -> None:  # 
     assert torch.isfinite(y).all() and torch.isfinite(m.fc1_weight.grad).all()
     assert (y - ref).norm() / ref.norm() < tol
     assert (m.fc1_weight.grad - ref_grad).norm() / ref_grad.norm() < 2 * tol
+
+
+@pytest.mark.parametrize(
+    ("recipe", "acc"),
+    [(MXFP8BlockScaling(), "blackwell"), (Float8BlockScaling(), "hopper"), (NVFP4BlockScaling(), "blackwell")],
+    ids=["mxfp8", "block", "nvfp4"],
+)
+def test_block_recipes_run_the_hardware_accumulators(recipe, acc: str) -> None:  # noqa: ANN001
+    from fp8sim.gemm import scaled_mm
+    from fp8sim.scaling import quantize_block_scaling, quantize_mx, quantize_nvfp4
+
+    torch.manual_seed(10)
+    m = te.Linear(256, 128, bias=False)
+    x = torch.randn(128, 256)
+    with te.autocast(recipe=recipe, accumulator=acc), torch.no_grad():
+        y = m(x)
+    w = m.weight.detach()
+    if isinstance(recipe, MXFP8BlockScaling):
+        qx = quantize_mx(x.numpy(), "e4m3", scale_rule="rceil", flavor="te")
+        qw = quantize_mx(w.numpy(), "e4m3", scale_rule="rceil", flavor="te")
+        want = scaled_mm(
+            qx.codes,
+            qw.codes.T,
+            qx.scales,
+            qw.scales.T,
+            out_dtype="float32",
+            accumulator="blackwell",
+            a_format="e4m3",
+            b_format="e4m3",
+            strict=False,
+        )
+    elif isinstance(recipe, Float8BlockScaling):
+        qx, qw = quantize_block_scaling(x.numpy()), quantize_block_scaling(w.numpy(), block_dim=2)
+        want = scaled_mm(
+            qx.codes,
+            qw.codes.T,
+            qx.scales,
+            qw.scales.T,
+            out_dtype="float32",
+            accumulator="hopper_split",
+            a_format="e4m3",
+            b_format="e4m3",
+            strict=False,
+        )
+    else:
+        qx, qw = quantize_nvfp4(x.numpy()), quantize_nvfp4(w.numpy(), block_2d=True)
+        sw = np.repeat(qw.scales, 16, axis=0)  # 16x16 weight tiles as one 1x16 scale per row
+        want = scaled_mm(
+            qx.codes,
+            qw.codes.T,
+            qx.scales,
+            sw.T,
+            out_dtype="float32",
+            accumulator="blackwell",
+            a_format="e2m1",
+            b_format="e2m1",
+            strict=False,
+        )
+        want = want * np.float32(np.float32(qx.global_scale) * np.float32(qw.global_scale))
+    assert np.array_equal(y.numpy(), want)

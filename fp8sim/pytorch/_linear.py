@@ -44,12 +44,10 @@ def gemm(a: Operand, b: Operand, recipe: Recipe, which: str, accumulator: str | 
             alpha = torch.tensor(np.float32(a.scale_inv) * np.float32(b.scale_inv), dtype=torch.float32)
             return torch.matmul(a.vals, b.vals) * alpha
         return torch.matmul(a.dq, b.dq)
-    if not per_tensor:
-        raise NotImplementedError(
-            f"hardware accumulator models for {type(recipe).__name__} GEMMs are not emulated yet; "
-            "use accumulator=None (exact products summed in float32)"
-        )
     from ..gemm import scaled_mm
+
+    if not per_tensor:
+        return _block_gemm(a, b, recipe, _preset(accumulator, recipe, which))
 
     out = scaled_mm(
         a.codes.contiguous().numpy(),
@@ -62,6 +60,38 @@ def gemm(a: Operand, b: Operand, recipe: Recipe, which: str, accumulator: str | 
         b_format=b.fmt,
         strict=False,
     )
+    return torch.from_numpy(out)
+
+
+def _codes_and_scales(op: Operand) -> tuple[np.ndarray, np.ndarray]:
+    """Element codes and block scales of an operand as ``scaled_mm`` wants them: ``a`` (M, K) with
+    scales (M, K/block) or (M/128, K/128); ``b`` (K, N) with scales (K/block, N) or (K/128, N/128)."""
+    qt = op.qt
+    if qt.padded_shape != qt.shape:
+        raise NotImplementedError(
+            f"hardware accumulators need dimensions that are whole blocks; got shape {qt.shape} in blocks {qt.block}"
+        )
+    codes, scales = qt.codes, qt.scales
+    if qt.fmt.name == "e2m1" and qt.block[-2:] == (16, 16):  # NVFP4 16x16 weight tiles: one 1x16 scale per row
+        scales = np.repeat(scales, 16, axis=-2)
+    if op.transposed:
+        codes, scales = codes.T, scales.T
+    return np.ascontiguousarray(codes), np.ascontiguousarray(scales)
+
+
+def _block_gemm(a: Operand, b: Operand, recipe: Recipe, preset: str) -> torch.Tensor:
+    """Block-scaled GEMM through ``fp8sim.gemm.scaled_mm``: MX (E8M0 per 32), 1x128/128x128 (float32
+    scale_inv per block) and NVFP4 (UE4M3 per 16, the global scales applied after the sum)."""
+    from ..gemm import scaled_mm
+
+    ac, sa = _codes_and_scales(a)
+    bc, sb = _codes_and_scales(b)
+    out = scaled_mm(
+        ac, bc, sa, sb, out_dtype="float32", accumulator=preset, a_format=a.fmt, b_format=b.fmt, strict=False
+    )
+    if a.qt.global_scale is not None:  # NVFP4: the per-tensor factors after the sum, as TE's GEMM reference
+        alpha = np.float32(np.float32(a.qt.global_scale) * np.float32(b.qt.global_scale))
+        out = (out * alpha).astype(np.float32)
     return torch.from_numpy(out)
 
 

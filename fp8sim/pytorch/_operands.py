@@ -43,6 +43,8 @@ class Operand:
     vals: torch.Tensor | None = None
     codes: torch.Tensor | None = None
     scale_inv: float | None = None
+    qt: Any = None  # block recipes: the QuantizedTensor (codes and block scales)
+    transposed: bool = False  # ``qt`` holds the transpose of this operand
 
     def t(self) -> Operand:
         return Operand(
@@ -51,6 +53,8 @@ class Operand:
             None if self.vals is None else self.vals.t(),
             None if self.codes is None else self.codes.t(),
             self.scale_inv,
+            self.qt,
+            not self.transposed,
         )
 
 
@@ -120,7 +124,7 @@ def quantize_operand(
         from ..scaling.mx import quantize_mx
 
         q = quantize_mx(xn, fmt, axis=k_axis, scale_rule="rceil", flavor="te")
-        return Operand(torch.from_numpy(q.dequantize()), fmt)
+        return Operand(torch.from_numpy(q.dequantize()), fmt, qt=q)
     if isinstance(recipe, Float8BlockScaling):
         from ..scaling.block import quantize_block_scaling
 
@@ -129,7 +133,7 @@ def quantize_operand(
         )
         qp = _role_qparams(recipe, kind)
         q = quantize_block_scaling(xn, fmt, block_dim=dim, columnwise=(dim == 1 and k_axis == 0), pow2=qp.power_2_scale)
-        return Operand(torch.from_numpy(q.dequantize()), fmt)
+        return Operand(torch.from_numpy(q.dequantize()), fmt, qt=q)
     raise NotImplementedError(f"fp8sim does not emulate the recipe {type(recipe).__name__}")
 
 
@@ -149,4 +153,4 @@ def _nvfp4(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, k_axis: int, s
         block_2d=qp.fp4_2d_quantization,
     )
     dq = torch.from_numpy(q.dequantize())
-    return Operand(dq.t() if columnwise else dq, E2M1)
+    return Operand(dq.t() if columnwise else dq, E2M1, qt=q, transposed=columnwise)
