@@ -117,7 +117,8 @@ def write_compare_report(result: Any, out_dir: str | Path, title: str | None = N
         plots.append(_plot_gemm_k(gemms, out / "gemm_error_vs_k.png"))
         lines += ["", "## GEMM error against K", "", "![GEMM error vs K](gemm_error_vs_k.png)", ""]
         lines += [
-            "Mean ULP distance of the native output from the exactly summed result, by K, and of the emulator's.",
+            "Mean float32 ULP distance from the exactly summed result, by K (float32-output tensorwise cases; each"
+            " point is one case with its own operands), for the native output and for the emulator's.",
         ]
     plots.append(_plot_rates(groups, out / "bit_exact_rates.png"))
     lines += ["", "## Bit-exact rate per op group", "", "![bit-exact rates](bit_exact_rates.png)", ""]
@@ -129,11 +130,16 @@ def write_compare_report(result: Any, out_dir: str | Path, title: str | None = N
 def _plot_gemm_k(gemms: list[Any], path: Path) -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    # one series per (formats, accumulation) over float32-output tensorwise cases only, so that every
+    # point is one case and the ULPs are float32 ULPs
     series: dict[str, dict[int, list[float]]] = {}
     for o in gemms:
+        if o.extra["out_dtype"] != "float32" or o.extra["layout"] != "tensorwise":
+            continue
         mode = "fast" if o.extra["fast_accum"] else "split"
         for who, key in (("native", "native_vs_exact_mean_ulp"), ("emulator", "emulator_vs_exact_mean_ulp")):
-            series.setdefault(f"{who} ({mode})", {}).setdefault(o.extra["k"], []).append(o.extra[key])
+            label = f"{who} {o.extra['formats']} ({mode})"
+            series.setdefault(label, {}).setdefault(o.extra["k"], []).append(o.extra[key])
     for label, byk in series.items():
         ks = sorted(byk)
         ax.plot(

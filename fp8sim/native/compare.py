@@ -98,8 +98,6 @@ def _ulp_codes(got: np.ndarray, want: np.ndarray, f: FloatFormat) -> tuple[np.nd
     """(ULP distance between codes on the format's sorted grid, both-NaN mask)."""
     vals = decode_table(f).astype(np.float64)
     nan = np.isnan(vals)
-    order = np.argsort(np.where(nan, np.inf, vals), kind="stable")
-    rank = np.empty_like(order)
     uniq = np.unique(vals[~nan])
     rank = np.searchsorted(uniq, np.where(nan, 0, vals))
     return np.abs(rank[got].astype(np.int64) - rank[want]), nan[got] & nan[want]
