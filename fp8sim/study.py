@@ -50,17 +50,17 @@ class StudyResult:
     def table(self) -> str:
         ref = self.final("fp32") if "fp32" in self.losses else float("nan")
         lines = [
-            "| recipe | final loss | vs fp32 | overflow | underflow | seconds |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| recipe | final loss | vs fp32 | overflow | underflow | delayed scales (min..max) | seconds |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for r in self.recipes:
             s = self.stats.get(r, {})
             n = max(s.get("elements", 0), 1)
             ovf = f"{s['overflow'] / n:.2e}" if "overflow" in s else "-"
             udf = f"{s['underflow'] / n:.2e}" if "underflow" in s else "-"
-            lines.append(
-                f"| {r} | {self.final(r):.4g} | {self.final(r) / ref:.3f}x | {ovf} | {udf} | {self.seconds[r]:.1f} |"
-            )
+            sc = f"{s['scale_min']:.3g}..{s['scale_max']:.3g}" if "scale_min" in s else "-"
+            loss = f"{self.final(r):.4g} | {self.final(r) / ref:.3f}x"
+            lines.append(f"| {r} | {loss} | {ovf} | {udf} | {sc} | {self.seconds[r]:.1f} |")
         return "\n".join(lines)
 
 
@@ -158,9 +158,15 @@ def run_study(
         result.seconds[name] = time.perf_counter() - t0
         result.losses[name] = [v if math.isfinite(v) else float("nan") for v in losses]
         stats: dict[str, Any] = {}
+        scales: list[float] = []
         for m in model.modules():
             for k, v in getattr(m, "fp8_stats", {}).items():
                 stats[k] = stats.get(k, 0) + v
+            for g in getattr(m, "fp8_gemms", {}).values():
+                if g.fwd is not None:  # delayed scaling: the final INPUT/WEIGHT and GRAD_OUTPUT scales
+                    scales += [float(g.fwd.scale[0]), float(g.fwd.scale[1]), float(g.bwd.scale[0])]
+        if scales:
+            stats["scale_min"], stats["scale_max"] = min(scales), max(scales)
         result.stats[name] = stats
     return result
 
@@ -227,7 +233,8 @@ def write_study(result: StudyResult, out_dir: str | Path) -> Path:
             "",
             "A residual MLP student (LayerNormMLP blocks + Linear head, fp8sim.pytorch) learns a fixed random teacher",
             "on heavy-tailed inputs; same initial weights and batches for every recipe.  Overflow and underflow are",
-            "fractions of quantized elements that saturated or flushed to zero.",
+            "fractions of quantized elements that saturated or flushed to zero; delayed scales are the final INPUT,",
+            "WEIGHT and GRAD_OUTPUT scales of every GEMM.",
             "",
             result.table(),
             "",

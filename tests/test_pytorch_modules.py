@@ -279,3 +279,36 @@ def test_block_recipes_run_the_hardware_accumulators(recipe, acc: str) -> None: 
         )
         want = want * np.float32(np.float32(qx.global_scale) * np.float32(qw.global_scale))
     assert np.array_equal(y.numpy(), want)
+
+
+def _module_worker(rank: int, world: int, init: str, out_dir: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        m = te.Linear(16, 16, bias=False)  # same weights on both ranks
+        recipe = DelayedScaling(amax_history_len=2)
+        scales = []
+        for step in range(2):
+            x = _with_amax((16, 16), 2.0 if rank == 0 else 6.0 + step, 10 + rank).requires_grad_()
+            with te.autocast(recipe=recipe, amax_reduction_group=dist.group.WORLD):
+                y = m(x)
+            y.backward(_with_amax((16, 16), 1.0 if rank == 0 else 4.0, 20 + rank))
+            st = m.fp8_gemms["gemm"]
+            scales.append(np.concatenate([st.fwd.scale, st.bwd.scale]))
+        np.save(os.path.join(out_dir, f"rank{rank}.npy"), np.stack(scales))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_amax_reduction_group_makes_both_ranks_share_scales(tmp_path) -> None:  # noqa: ANN001
+    mp = pytest.importorskip("torch.multiprocessing")
+    mp.spawn(_module_worker, args=(2, f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = np.load(tmp_path / "rank0.npy"), np.load(tmp_path / "rank1.npy")
+    assert np.array_equal(r0, r1)
+    # step 1: input amax MAX-reduced to 6 -> 448/6; grad amax to 4 -> 57344/4; step 2: history max 7
+    assert r0[0, 0] == np.float32(448) / np.float32(6) and r0[0, 3] == np.float32(57344 / 4)
+    assert r0[1, 0] == np.float32(448) / np.float32(7)
