@@ -36,6 +36,11 @@ def formats_table() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else list(argv)
+    if args_in[:1] == ["run"]:  # everything after `run` belongs to the script (no option parsing here)
+        from .shim import run
+
+        return run(args_in[1:])
     ap = argparse.ArgumentParser(prog="fp8sim", description="Bit-exact FP8 emulator and numerics simulator.")
     ap.add_argument("--version", action="version", version=f"fp8sim {__version__}")
     sub = ap.add_subparsers(dest="command")
@@ -68,12 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--captures", default="reports/captures", help="folder of .fp8cap files to include")
     r.add_argument("--quick", action="store_true", help="smaller sweeps (for tests)")
     r.add_argument("--no-progress", action="store_true")
+    sub.add_parser(
+        "run",
+        help="run a script or module (e.g. pytest) with transformer_engine emulated by fp8sim: fp8sim run X.py ...",
+    )
     st = sub.add_parser("study", help="train a small model under every recipe on the CPU; loss curves and a table")
     st.add_argument("--out", default="reports/study", help="output folder (default reports/study)")
     st.add_argument("--steps", type=int, default=150)
     st.add_argument("--recipes", default="", help="comma-separated subset of the study's recipes (default: all)")
     st.add_argument("--no-progress", action="store_true")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(args_in)
 
     if args.command == "formats":
         print(formats_table())
