@@ -312,3 +312,23 @@ def test_amax_reduction_group_makes_both_ranks_share_scales(tmp_path) -> None:  
     # step 1: input amax MAX-reduced to 6 -> 448/6; grad amax to 4 -> 57344/4; step 2: history max 7
     assert r0[0, 0] == np.float32(448) / np.float32(6) and r0[0, 3] == np.float32(57344 / 4)
     assert r0[1, 0] == np.float32(448) / np.float32(7)
+
+
+def test_under_bf16_autocast_activations_are_bf16_and_the_output_is_rounded_once() -> None:
+    """TE takes the autocast dtype as the activation dtype: input, weight and bias are cast to bf16
+    before quantization and the float32 GEMM result is rounded to bf16 once."""
+    torch.manual_seed(12)
+    m = te.Linear(32, 16)
+    x = torch.randn(16, 32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16), te.autocast(recipe=Float8CurrentScaling()):
+        y = m(x)
+    assert y.dtype == torch.bfloat16
+    xb, wb, bb = (t.detach().bfloat16().float() for t in (x, m.weight, m.bias))
+    f448 = torch.tensor(448.0)
+    sx, sw = f448 / xb.abs().max(), f448 / wb.abs().max()
+    xq = _q(xb, sx, torch.float8_e4m3fn, 448)
+    wq = _q(wb, sw, torch.float8_e4m3fn, 448)
+    want = (torch.matmul(xq, wq.t()) * ((1 / sx) * (1 / sw)) + bb).bfloat16()
+    assert torch.equal(y, want)
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and m.weight.grad.dtype == torch.float32

@@ -124,6 +124,11 @@ class _FP8Linear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
+        with torch.autocast(grad_out.device.type, enabled=False):
+            return _FP8Linear._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
         module, recipe, acc = ctx.module, ctx.recipe, ctx.accumulator
         dy = grad_out.reshape(-1, grad_out.shape[-1])
         dy_row = module._quantize(dy, recipe, "grad", 1)

@@ -152,7 +152,13 @@ class _FP8Base(nn.Module):
             g.group = st.group
             first = _register(self)
             acc = st.accumulator if st.accumulator is not None else self.accumulator
-            return fp8_linear(x, w, b, g, recipe, acc, is_first_microbatch, first)
+            dev = x.device.type
+            if torch.is_autocast_enabled(dev):  # TE: activations, weights and output in the autocast dtype
+                act = torch.get_autocast_dtype(dev)
+                x, w = x.to(act), w.to(act)
+                b = None if b is None else b.to(act)
+            with torch.autocast(dev, enabled=False):  # our float32 GEMMs must not run in bf16
+                return fp8_linear(x, w, b, g, recipe, acc, is_first_microbatch, first)
         if st.calibrating:
             recipe = get_recipe()
             if isinstance(recipe, DelayedScaling):
