@@ -379,8 +379,15 @@ def test_torch_packed_fp4_operands_equal_unpacked_codes() -> None:
     wp = torch.from_numpy(np.asarray(pack_fp4(w))).view(torch.float4_e2m1fn_x2)
     sa = rng.integers(0x30, 0x40, (32, 4)).astype(np.uint8)
     sb = rng.integers(0x30, 0x40, (4, 16)).astype(np.uint8)
-    got = scaled_mm(ap, wp.t(), torch.from_numpy(sa).view(torch.float8_e4m3fn),
-                    torch.from_numpy(sb).view(torch.float8_e4m3fn), out_dtype=torch.float32, accumulator="blackwell")
-    want = scaled_mm(a, w.T, sa, sb, out_dtype="float32", accumulator="blackwell", a_format="e2m1", b_format="e2m1",
-                     strict=False)
+    got = scaled_mm(
+        ap,
+        wp.t(),
+        torch.from_numpy(sa).view(torch.float8_e4m3fn),
+        torch.from_numpy(sb).view(torch.float8_e4m3fn),
+        out_dtype=torch.float32,
+        accumulator="blackwell",
+    )
+    want = scaled_mm(
+        a, w.T, sa, sb, out_dtype="float32", accumulator="blackwell", a_format="e2m1", b_format="e2m1", strict=False
+    )
     assert np.array_equal(got.numpy(), want)
