@@ -179,8 +179,26 @@ class _FP8Base(nn.Module):
             self.fp8_gemms[n].load(st)
 
 
-def _init_weight(w: torch.Tensor) -> None:
-    nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+def _weight(rows: int, cols: int, dtype: torch.dtype, device: Any) -> nn.Parameter:
+    w = nn.Parameter(torch.empty(rows, cols, dtype=dtype, device=device))
+    nn.init.kaiming_uniform_(w, a=math.sqrt(5))  # nn.Linear's initialisation
+    return w
+
+
+def _bias(n: int, bias: bool, dtype: torch.dtype, device: Any) -> nn.Parameter | None:
+    return nn.Parameter(torch.zeros(n, dtype=dtype, device=device)) if bias else None
+
+
+def _ln_params(n: int, zero_centered_gamma: bool, dtype: torch.dtype, device: Any) -> tuple[nn.Parameter, nn.Parameter]:
+    """LayerNorm gamma (ones, or zeros when zero-centred: gamma + 1 is applied) and beta."""
+    init = torch.zeros if zero_centered_gamma else torch.ones
+    return nn.Parameter(init(n, dtype=dtype, device=device)), nn.Parameter(torch.zeros(n, dtype=dtype, device=device))
+
+
+def _layer_norm(
+    inp: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float, zero_centered: bool
+) -> torch.Tensor:
+    return F.layer_norm(inp, (gamma.shape[0],), gamma + 1 if zero_centered else gamma, beta, eps)
 
 
 class Linear(_FP8Base):
@@ -203,9 +221,8 @@ class Linear(_FP8Base):
         super().__init__(accumulator)
         dtype = params_dtype or torch.get_default_dtype()
         self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
-        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
-        _init_weight(self.weight)
+        self.weight = _weight(out_features, in_features, dtype, device)
+        self.bias = _bias(out_features, bias, dtype, device)
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
         return self._linear("gemm", inp, self.weight, self.bias, is_first_microbatch)
@@ -229,13 +246,10 @@ class LayerNorm(nn.Module):
         super().__init__()
         dtype = params_dtype or torch.get_default_dtype()
         self.hidden_size, self.eps, self.zero_centered_gamma = hidden_size, eps, zero_centered_gamma
-        init = torch.zeros if zero_centered_gamma else torch.ones
-        self.weight = nn.Parameter(init(hidden_size, dtype=dtype, device=device))
-        self.bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
+        self.weight, self.bias = _ln_params(hidden_size, zero_centered_gamma, dtype, device)
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
-        w = self.weight + 1 if self.zero_centered_gamma else self.weight
-        return F.layer_norm(inp, (self.hidden_size,), w, self.bias, self.eps)
+        return _layer_norm(inp, self.weight, self.bias, self.eps, self.zero_centered_gamma)
 
 
 class LayerNormLinear(_FP8Base):
@@ -258,16 +272,12 @@ class LayerNormLinear(_FP8Base):
         dtype = params_dtype or torch.get_default_dtype()
         self.in_features, self.out_features, self.eps = in_features, out_features, eps
         self.return_layernorm_output, self.zero_centered_gamma = return_layernorm_output, zero_centered_gamma
-        init = torch.zeros if zero_centered_gamma else torch.ones
-        self.layer_norm_weight = nn.Parameter(init(in_features, dtype=dtype, device=device))
-        self.layer_norm_bias = nn.Parameter(torch.zeros(in_features, dtype=dtype, device=device))
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
-        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
-        _init_weight(self.weight)
+        self.layer_norm_weight, self.layer_norm_bias = _ln_params(in_features, zero_centered_gamma, dtype, device)
+        self.weight = _weight(out_features, in_features, dtype, device)
+        self.bias = _bias(out_features, bias, dtype, device)
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> Any:
-        w = self.layer_norm_weight + 1 if self.zero_centered_gamma else self.layer_norm_weight
-        ln = F.layer_norm(inp, (self.in_features,), w, self.layer_norm_bias, self.eps)
+        ln = _layer_norm(inp, self.layer_norm_weight, self.layer_norm_bias, self.eps, self.zero_centered_gamma)
         out = self._linear("gemm", ln, self.weight, self.bias, is_first_microbatch)
         return (out, ln) if self.return_layernorm_output else out
 
@@ -305,19 +315,14 @@ class LayerNormMLP(_FP8Base):
             activation,
         )
         self.return_layernorm_output, self.zero_centered_gamma = return_layernorm_output, zero_centered_gamma
-        init = torch.zeros if zero_centered_gamma else torch.ones
-        self.layer_norm_weight = nn.Parameter(init(hidden_size, dtype=dtype, device=device))
-        self.layer_norm_bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device))
-        self.fc1_weight = nn.Parameter(torch.empty(ffn_hidden_size, hidden_size, dtype=dtype, device=device))
-        self.fc2_weight = nn.Parameter(torch.empty(hidden_size, ffn_hidden_size, dtype=dtype, device=device))
-        self.fc1_bias = nn.Parameter(torch.zeros(ffn_hidden_size, dtype=dtype, device=device)) if bias else None
-        self.fc2_bias = nn.Parameter(torch.zeros(hidden_size, dtype=dtype, device=device)) if bias else None
-        _init_weight(self.fc1_weight)
-        _init_weight(self.fc2_weight)
+        self.layer_norm_weight, self.layer_norm_bias = _ln_params(hidden_size, zero_centered_gamma, dtype, device)
+        self.fc1_weight = _weight(ffn_hidden_size, hidden_size, dtype, device)
+        self.fc2_weight = _weight(hidden_size, ffn_hidden_size, dtype, device)
+        self.fc1_bias = _bias(ffn_hidden_size, bias, dtype, device)
+        self.fc2_bias = _bias(hidden_size, bias, dtype, device)
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> Any:
-        w = self.layer_norm_weight + 1 if self.zero_centered_gamma else self.layer_norm_weight
-        ln = F.layer_norm(inp, (self.hidden_size,), w, self.layer_norm_bias, self.eps)
+        ln = _layer_norm(inp, self.layer_norm_weight, self.layer_norm_bias, self.eps, self.zero_centered_gamma)
         h = _ACTIVATIONS[self.activation](self._linear("fc1", ln, self.fc1_weight, self.fc1_bias, is_first_microbatch))
         out = self._linear("fc2", h, self.fc2_weight, self.fc2_bias, is_first_microbatch)
         return (out, ln) if self.return_layernorm_output else out
