@@ -176,6 +176,77 @@ def _plot_rates(groups: dict[str, list[Any]], path: Path) -> Path:
 # ---- the default report -------------------------------------------------------------------------
 
 
+def _library_rows() -> list[str]:
+    """Agreement with the other libraries installed here: gfloat (every deterministic mode,
+    saturating, on every grid point, midpoint and one float32 ulp beside them) and torchao
+    (``to_fp8_saturated`` on all float16 and bfloat16 inputs, NaN compared by class)."""
+    from .cast import quantize
+    from .cast._tables import decode_table
+    from .conformance import count_mismatches
+    from .conventions import CONVENTIONS
+
+    rows = [
+        "",
+        "Other libraries installed here:",
+        "",
+        "| library | what | comparisons | mismatches |",
+        "|---|---|---:|---:|",
+    ]
+    try:
+        import gfloat
+        from gfloat import formats as gf
+
+        infos = {
+            "e4m3": gf.format_info_ocp_e4m3,
+            "e5m2": gf.format_info_ocp_e5m2,
+            "e2m1": gf.format_info_ocp_e2m1,
+            "e2m3": gf.format_info_ocp_e2m3,
+            "e3m2": gf.format_info_ocp_e3m2,
+        }
+        modes = {
+            "toward_zero": gfloat.RoundMode.TowardZero,
+            "up": gfloat.RoundMode.TowardPositive,
+            "down": gfloat.RoundMode.TowardNegative,
+            "nearest_away": gfloat.RoundMode.TiesToAway,
+            "nearest_even": gfloat.RoundMode.TiesToEven,
+        }
+        n = bad = 0
+        for name, fi in infos.items():
+            v = decode_table(FORMATS[name]).astype(np.float64)
+            fin = np.unique(np.abs(v[np.isfinite(v)]))
+            x = np.concatenate([fin, (fin[1:] + fin[:-1]) / 2]).astype(np.float32)
+            x = np.concatenate([x, np.nextafter(x, np.float32(np.inf)), np.nextafter(x, np.float32(0))])
+            x = np.concatenate([x, -x])
+            for mode, rnd in modes.items():
+                want = gfloat.round_ndarray(fi, x.astype(np.float64), rnd, sat=True)
+                got = quantize(x, name, rounding=mode, saturate=True).astype(np.float64)
+                n += x.size
+                bad += int(np.sum(~((got == want) | (np.isnan(got) & np.isnan(want)))))
+        rows.append(f"| gfloat | E4M3/E5M2/FP6/FP4, 5 deterministic modes, saturating | {n:,} | {bad:,} |")
+    except ImportError:
+        rows.append("| gfloat | not installed | - | - |")
+    try:
+        import torch
+        from torchao.float8.float8_utils import to_fp8_saturated
+
+        n = bad = 0
+        bits = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16)
+        for dt in (torch.float16, torch.bfloat16):
+            x = bits.view(dt)
+            for name in ("e4m3", "e5m2"):
+                f = FORMATS[name]
+                want = to_fp8_saturated(x, f.torch_dtype).view(torch.uint8).numpy()
+                got = CONVENTIONS["torchao"].encode(x, f).numpy()
+                n += want.size
+                bad += count_mismatches(got, want, f)[0]
+        rows.append(
+            f"| torchao | `to_fp8_saturated` vs the torchao convention, all float16/bfloat16 inputs | {n:,} | {bad:,} |"
+        )
+    except Exception:  # noqa: BLE001 - torchao missing or failing to import here
+        rows.append("| torchao | not installed | - | - |")
+    return rows
+
+
 def _grid_plot(path: Path) -> None:
     from .cast._tables import decode_table
 
@@ -241,7 +312,7 @@ def build_default_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     capture_files = sorted(glob.glob(str(Path(captures) / "*.fp8cap")))
-    bar = Progress(5 + len(capture_files), progress, prefix="report ")
+    bar = Progress(6 + len(capture_files), progress, prefix="report ")
     rng = np.random.default_rng(0)
     lines = [
         "# fp8sim default report",
@@ -277,6 +348,9 @@ def build_default_report(
     for (backend, oracle), (nc, ncmp, nbad) in agg.items():
         lines.append(f"| {backend} | {oracle} | {nc} | {ncmp:,} | {nbad:,} |")
     bar.step("conformance")
+
+    lines += _library_rows()
+    bar.step("libraries")
 
     lines += ["", "## Captures", ""]
     if not capture_files:
