@@ -206,11 +206,13 @@ def _compare_torchao(op: dict, arrays: dict) -> OpResult:
     return res
 
 
-def compare_capture(path: str | Path, progress: bool = False) -> CompareResult:
-    """Compare every op of the capture at ``path`` with the emulator."""
+def compare_capture(path: str | Path, progress: bool = False, ops: list[str] | None = None) -> CompareResult:
+    """Compare the ops of the capture at ``path`` with the emulator: every op, or those whose name
+    matches one of the glob patterns in ``ops`` (e.g. ``["cast/*"]``)."""
     header, arrays = read_bundle(path)
     meta = header["meta"]
-    ops = header["ops"]
+    selected = ops
+    ops = [o for o in header["ops"] if selected is None or any(fnmatch.fnmatch(o["name"], p) for p in selected)]
     bar = Progress(len(ops), progress, prefix="compare ")
     out: list[OpResult] = []
     for op in ops:
