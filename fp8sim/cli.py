@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="comma-separated globs of op names that must be 100%% bit-exact (e.g. 'cast/*'); exit 1 otherwise",
     )
+    m.add_argument("--ops", metavar="GLOBS", default="", help="compare only these ops (comma-separated globs)")
     m.add_argument("--no-progress", action="store_true")
     r = sub.add_parser(
         "report", help="build the default report (the main job): formats, conformance, captures, studies"
@@ -125,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         from .native.fileformat import CaptureFileError
 
         try:
-            res = compare_capture(args.file, progress=not args.no_progress)
+            only = [p for p in args.ops.split(",") if p] or None
+            res = compare_capture(args.file, progress=not args.no_progress, ops=only)
         except (CaptureFileError, FileNotFoundError) as exc:
             print(f"fp8sim compare: {exc}", file=sys.stderr)
             return 2

@@ -47,6 +47,10 @@ def test_one_flipped_output_is_reported_exactly(cap: Path, tmp_path: Path) -> No
     assert wrong[0].clusters["normal"][1] == 1
     assert cli.main(["compare", str(bad), "--require-bit-exact", "cast/*", "--no-progress"]) == 1
     assert cli.main(["compare", str(bad), "--require-bit-exact", "scaled_mm/*", "--no-progress"]) == 0
+    only = compare_capture(bad, ops=["cast/e4m3/*"])
+    assert [o.name for o in only.ops] == ["cast/e4m3/f16_all", "cast/e4m3/bf16_all", "cast/e4m3/f32_special"]
+    args = ["compare", str(bad), "--ops", "cast/e5m2/*", "--require-bit-exact", "cast/*", "--no-progress"]
+    assert cli.main(args) == 0
 
 
 def test_corrupt_truncated_and_newer_files_are_refused(cap: Path, tmp_path: Path) -> None:
