@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One prepared run for a lent GPU machine (issue 10): the CUDA-vs-CPU tests, a full native capture
+# and its comparison.  Results land in $OUT (the device tool copies them back); commit the capture
+# under reports/captures/ and the report under reports/.  Budget: about 5 minutes on an H200.
+set -uo pipefail
+OUT=${OUT:-/tmp/fp8sim-gpu}
+mkdir -p "$OUT"
+python -m pip install -q --no-deps -e . 2>&1 | tail -1
+python - <<'PY' | tee "$OUT/device.txt"
+import torch, platform
+print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(0),
+      "cc", torch.cuda.get_device_capability(0), "python", platform.python_version())
+PY
+timeout 240 python -m pytest tests/test_gpu.py -q -p no:cacheprovider 2>&1 | tail -30 | tee "$OUT/gpu_tests.txt"
+name=$(python -c "import torch; print(torch.cuda.get_device_name(0).lower().replace(' ', '-'))")
+timeout 240 fp8sim capture --device cuda --suite full --out "$OUT/$name.fp8cap" --no-progress
+fp8sim compare "$OUT/$name.fp8cap" --report "$OUT/$name-report" --no-progress | tail -40 | tee "$OUT/compare.txt"
+ls -la "$OUT"
