@@ -391,3 +391,33 @@ def test_torch_packed_fp4_operands_equal_unpacked_codes() -> None:
         a, w.T, sa, sb, out_dtype="float32", accumulator="blackwell", a_format="e2m1", b_format="e2m1", strict=False
     )
     assert np.array_equal(got.numpy(), want)
+
+
+def test_block_scales_cover_a_partial_last_block_along_k() -> None:
+    rng = np.random.default_rng(13)
+    a, b = _codes(rng, (4, 48), "e4m3", 10.0), _codes(rng, (48, 16), "e4m3", 10.0)
+    sa = rng.integers(120, 135, (4, 2)).astype(np.uint8)  # ceil(48 / 32) = 2 blocks
+    sb = rng.integers(120, 135, (2, 16)).astype(np.uint8)
+    va = _vals(a, "e4m3") * np.exp2(np.repeat(sa.astype(np.float64) - 127, 32, axis=1)[:, :48])
+    vb = _vals(b, "e4m3") * np.exp2(np.repeat(sb.astype(np.float64) - 127, 32, axis=0)[:48])
+    exact = scaled_mm(a, b, sa, sb, out_dtype="float32", accumulator="exact", a_format="e4m3", b_format="e4m3")
+    for i, j in ((0, 0), (3, 15)):
+        assert exact[i, j] == _f32_nearest(
+            sum(Fraction(float(va[i, q])) * Fraction(float(vb[q, j])) for q in range(48))
+        )
+    bw = scaled_mm(a, b, sa, sb, out_dtype="float32", accumulator="blackwell", a_format="e4m3", b_format="e4m3")
+    assert np.allclose(bw, exact, rtol=1e-6)
+    with pytest.raises(ValueError, match="Invalid scaling configuration"):
+        scaled_mm(a, b, sa[:, :1], sb[:1], out_dtype="float32", a_format="e4m3", b_format="e4m3")
+
+
+def test_cpu_reference_divides_by_scale_result_like_torch() -> None:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(14)
+    a = (torch.randn(48, 80) * 4).to(torch.float8_e4m3fn)
+    b = (torch.randn(32, 80) * 4).to(torch.float8_e4m3fn).t()
+    args = (a, b, torch.tensor(0.5), torch.tensor(2.0))
+    kw = {"scale_result": torch.tensor(4.0), "out_dtype": torch.float8_e4m3fn}
+    want = torch._scaled_mm(*args, **kw).view(torch.uint8)
+    got = scaled_mm(*args, **kw, accumulator="cpu_reference").view(torch.uint8)
+    assert torch.equal(got, want)

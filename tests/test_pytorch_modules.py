@@ -94,13 +94,32 @@ def test_outside_autocast_modules_are_plain_layers() -> None:
 
 
 def test_calibrating_records_amaxes_without_fp8_compute() -> None:
+    """TE updates forward scales only when an *enabled* outermost region exits: calibration stages
+    the amaxes, and the next FP8 step's update uses them (TE quantization.py autocast_exit)."""
     m = te.Linear(16, 16)
     x = _with_amax((16, 16), 3.0, 5)
-    with te.autocast(enabled=False, calibrating=True, recipe=DelayedScaling(amax_history_len=4)):
+    recipe = DelayedScaling(amax_history_len=4)
+    with te.autocast(enabled=False, calibrating=True, recipe=recipe):
         y = m(x)
     assert torch.equal(y, torch.nn.functional.linear(x, m.weight, m.bias))
     st = m.fp8_gemms["gemm"].fwd
+    assert st.amax_history[0, 0] == 3.0 and st.scale[0] == 1.0
+    with te.autocast(recipe=recipe):
+        m(x * 0.5)  # amax 1.5 joins the staged 3.0
     assert st.amax_history[-1, 0] == 3.0 and st.scale[0] == np.float32(448.0 / 3.0)
+
+
+def test_disabled_or_graph_outer_region_does_not_update_and_nested_recipe_none_is_te_default() -> None:
+    m = te.Linear(16, 16)
+    x = _with_amax((16, 16), 2.0, 6)
+    with te.autocast(enabled=False), te.autocast(recipe=DelayedScaling()):
+        m(x)
+    assert m.fp8_gemms["gemm"].fwd.scale[0] == 1.0  # the outermost region was not enabled
+    with te.autocast(recipe=DelayedScaling(), _graph=True):
+        m(x)
+    assert m.fp8_gemms["gemm"].fwd.scale[0] == 1.0
+    with te.autocast(recipe=Float8CurrentScaling()), te.autocast():
+        assert isinstance(te.get_recipe(), DelayedScaling)  # TE: recipe=None means the default recipe
 
 
 def test_is_first_microbatch_caches_the_weight_and_its_scale() -> None:
@@ -332,3 +351,16 @@ def test_under_bf16_autocast_activations_are_bf16_and_the_output_is_rounded_once
     assert torch.equal(y, want)
     y.float().sum().backward()
     assert x.grad.dtype == torch.float32 and m.weight.grad.dtype == torch.float32
+
+
+def test_block_scaling_with_a_hardware_accumulator_takes_partial_blocks() -> None:
+    torch.manual_seed(15)
+    m = te.Linear(256, 128)
+    x = torch.randn(40, 256, requires_grad=True)  # 40 rows: partial 128-row blocks in wgrad
+    with te.autocast(recipe=Float8BlockScaling()):
+        ref = m(x)
+    with te.autocast(recipe=Float8BlockScaling(), accumulator="hopper"):
+        y = m(x)
+    y.sum().backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(m.weight.grad).all()
+    assert ((y - ref).norm() / ref.norm()).item() < 1e-3

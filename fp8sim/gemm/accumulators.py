@@ -53,6 +53,11 @@ ACCUMULATORS: dict[str, Accumulator] = {
     for a in (
         Accumulator("exact", "exact", description="exact sum, one float32 rounding"),
         Accumulator("dequantized_fp32", "dequantized_fp32", description="dequantize, then a float32 matmul"),
+        Accumulator(
+            "cpu_reference",
+            "dequantized_fp32",
+            description="torch's CPU _scaled_mm: dequantized_fp32, FP8 output / scale_result",
+        ),
         Accumulator("hopper_fast", "tensor_core", "hopper_wgmma", None, "Hopper wgmma chained over all K"),
         Accumulator("hopper_split", "tensor_core", "hopper_wgmma", 128, "Hopper, promoted to fp32 every 128 K"),
         Accumulator("ada_fast", "tensor_core", "ada_mma", None, "Ada mma.sync chained over all K"),
@@ -64,7 +69,6 @@ ACCUMULATORS: dict[str, Accumulator] = {
 _ALIASES = {
     "exact_fp32": "exact",
     "torchao_emulate": "dequantized_fp32",
-    "cpu_reference": "dequantized_fp32",
     "hopper_split128": "hopper_split",
     "ada": "ada_fast",
     "ada_split128": "ada_split",

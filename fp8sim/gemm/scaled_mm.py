@@ -95,10 +95,11 @@ def _layout(sa: np.ndarray, sb: np.ndarray, m: int, k: int, n: int, fa: FloatFor
         b1, b2 = sb.shape == (kb, n), sb.shape == (kb, -(-n // 128))
         if (a1 or a2) and (b1 or b2) and not (a2 and b2 and not (a1 or b1)):
             return f"block_{'1' if a1 else '2'}x{'1' if b1 else '2'}"
-    if sa.dtype == np.uint8 and sb.dtype == np.uint8:
-        if fa.name == "e2m1" and sa.shape == (m, k // 16) and sb.shape == (k // 16, n):
+    if sa.dtype == np.uint8 and sb.dtype == np.uint8:  # one scale per (possibly partial) block along K
+        k16, k32 = -(-k // 16), -(-k // 32)
+        if fa.name == "e2m1" and sa.shape == (m, k16) and sb.shape == (k16, n):
             return "nvfp4"
-        if sa.shape == (m, k // 32) and sb.shape == (k // 32, n):
+        if sa.shape == (m, k32) and sb.shape == (k32, n):
             return "mx"
     raise ValueError("Invalid scaling configuration.")
 
@@ -184,7 +185,7 @@ def scaled_mm(
     if bias is not None:
         bvals = _scale(bias).astype(np.float32).reshape(1, -1)
         d = (d + bvals).astype(np.float32)
-    return _finish(d, out, scale_result, torch_in, a)
+    return _finish(d, out, scale_result, torch_in, a, divide_scale_result=acc.name == "cpu_reference")
 
 
 def _out_name(out_dtype: Any, fa: FloatFormat) -> str:
@@ -245,7 +246,7 @@ def _expand_scales(s: np.ndarray, rows: int, cols: int, layout: str, side: str) 
         fmt = get_format("e8m0" if layout == "mx" else "e4m3")
         v = np.abs(decode(s, fmt)).astype(np.float32)  # a UE4M3 scale's sign bit is ignored
         block = 32 if layout == "mx" else 16
-        return np.repeat(v, block, axis=1 if side == "a" else 0)
+        return np.repeat(v, block, axis=1 if side == "a" else 0)[:rows, :cols]
     two_d = layout[6 if side == "a" else 8] == "2"
     v = s.astype(np.float32)
     v = np.repeat(v, 128, axis=1 if side == "a" else 0)  # along K
@@ -293,6 +294,11 @@ def _tensor_core(
     if kk != k:  # zero-pad K to whole instructions (zeros add nothing)
         ac = np.pad(ac, ((0, 0), (0, kk - k)))
         bc = np.pad(bc, ((0, kk - k), (0, 0)))
+    if sa is not None and sa.shape[1] * im.scale_block < kk:  # scales for the padding: 1.0 (E8M0 127, E4M3 0x38)
+        one = 127 if im.scale_format == "e8m0" else 0x38
+        extra = kk // im.scale_block - sa.shape[1]
+        sa = np.pad(sa, ((0, 0), (0, extra)), constant_values=one)
+        sb = np.pad(sb, ((0, extra), (0, 0)), constant_values=one)
     bt = np.ascontiguousarray(bc.T)
     specials = bool(_has_specials(ac, fa) or _has_specials(bc, fb))
     fast = not specials and im.scale_format != "ue4m3" and im.halves == 1
@@ -395,15 +401,18 @@ def _block_scaled_in_instruction(ac, bc, fa, fb, acc, sa, sb, layout) -> np.ndar
             raise ValueError(f"{layout} block scales need a Blackwell accumulator (blackwell, blackwell_split)")
         instr = "blackwell_mxf4nvf4" if layout == "nvfp4" else "blackwell_mxf8f6f4"
         return _tensor_core(ac, bc, fa, fb, acc, sa.astype(np.int64), sb.astype(np.int64), instr)
-    sva = np.repeat(decode(sa, sfmt).astype(np.float64), block, axis=1)
-    svb = np.repeat(decode(sb, sfmt).astype(np.float64), block, axis=0)
+    k = ac.shape[1]
+    sva = np.repeat(decode(sa, sfmt).astype(np.float64), block, axis=1)[:, :k]
+    svb = np.repeat(decode(sb, sfmt).astype(np.float64), block, axis=0)[:k]
     if layout == "nvfp4":
         sva, svb = np.abs(sva), np.abs(svb)  # the sign bit of a UE4M3 scale is ignored
     va, vb = _values(ac, fa).astype(np.float64) * sva, _values(bc, fb).astype(np.float64) * svb
     return _exact_with_specials(va, vb, fa, fb)
 
 
-def _finish(d: np.ndarray, out: str, scale_result: Any, torch_in: bool, a: Any) -> Any:
+def _finish(
+    d: np.ndarray, out: str, scale_result: Any, torch_in: bool, a: Any, divide_scale_result: bool = False
+) -> Any:
     if out == "float32":
         res = d.astype(np.float32)
     elif out == "bfloat16":
@@ -413,6 +422,8 @@ def _finish(d: np.ndarray, out: str, scale_result: Any, torch_in: bool, a: Any) 
             res = d.astype(np.float16)
     else:
         sr = np.float32(1.0) if scale_result is None else np.asarray(_scale(scale_result), np.float32).reshape(())
+        if divide_scale_result:  # torch's CPU kernel multiplies by 1/scale_result (spec 8.3)
+            sr = np.float32(1) / sr
         with np.errstate(invalid="ignore", over="ignore"):
             res = encode((d * sr).astype(np.float32), out, saturate=True)
     if not torch_in:

@@ -70,12 +70,15 @@ def autocast(
     calibrating: bool = False,
     recipe: Recipe | None = None,
     amax_reduction_group: Any = None,
+    _graph: bool = False,
     *,
     accumulator: str | None = None,
 ) -> Iterator[None]:
     """TE's ``transformer_engine.pytorch.autocast``: FP8 execution per ``recipe`` for fp8sim modules.
 
-    ``recipe=None`` is TE's choice on hardware without MXFP8 or CC >= 12.0: ``DelayedScaling()``.
+    ``recipe=None`` is TE's choice on hardware without MXFP8 or CC >= 12.0: ``DelayedScaling()`` (also
+    in a nested region: TE does not inherit the outer recipe).  Forward scales update when the
+    outermost region exits, if it was ``enabled``, not ``_graph`` and grad is enabled (TE).
     ``amax_reduction_group``: the ``torch.distributed`` group whose amaxes are MAX-reduced before
     delayed-scaling updates.  ``accumulator``: None for the fast fp32 path (exact products summed
     in float32), or a device ("hopper", "ada", "blackwell": fast/split per GEMM as the recipe says)
@@ -90,8 +93,9 @@ def autocast(
     if outermost:
         _STATE.modules, _STATE.first_module = [], None
     _STATE.enabled, _STATE.calibrating = bool(enabled), bool(calibrating)
-    _STATE.recipe = recipe if recipe is not None else (saved[2] if not outermost else None)
-    _STATE.group, _STATE.accumulator = amax_reduction_group, accumulator
+    _STATE.recipe = recipe
+    _STATE.group = amax_reduction_group
+    _STATE.accumulator = accumulator if accumulator is not None else saved[4]  # fp8sim's knob is inherited
     _STATE.depth += 1
     try:
         yield
@@ -100,7 +104,7 @@ def autocast(
         modules = list(_STATE.modules)
         _STATE.enabled, _STATE.calibrating, _STATE.recipe, _STATE.group, _STATE.accumulator = saved
         if _STATE.depth == 0:
-            if torch.is_grad_enabled():
+            if enabled and not _graph and torch.is_grad_enabled():
                 for m in modules:
                     m._update_forward_scales()
             _STATE.modules, _STATE.first_module = [], None
@@ -121,4 +125,6 @@ def fp8_autocast(
         category=DeprecationWarning,
         stacklevel=2,
     )
-    return autocast(enabled=enabled, calibrating=calibrating, recipe=fp8_recipe, amax_reduction_group=fp8_group)
+    return autocast(
+        enabled=enabled, calibrating=calibrating, recipe=fp8_recipe, amax_reduction_group=fp8_group, _graph=_graph
+    )
