@@ -553,3 +553,19 @@ def test_te_dequantize_uses_the_recorded_global_amax() -> None:
     q = quantize_nvfp4(x)
     assert q.global_amax == float(np.abs(x).max())
     assert np.array_equal(dequantize_nvfp4(q, "te"), dequantize_nvfp4(q, "te", global_amax=np.abs(x).max()))
+
+
+def test_torchao_flavor_nan_elements_get_torchaos_codes() -> None:
+    nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((2, 32)).astype(np.float32)
+        x.reshape(-1)[rng.integers(0, 64, 3)] = [np.nan, -np.nan, np.uint32(0x7FC00123).view(np.float32)][seed % 3]
+        for dt in (torch.float32, torch.bfloat16):
+            t = torch.from_numpy(x).to(dt)
+            ours = quantize_nvfp4(t, flavor="torchao", global_amax=5.0)
+            s, d = nv.nvfp4_quantize(t, 16, nv.per_tensor_amax_to_scale(torch.tensor(5.0)))
+            packed = d.view(torch.uint8).numpy()
+            codes = np.stack([packed & 0xF, packed >> 4], -1).reshape(ours.codes.shape)
+            assert np.array_equal(codes, ours.codes), (seed, dt)
+            assert np.array_equal(s.view(torch.uint8).numpy().reshape(ours.scales.shape), ours.scales)

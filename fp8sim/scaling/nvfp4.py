@@ -429,7 +429,8 @@ def _quantize_torchao(
         block_scale = _block_amax(mag, False, skip_nan=False) / _FP4_MAX
         scales = encode(np.clip(block_scale / pts, _E4M3_TINY, _E4M3_MAX), E4M3, saturate=True)
         recip = (_ONE / pts) / _torch_e4m3_values(scales)
-        v = np.clip(x32 * expand_blocks(recip, block), -_FP4_MAX, _FP4_MAX)
+        # recip first: where both are NaN, x86 keeps the first operand's payload, as torch's CPU kernel does
+        v = np.clip(expand_blocks(recip, block) * x32, -_FP4_MAX, _FP4_MAX)
     nan = np.isnan(v)
     codes = encode(np.where(nan, _F32(0), v), E2M1)
     codes[nan] = _torchao_nan_codes(v[nan])
