@@ -17,11 +17,11 @@ go to 2^-127, and zero or negative inputs give NaN, or 2^-127 (code 0x00) when s
 from __future__ import annotations
 
 import secrets
-import sys
 from typing import Any
 
 import numpy as np
 
+from .._torch import is_torch_tensor
 from ..formats import FloatFormat, get_format
 from . import numpy_backend
 from ._rounding import ROUNDING_MODES, SR_BITS
@@ -47,11 +47,6 @@ def _check_options(rounding: str, saturate: bool, seed: int | None) -> int | Non
 
     seed_keys(seed)  # validates
     return int(seed)
-
-
-def _is_torch(x: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _float_array(x: Any, arg: str = "x") -> np.ndarray:
@@ -114,7 +109,7 @@ def encode(
     """
     f = get_format(fmt)
     seed = _check_options(rounding, saturate, seed)
-    if _is_torch(x):
+    if is_torch_tensor(x):
         from . import torch_backend
 
         return torch_backend.encode(_torch_float(x), f, rounding, bool(saturate), seed)
@@ -133,7 +128,7 @@ def decode(codes: Any, fmt: str | FloatFormat) -> Any:
     (and device).
     """
     f = get_format(fmt)
-    if _is_torch(codes):
+    if is_torch_tensor(codes):
         import torch
 
         if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:

@@ -24,6 +24,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .._torch import is_torch_tensor
 from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
 from ..scaling.amax import dtype_name
@@ -43,12 +44,8 @@ _OUT_FLOATS = ("float32", "bfloat16", "float16")
 _TORCH_NAMES = {"float32": "Float", "bfloat16": "BFloat16", "float16": "Half"}
 
 
-def _is_torch(x: Any) -> bool:
-    return type(x).__module__.startswith("torch")
-
-
 def _operand(x: Any, fmt: str | FloatFormat | None, name: str) -> tuple[np.ndarray, FloatFormat]:
-    if _is_torch(x):
+    if is_torch_tensor(x):
         dt = str(x.dtype).replace("torch.", "")
         if dt == "float4_e2m1fn_x2":  # two E2M1 codes per byte along K (element 2i in the low nibble)
             from ..scaling.packing import unpack_fp4
@@ -73,7 +70,7 @@ def _operand(x: Any, fmt: str | FloatFormat | None, name: str) -> tuple[np.ndarr
 def _scale(x: Any) -> np.ndarray:
     if x is None:
         return None
-    if _is_torch(x):
+    if is_torch_tensor(x):
         t = x.detach().cpu()
         if str(t.dtype) in ("torch.float8_e8m0fnu", "torch.float8_e4m3fn"):
             return t.view(__import__("torch").uint8).numpy()
@@ -107,7 +104,7 @@ def _layout(sa: np.ndarray, sb: np.ndarray, m: int, k: int, n: int, fa: FloatFor
 def _check_torch_rules(a: Any, b: Any, fa: FloatFormat, fb: FloatFormat, bias: Any, out: str) -> None:
     m, k = a.shape
     n = b.shape[1]
-    if _is_torch(a) and not (a.stride(1) == 1 and b.stride(0) == 1):
+    if is_torch_tensor(a) and not (a.stride(1) == 1 and b.stride(0) == 1):
         raise RuntimeError("Only multiplication of row-major and column-major matrices is supported by cuBLASLt")
     if k % 16:
         raise RuntimeError(f"Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: ({m}x{k}).")
@@ -154,7 +151,7 @@ def scaled_mm(
     format (FP8 output, as torch); for numpy operands it may be "float32", "bfloat16", "float16" or
     a format name.  Returns a torch tensor for torch operands (on ``a``'s device), else numpy.
     """
-    torch_in = _is_torch(a)
+    torch_in = is_torch_tensor(a)
     ac, fa = _operand(a, a_format, "mat1")
     bc, fb = _operand(b, b_format, "mat2")
     if ac.ndim != 2 or bc.ndim != 2:

@@ -6,13 +6,15 @@ from typing import Any
 
 import numpy as np
 
+from .._torch import is_torch_tensor
+
 __all__ = ["as_float32", "dtype_name", "amax_nan_skipping", "amax_nan_propagating"]
 
 
 def as_float32(x: Any, arg: str = "x") -> np.ndarray:
     """``fl32(x)`` as a numpy array: float16/bfloat16/float32 exactly, float64 rounded to nearest.
     torch tensors (any device) are moved to the CPU."""
-    if type(x).__module__.startswith("torch"):
+    if is_torch_tensor(x):
         import torch
 
         t = x.detach()

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .._torch import is_torch_tensor
 from ..cast.numpy_backend import encode_scaled_with_amax
 from ..recipe import DelayedScaling, tensor_format
 from .amax import amax_nan_skipping, as_float32, dtype_name
@@ -185,7 +186,7 @@ def _framework(a: np.ndarray) -> Any:
 
 
 def _to_numpy(a: Any) -> np.ndarray:
-    if type(a).__module__.startswith("torch"):
+    if is_torch_tensor(a):
         return a.detach().cpu().numpy()
     return np.asarray(a)
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .._torch import is_torch_tensor
 from ..cast._tables import f32_code_table
 from ..formats import E2M1, E2M3, E3M2, E4M3, E5M2, E8M0, FloatFormat, get_format
 from .quantized import QuantizedTensor
@@ -90,7 +91,7 @@ def _mxfma_constant(fmt: FloatFormat, dtype: str) -> np.float32:
 
 def _as_float32(x: Any, arg: str) -> tuple[np.ndarray, str]:
     """``x`` as a numpy float32 array, exactly, and the name of its original dtype."""
-    if type(x).__module__.startswith("torch"):
+    if is_torch_tensor(x):
         import torch
 
         if not isinstance(x, torch.Tensor):

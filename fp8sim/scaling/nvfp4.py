@@ -36,14 +36,15 @@ Philox-4x32 stochastic rounding of the kernels (spec section 10).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._torch import is_torch_tensor
 from ..cast import decode, encode
 from ..formats import E2M1, E4M3
+from .amax import dtype_name
 from .quantized import QuantizedTensor, expand_blocks
 
 __all__ = [
@@ -128,19 +129,10 @@ def nvfp4_role_settings(
 # -- inputs ---------------------------------------------------------------------------------
 
 
-def _is_torch(x: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
-def _dtype_name(x: Any) -> str:
-    return str(x.dtype).removeprefix("torch.")
-
-
 def _check_input(x: Any, allowed: tuple[str, ...], why: str) -> str:
     """The dtype name of ``x`` (a numpy array or torch tensor) if it is one of ``allowed``."""
-    if _is_torch(x):
-        name = _dtype_name(x)
+    if is_torch_tensor(x):
+        name = dtype_name(x)
     elif isinstance(x, (np.ndarray, np.generic)):
         name = np.asarray(x).dtype.name
     else:
@@ -152,14 +144,14 @@ def _check_input(x: Any, allowed: tuple[str, ...], why: str) -> str:
 
 def _to_float32(x: Any) -> np.ndarray:
     """Exact float32 copy of a float32/bfloat16/float16 array or tensor."""
-    if _is_torch(x):
+    if is_torch_tensor(x):
         return x.detach().to("cpu").float().numpy()
     return np.asarray(x).astype(np.float32)
 
 
 def _as_amax(global_amax: Any) -> np.ndarray:
     """A user-supplied amax as float32 (TE and torchao keep amaxes in float32)."""
-    if _is_torch(global_amax):
+    if is_torch_tensor(global_amax):
         a = global_amax.detach().to("cpu").double().numpy()
     elif isinstance(global_amax, bool) or not isinstance(global_amax, (int, float, np.number, np.ndarray, list, tuple)):
         raise TypeError(f"global_amax must be a number, array or tensor; got {type(global_amax).__name__}")
@@ -202,7 +194,7 @@ def apply_rht(x: Any) -> Any:
         raise ValueError(
             f"Inner dimension {n} must be divisible by hadamard dimension {NVFP4_BLOCK_SIZE} (x shape {shape})"
         )
-    if _is_torch(x):
+    if is_torch_tensor(x):
         t = x.detach().to("cpu")
     elif name == "bfloat16":
         t = torch.from_numpy(np.ascontiguousarray(x).view(np.int16).copy()).view(torch.bfloat16)
@@ -210,7 +202,7 @@ def apply_rht(x: Any) -> Any:
         t = torch.from_numpy(np.ascontiguousarray(x).copy())
     m = torch.from_numpy(rht_matrix()).to(t.dtype)
     out = (t.contiguous().reshape(-1, NVFP4_BLOCK_SIZE) @ m).reshape(shape)
-    if _is_torch(x):
+    if is_torch_tensor(x):
         return out.to(x.device)
     if name == "bfloat16":
         import ml_dtypes
@@ -469,7 +461,7 @@ def quantize_nvfp4_role(
     rowwise = quantize_nvfp4(x, **common, seed=seed, reference_zero_handling=reference_zero_handling)
     seed_t = None if seed is None else (int(seed) + 1) % 2**64
     x2 = x.reshape(-1, x.shape[-1])
-    xt = x2.t().contiguous() if _is_torch(x2) else np.ascontiguousarray(x2.T)
+    xt = x2.t().contiguous() if is_torch_tensor(x2) else np.ascontiguousarray(x2.T)
     columnwise = quantize_nvfp4(
         xt, **common, rht=q.random_hadamard_transform, seed=seed_t, reference_zero_handling=reference_zero_handling
     )

@@ -17,23 +17,19 @@ same device).
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import numpy as np
 
+from .._torch import is_torch_tensor
+
 __all__ = ["pack_fp4", "unpack_fp4", "pack_fp6", "unpack_fp6"]
-
-
-def _is_torch(x: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _codes_u8(codes: Any, bits: int, arg: str) -> Any:
     """``codes`` as uint8 (numpy array or torch tensor), checked to lie in ``[0, 2^bits)``."""
     limit = 1 << bits
-    if _is_torch(codes):
+    if is_torch_tensor(codes):
         import torch
 
         if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
@@ -63,7 +59,7 @@ def _codes_u8(codes: Any, bits: int, arg: str) -> Any:
 
 def _packed_u8(packed: Any, arg: str) -> Any:
     """``packed`` bytes as uint8 (a torch ``float4_e2m1fn_x2`` tensor is reinterpreted)."""
-    if _is_torch(packed):
+    if is_torch_tensor(packed):
         import torch
 
         if packed.dtype == getattr(torch, "float4_e2m1fn_x2", None):
@@ -93,7 +89,7 @@ def _interleave(parts: list[Any]) -> Any:
     """Stack equally shaped arrays along a new last axis and merge it into the last dim."""
     first = parts[0]
     shape = (*first.shape[:-1], first.shape[-1] * len(parts))
-    if _is_torch(first):
+    if is_torch_tensor(first):
         import torch
 
         return torch.stack(parts, dim=-1).reshape(shape)
