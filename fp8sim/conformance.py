@@ -22,6 +22,7 @@ import numpy as np
 from ._progress import Progress
 from .cast import ROUNDING_MODES, encode
 from .cast._rounding import round_codes
+from .cast._tables import code_values
 from .conventions import CONVENTIONS
 from .formats import FORMATS, FloatFormat
 
@@ -42,13 +43,9 @@ class Case:
     first: str = ""
 
 
-def _nan_codes(fmt: FloatFormat) -> np.ndarray:
-    return np.array([fmt.is_nan_code(c) for c in range(fmt.num_codes)])
-
-
 def count_mismatches(got: np.ndarray, want: np.ndarray, fmt: FloatFormat) -> tuple[int, int]:
     """(number of differing codes, index of the first), NaN codes compared by class."""
-    nan = _nan_codes(fmt)
+    nan = np.isnan(code_values(fmt))
     bad = (got != want) & ~(nan[got] & nan[want])
     n = int(bad.sum())
     return n, int(np.argmax(bad)) if n else -1

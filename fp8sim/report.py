@@ -181,7 +181,7 @@ def _library_rows() -> list[str]:
     saturating, on every grid point, midpoint and one float32 ulp beside them) and torchao
     (``to_fp8_saturated`` on all float16 and bfloat16 inputs, NaN compared by class)."""
     from .cast import quantize
-    from .cast._tables import decode_table
+    from .cast._tables import code_values
     from .conformance import count_mismatches
     from .conventions import CONVENTIONS
 
@@ -212,7 +212,7 @@ def _library_rows() -> list[str]:
         }
         n = bad = 0
         for name, fi in infos.items():
-            v = decode_table(FORMATS[name]).astype(np.float64)
+            v = code_values(FORMATS[name])
             fin = np.unique(np.abs(v[np.isfinite(v)]))
             x = np.concatenate([fin, (fin[1:] + fin[:-1]) / 2]).astype(np.float32)
             x = np.concatenate([x, np.nextafter(x, np.float32(np.inf)), np.nextafter(x, np.float32(0))])
@@ -248,12 +248,12 @@ def _library_rows() -> list[str]:
 
 
 def _grid_plot(path: Path) -> None:
-    from .cast._tables import decode_table
+    from .cast._tables import code_values
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.0, 3.6))
     for i, f in enumerate(FORMATS.values()):
-        v = decode_table(f).astype(np.float64)
+        v = code_values(f)
         pos = np.unique(v[np.isfinite(v) & (v > 0)])
         ax.scatter(pos, np.full(pos.size, i), s=4)
     ax.set_xscale("log", base=2)

@@ -80,6 +80,14 @@ def f32_stochastic_tables(fmt: FloatFormat, saturate: bool) -> tuple[np.ndarray,
 
 
 @cache
+def code_values(fmt: FloatFormat) -> np.ndarray:
+    """float64 value of every code (exact; NaN for NaN codes).  Read-only: shared by every caller."""
+    v = np.array([fmt.code_value(c) for c in range(fmt.num_codes)], dtype=np.float64)
+    v.flags.writeable = False
+    return v
+
+
+@cache
 def decode_table(fmt: FloatFormat) -> np.ndarray:
     """float32 value of every code (exact: every supported format fits in float32)."""
-    return np.array([fmt.code_value(c) for c in range(fmt.num_codes)], dtype=np.float64).astype(np.float32)
+    return code_values(fmt).astype(np.float32)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .._torch import is_torch_tensor
-from ..cast._tables import decode_table
+from ..cast._tables import code_values
 from ..formats import FloatFormat, get_format
 
 __all__ = ["InstructionModel", "INSTRUCTION_MODELS", "get_instruction_model", "dot_add", "run_instruction", "align_sum"]
@@ -106,7 +106,7 @@ def get_instruction_model(model: str | InstructionModel) -> InstructionModel:
 @cache
 def _decoded(fmt: FloatFormat, zero_exp: int = _ZERO_EXP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per code: value (float64), signed significand s and exponent e with value = s * 2^e."""
-    vals = decode_table(fmt).astype(np.float64)
+    vals = code_values(fmt)
     finite = np.isfinite(vals)
     mag = np.where(finite, np.abs(vals), 0.0)
     e = np.full(vals.shape, zero_exp, np.int64)

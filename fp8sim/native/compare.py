@@ -19,7 +19,7 @@ import numpy as np
 
 from .._progress import Progress
 from ..cast import encode
-from ..cast._tables import decode_table
+from ..cast._tables import code_values
 from ..conventions import CONVENTIONS
 from ..formats import FORMATS, FloatFormat
 from ..gemm import scaled_mm
@@ -94,13 +94,14 @@ def _ordered_f(bits: np.ndarray, width: int) -> np.ndarray:
     return np.where(b & sign, sign - b - 1, b)  # negatives below positives, -0 next to +0
 
 
-def _ulp_codes(got: np.ndarray, want: np.ndarray, f: FloatFormat) -> tuple[np.ndarray, np.ndarray]:
-    """(ULP distance between codes on the format's sorted grid, both-NaN mask)."""
-    vals = decode_table(f).astype(np.float64)
+def _ulp_codes(got: np.ndarray, want: np.ndarray, f: FloatFormat) -> np.ndarray:
+    """ULP distance between codes: steps on the format's sorted grid of distinct values (-0 and +0
+    share a step)."""
+    vals = code_values(f)
     nan = np.isnan(vals)
     uniq = np.unique(vals[~nan])
     rank = np.searchsorted(uniq, np.where(nan, 0, vals))
-    return np.abs(rank[got].astype(np.int64) - rank[want]), nan[got] & nan[want]
+    return np.abs(rank[got].astype(np.int64) - rank[want])
 
 
 def _stats(res: OpResult, equal: np.ndarray, ulp: np.ndarray) -> None:
@@ -131,7 +132,7 @@ def _compare_cast(op: dict, codes: np.ndarray, meta: dict) -> OpResult:
     f = FORMATS[op["format"]]
     x = input_set(op["inputs"], op.get("seed", 0))
     res = OpResult(op["name"], "cast")
-    nan_codes = np.array([f.is_nan_code(c) for c in range(f.num_codes)])
+    nan_codes = np.isnan(code_values(f))
     rates: dict[str, float] = {}
     results: dict[str, np.ndarray] = {}
     for name, conv in CONVENTIONS.items():
@@ -146,7 +147,7 @@ def _compare_cast(op: dict, codes: np.ndarray, meta: dict) -> OpResult:
     emu = results[chosen]
     res.emulator = f"convention {chosen}"
     equal = (emu == codes) | (nan_codes[emu] & nan_codes[codes])
-    ulp, _ = _ulp_codes(emu, codes, f)
+    ulp = _ulp_codes(emu, codes, f)
     ulp = np.where(nan_codes[emu] | nan_codes[codes], np.inf, ulp).astype(np.float64)
     ulp[equal] = 0
     _stats(res, equal, ulp)
@@ -192,12 +193,12 @@ def _compare_torchao(op: dict, arrays: dict) -> OpResult:
         torchao_input(), f, granularity=op["granularity"], axiswise_dim=-1, round_scales_to_power_of_2=op["pow2"]
     )
     codes, scale = arrays[op["name"] + "/codes"], arrays[op["name"] + "/scale"]
-    nan_codes = np.array([f.is_nan_code(c) for c in range(f.num_codes)])
+    nan_codes = np.isnan(code_values(f))
     eq_codes = (q.codes == codes) | (nan_codes[q.codes] & nan_codes[codes])
     eq_scale = q.scales.reshape(scale.shape).view(np.uint32) == scale.astype(np.float32).view(np.uint32)
     res = OpResult(op["name"], "torchao_float8", emulator="fp8sim.scaling.current.quantize_torchao")
     equal = np.concatenate([eq_codes.reshape(-1), eq_scale.reshape(-1)])
-    ulp, _ = _ulp_codes(q.codes.reshape(-1), codes.reshape(-1), f)
+    ulp = _ulp_codes(q.codes.reshape(-1), codes.reshape(-1), f)
     _stats(res, equal, np.concatenate([ulp.astype(np.float64), (~eq_scale.reshape(-1)).astype(np.float64)]))
     res.clusters = {
         "codes": [int(eq_codes.size), int((~eq_codes).sum())],

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 
 from ..cast import encode
-from ..cast._tables import decode_table
+from ..cast._tables import code_values
 from ..formats import FORMATS
 
 __all__ = ["SUITE_VERSION", "GemmCase", "input_set", "gemm_cases", "gemm_operands", "INPUT_SETS"]
@@ -34,7 +34,7 @@ def input_set(name: str, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     parts = [rng.integers(0, 2**32, 1 << 15, dtype=np.uint64).astype(np.uint32).view(np.float32)]
     for f in FORMATS.values():
-        v = decode_table(f).astype(np.float64)
+        v = code_values(f)
         fin = np.unique(np.abs(v[np.isfinite(v)]))
         mids = (fin[1:] + fin[:-1]) / 2
         edges = [f.max * 1.0001, f.max * 1.5, f.max * 4, f.smallest_positive / 2, f.smallest_positive / 4]

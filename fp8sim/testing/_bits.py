@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from ..cast import encode
+from ..cast._tables import code_values
 from ..formats import FORMATS, FloatFormat, get_format
 
 _WIDE = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
@@ -75,18 +76,13 @@ def format_encoding(fmt: FloatFormat) -> Encoding:
     return Encoding(fmt.name, "format", fmt.bits, fmt=fmt)
 
 
-@cache
-def _format_values(fmt: FloatFormat) -> np.ndarray:
-    return np.array([fmt.code_value(c) for c in range(fmt.num_codes)], np.float64)
-
-
 # -- reading patterns ---------------------------------------------------------------------------
 
 
 def values(enc: Encoding, bits: np.ndarray) -> np.ndarray:
     """float64 values of the patterns (exact; NaN for NaN patterns)."""
     if enc.kind == "format":
-        return _format_values(enc.fmt)[bits.astype(np.intp)]
+        return code_values(enc.fmt)[bits.astype(np.intp)]
     if enc.kind == "ieee":
         raw = bits.astype(_UINT[enc.bits]).view(enc.dtype)
         with np.errstate(invalid="ignore"):
