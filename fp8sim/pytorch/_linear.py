@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from ..recipe import Float8BlockScaling, Recipe
-from ._operands import Operand, quantize_operand
+from ._operands import Operand
+from .quantization import current_state
 
 __all__ = ["gemm", "fp8_linear"]
 
@@ -152,22 +153,8 @@ class _FP8Linear(torch.autograd.Function):
 
 
 def _region_modules() -> list:
-    from .quantization import current_state
-
     return current_state().modules
 
 
-def fp8_linear(
-    inp: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    module: Any,
-    recipe: Recipe,
-    accumulator: str | None,
-    is_first_microbatch: bool | None,
-    first: bool,
-) -> torch.Tensor:
-    return _FP8Linear.apply(inp, weight, bias, module, recipe, accumulator, is_first_microbatch, first)
-
-
-_ = quantize_operand  # re-exported for modules
+# fp8_linear(inp, weight, bias, gemm_state, recipe, accumulator, is_first_microbatch, first) -> output
+fp8_linear = _FP8Linear.apply
