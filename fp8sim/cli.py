@@ -9,32 +9,6 @@ from . import __version__
 from .formats import FORMATS
 
 
-def _fmt_float(v: float | None) -> str:
-    return "-" if v is None else f"{v:.6g}"
-
-
-def _code(c: int | None) -> str:
-    return "none" if c is None else f"0x{c:02x}"
-
-
-def formats_table() -> str:
-    """The format table as Markdown."""
-    head = (
-        "| format | aliases | bits | s/e/m | bias | max | min normal | min subnormal | eps | Inf | NaN | -0 "
-        "| ml_dtypes | torch |"
-    )
-    lines = [head, "|" + "---|" * 14]
-    for f in FORMATS.values():
-        lines.append(
-            f"| {f.name} | {', '.join(f.aliases)} | {f.bits} | {int(f.signed)}/{f.ebits}/{f.mbits} | {f.bias} "
-            f"| {_fmt_float(f.max)} (0x{f.max_code:02x}) | {_fmt_float(f.min_normal)} | {_fmt_float(f.min_subnormal)} "
-            f"| {_fmt_float(f.eps)} | {_code(f.inf_code)} "
-            f"| {_code(f.nan_code)} | {'yes' if f.has_negative_zero else 'no'} "
-            f"| {f.ml_dtypes_name or '-'} | {f.torch_name or '-'} |"
-        )
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else list(argv)
     if args_in[:1] == ["run"]:  # everything after `run` belongs to the script (no option parsing here)
@@ -86,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(args_in)
 
     if args.command == "formats":
+        from .report import formats_table
+
         print(formats_table())
         return 0
     if args.command == "verify":

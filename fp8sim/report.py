@@ -20,7 +20,7 @@ from . import __version__
 from ._progress import Progress
 from .formats import FORMATS
 
-__all__ = ["write_compare_report", "build_default_report"]
+__all__ = ["formats_table", "write_compare_report", "build_default_report"]
 
 
 def _plt() -> Any:
@@ -51,6 +51,35 @@ def _versions() -> str:
         except md.PackageNotFoundError:
             pass
     return ", ".join(parts)
+
+
+# ---- formats ------------------------------------------------------------------------------------
+
+
+def _fmt_float(v: float | None) -> str:
+    return "-" if v is None else f"{v:.6g}"
+
+
+def _code(c: int | None) -> str:
+    return "none" if c is None else f"0x{c:02x}"
+
+
+def formats_table() -> str:
+    """The format table as Markdown."""
+    head = (
+        "| format | aliases | bits | s/e/m | bias | max | min normal | min subnormal | eps | Inf | NaN | -0 "
+        "| ml_dtypes | torch |"
+    )
+    lines = [head, "|" + "---|" * 14]
+    for f in FORMATS.values():
+        lines.append(
+            f"| {f.name} | {', '.join(f.aliases)} | {f.bits} | {int(f.signed)}/{f.ebits}/{f.mbits} | {f.bias} "
+            f"| {_fmt_float(f.max)} (0x{f.max_code:02x}) | {_fmt_float(f.min_normal)} | {_fmt_float(f.min_subnormal)} "
+            f"| {_fmt_float(f.eps)} | {_code(f.inf_code)} "
+            f"| {_code(f.nan_code)} | {'yes' if f.has_negative_zero else 'no'} "
+            f"| {f.ml_dtypes_name or '-'} | {f.torch_name or '-'} |"
+        )
+    return "\n".join(lines)
 
 
 # ---- capture comparison -------------------------------------------------------------------------
@@ -304,7 +333,6 @@ def build_default_report(
     captures: str | Path = "reports/captures",
 ) -> Path:
     """The main job: formats, backend conformance, bundled captures, scaling study, error vs K."""
-    from .cli import formats_table
     from .conformance import run as run_conformance
     from .gemm.study import error_vs_k
     from .native.compare import compare_capture
