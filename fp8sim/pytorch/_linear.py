@@ -133,7 +133,7 @@ class _FP8Linear(torch.autograd.Function):
         dgrad = gemm(dy_row, ctx.w_col, recipe, "dgrad", acc)
         dy_col = dy_row if module._per_tensor(recipe) else module._quantize(dy, recipe, "grad", 0)
         if module._wgrad_high_precision(recipe):
-            wgrad = torch.matmul(dy.float().t(), ctx.x_col.dq)
+            wgrad = torch.matmul(dy.float().t(), ctx.x_col.dequant())
         else:
             wgrad = gemm(dy_col.t(), ctx.x_col, recipe, "wgrad", acc)
         dbias = dy.float().sum(0).to(ctx.dtypes[1]) if ctx.has_bias else None

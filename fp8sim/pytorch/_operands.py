@@ -35,10 +35,11 @@ PER_TENSOR = (DelayedScaling, Float8CurrentScaling)
 
 @dataclass
 class Operand:
-    """A quantized operand: ``dq`` (float32 dequantized values, the operand's shape) and, for
-    per-tensor recipes, ``vals`` (decoded codes), ``codes`` (uint8), ``scale_inv`` (float32) and ``fmt``."""
+    """A quantized operand: ``dq`` (float32 dequantized values, the operand's shape; None for
+    per-tensor recipes until :meth:`dequant` asks) and, for per-tensor recipes, ``vals`` (decoded
+    codes), ``codes`` (uint8), ``scale_inv`` (float32) and ``fmt``."""
 
-    dq: torch.Tensor
+    dq: torch.Tensor | None
     fmt: FloatFormat
     vals: torch.Tensor | None = None
     codes: torch.Tensor | None = None
@@ -46,9 +47,15 @@ class Operand:
     qt: Any = None  # block recipes: the QuantizedTensor (codes and block scales)
     transposed: bool = False  # ``qt`` holds the transpose of this operand
 
+    def dequant(self) -> torch.Tensor:
+        """float32 dequantized values: ``fl32(vals * scale_inv)`` for per-tensor recipes."""
+        if self.dq is None:
+            return self.vals * torch.tensor(self.scale_inv, dtype=torch.float32)
+        return self.dq
+
     def t(self) -> Operand:
         return Operand(
-            self.dq.t(),
+            None if self.dq is None else self.dq.t(),
             self.fmt,
             None if self.vals is None else self.vals.t(),
             None if self.codes is None else self.codes.t(),
@@ -62,7 +69,11 @@ def nan_skipping_amax(x: torch.Tensor) -> float:
     """max|x| as TE's ``fmaxf`` reduction computes it: NaN skipped, Inf kept, 0 when empty."""
     if x.numel() == 0:
         return 0.0
-    a = x.detach().abs()
+    lo, hi = torch.aminmax(x.detach())
+    amax = max(float(hi), -float(lo))  # one pass; any NaN makes it NaN
+    if amax == amax:
+        return amax
+    a = x.detach().abs()  # rare: skip the NaNs
     return float(torch.where(torch.isnan(a), torch.zeros((), dtype=a.dtype), a).max())
 
 
@@ -74,7 +85,7 @@ def _per_tensor(x: torch.Tensor, fmt: FloatFormat, scale: float, stats: dict | N
     sinv = float(np.float32(1) / np.float32(scale))
     if stats is not None:
         _count(stats, x, scaled, vals, fmt)
-    return Operand(vals * torch.tensor(sinv, dtype=torch.float32), fmt, vals, codes, sinv)
+    return Operand(None, fmt, vals, codes, sinv)  # dequantized on demand: the GEMMs use vals and sinv
 
 
 def _count(stats: dict, x: torch.Tensor, scaled: torch.Tensor, vals: torch.Tensor, fmt: FloatFormat) -> None:
