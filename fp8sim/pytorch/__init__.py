@@ -5,7 +5,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("fp8sim.pytorch needs torch: pip install 'fp8sim[torch]'") from exc
 
-from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear
+from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm, TransformerEngineBaseModule
 from .quantization import autocast, fp8_autocast, get_recipe, is_calibrating, is_fp8_enabled
 
 __all__ = [
@@ -18,4 +18,6 @@ __all__ = [
     "LayerNorm",
     "LayerNormLinear",
     "LayerNormMLP",
+    "RMSNorm",
+    "TransformerEngineBaseModule",
 ]

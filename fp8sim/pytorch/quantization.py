@@ -53,12 +53,13 @@ def current_state() -> FP8State:
     return _STATE
 
 
-def _register(module: Any) -> bool:
-    """Record that ``module`` ran in this region; True only for the region's very first FP8 GEMM,
-    whose backward runs last and so triggers the backward scale updates."""
+def _register(module: Any, trainable: bool = True) -> bool:
+    """Record that ``module`` ran in this region; True only for the region's first FP8 GEMM whose
+    input, weight or bias requires grad (TE ``linear.py``: a frozen module never takes the role):
+    its backward runs last and so triggers the backward scale updates."""
     if not any(m is module for m in _STATE.modules):
         _STATE.modules.append(module)
-    if _STATE.first_module is None:
+    if trainable and _STATE.first_module is None:
         _STATE.first_module = module
         return True
     return False
