@@ -154,11 +154,18 @@ def _nvfp4(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, k_axis: int, s
 
     qp = {"input": recipe.fp4_quant_fwd_inp, "weight": recipe.fp4_quant_fwd_weight}.get(kind, recipe.fp4_quant_bwd_grad)
     columnwise = k_axis == 0
-    xt = x.detach().float()
+    rht = qp.random_hadamard_transform and columnwise  # RHT: wgrad (columnwise) operands only
+    xt = x.detach()
+    if rht and xt.dtype != torch.bfloat16:
+        # TE's RHT kernel takes bf16 only (csrc/quantizer.cpp: "RHT is only supported for bfloat16
+        # input"); fp8sim rounds other dtypes to bf16 instead of refusing
+        xt = xt.to(torch.bfloat16)
+    elif not rht:
+        xt = xt.float()
     xt = xt.t().contiguous() if columnwise else xt.contiguous()
     q = quantize_nvfp4(
-        xt.numpy(),
-        rht=qp.random_hadamard_transform and columnwise,  # RHT: wgrad (columnwise) operands only
+        xt,
+        rht=rht,  # the Hadamard transform in bf16, as TE computes it
         stochastic=qp.stochastic_rounding,
         seed=seed if qp.stochastic_rounding else None,
         block_2d=qp.fp4_2d_quantization,
