@@ -84,6 +84,11 @@ class _FP8Linear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
+        if torch.is_grad_enabled():  # create_graph=True: our GEMMs run outside autograd
+            raise RuntimeError(
+                "fp8sim.pytorch: create_graph=True (double backward) through an FP8 GEMM is not supported: "
+                "the quantized GEMMs are not differentiable twice (neither are TransformerEngine's)"
+            )
         with torch.autocast(grad_out.device.type, enabled=False):
             return _FP8Linear._backward(ctx, grad_out)
 

@@ -50,14 +50,14 @@ def make_linear_params(
     wnames, bnames = [prefix + n for n in wnames], [prefix + n for n in bnames]
     weight = torch.empty(out_features, in_features, dtype=dtype, device=device)
     bias_t = torch.empty(out_features, dtype=dtype, device=device) if bias else None
-    start = 0
-    for wn, bn, size in zip(wnames, bnames, sizes, strict=True):
-        module.register_parameter(wn, nn.Parameter(weight[start : start + size]), init_fn=init_method)
+    bounds = [(sum(sizes[:i]), sum(sizes[: i + 1])) for i in range(len(sizes))]
+    for wn, (a, b) in zip(wnames, bounds, strict=True):  # weights first: TE keeps them adjacent
+        module.register_parameter(wn, nn.Parameter(weight[a:b]), init_fn=init_method)
+    for bn, (a, b) in zip(bnames, bounds, strict=True):
         if bias_t is not None:
-            module.register_parameter(bn, nn.Parameter(bias_t[start : start + size]), init_fn=init_method_constant(0.0))
+            module.register_parameter(bn, nn.Parameter(bias_t[a:b]), init_fn=init_method_constant(0.0))
         else:
             setattr(module, bn, torch.Tensor().to(dtype=dtype, device=device))
-        start += size
     return wnames, bnames
 
 

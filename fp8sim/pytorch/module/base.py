@@ -135,6 +135,27 @@ class _GemmState:
         self.bwd.load_state_dict({"scale": st["bwd_scale"].numpy(), "amax_history": st["bwd_amax_history"].numpy()})
 
 
+def no_torch_dynamo(fn: Callable) -> Callable:
+    """TE ``jit.no_torch_dynamo``: the module's forward runs eagerly under ``torch.compile`` (a graph
+    break around it), as TE decorates its module forwards.  ``torch._dynamo`` is looked up only
+    while compiling, so importing fp8sim does not import it."""
+    import functools
+    import sys
+
+    cache: dict[str, Callable] = {}
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            disabled = cache.get("fn")
+            if disabled is None:
+                disabled = cache["fn"] = sys.modules["torch._dynamo"].disable(fn, recursive=True)
+            return disabled(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
 def _requires_grad(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
@@ -322,15 +343,62 @@ class TransformerEngineBaseModule(nn.Module):
             return hp_linear(x, w, b, opts, is_first_microbatch)
         return torch.nn.functional.linear(x, w, b)
 
+    # -- TE's fp8_meta --------------------------------------------------------------------------------
+    @property
+    def fp8_meta(self) -> dict[str, Any]:
+        """TE's ``fp8_meta``: ``recipe``, ``num_gemms`` and, once delayed scaling ran, ``scaling_fwd`` /
+        ``scaling_bwd`` with ``scale`` and ``amax_history`` in TE's layout (GEMM ``i`` at slots
+        ``3i..3i+2`` forward, ``2i..2i+1`` backward).  Single-GEMM modules give live views of the
+        state (in-place updates show); multi-GEMM modules give a snapshot."""
+        gemms = list(self.fp8_gemms.values())
+        meta: dict[str, Any] = {"num_gemms": len(gemms), "recipe": gemms[0].fwd.recipe if gemms[0].fwd else None}
+        if all(g.fwd is not None for g in gemms):
+            for key, attr in (("scaling_fwd", "fwd"), ("scaling_bwd", "bwd")):
+                scalers = [getattr(g, attr) for g in gemms]
+                if len(scalers) == 1:
+                    scale, hist = torch.from_numpy(scalers[0].scale), torch.from_numpy(scalers[0].amax_history)
+                else:
+                    scale = torch.from_numpy(np.concatenate([sc.scale for sc in scalers]))
+                    hist = torch.from_numpy(np.concatenate([sc.amax_history for sc in scalers], axis=1))
+                meta[key] = _ScalingMeta(scale, hist)
+        return meta
+
     # -- checkpoints -----------------------------------------------------------------------------
     def get_extra_state(self) -> dict[str, Any]:
         return {n: g.state() for n, g in self.fp8_gemms.items()}
 
     def set_extra_state(self, state: Any) -> None:
-        if not state:
+        if state is None or (isinstance(state, dict) and not state):
             return
+        if not isinstance(state, dict) or not all(isinstance(v, dict) for v in state.values()):
+            raise RuntimeError(
+                f"{type(self).__name__}: unreadable _extra_state ({type(state).__name__}); expected fp8sim's "
+                "per-GEMM dict or TransformerEngine's pickled uint8 tensor"
+            )
+        unknown = sorted(set(state) - set(self.fp8_gemms))
+        if unknown:
+            raise RuntimeError(
+                f"{type(self).__name__}: _extra_state holds FP8 state of GEMMs {unknown}, but this module has "
+                f"{sorted(self.fp8_gemms)}: the checkpoint comes from another module type"
+            )
+        keys = {"fwd_scale", "fwd_amax_history", "bwd_scale", "bwd_amax_history"}
         for n, st in state.items():
+            if st and set(st) != keys:
+                raise RuntimeError(
+                    f"{type(self).__name__}: _extra_state of GEMM {n!r} has keys {sorted(st)}; expected {sorted(keys)}"
+                )
             self.fp8_gemms[n].load(st)
+
+
+class _ScalingMeta:
+    """``fp8_meta["scaling_fwd"]``: ``scale``, ``amax_history`` and ``scale_inv`` (float32 tensors)."""
+
+    def __init__(self, scale: torch.Tensor, amax_history: torch.Tensor) -> None:
+        self.scale, self.amax_history = scale, amax_history
+
+    @property
+    def scale_inv(self) -> torch.Tensor:
+        return torch.reciprocal(self.scale)
 
 
 def _calibration_amax(t: torch.Tensor) -> float:

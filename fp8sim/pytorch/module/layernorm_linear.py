@@ -10,7 +10,7 @@ import torch
 from ._norm_gemm import norm_for_gemm
 from ._normalization import check_normalization
 from ._params import cat_params, make_linear_params, make_norm_params
-from .base import TransformerEngineBaseModule
+from .base import TransformerEngineBaseModule, no_torch_dynamo
 
 __all__ = ["LayerNormLinear"]
 
@@ -103,6 +103,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
     def _deferred_weight_names(self) -> list[str]:
         return self.weight_names[:1]
 
+    @no_torch_dynamo
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None, fp8_output: bool = False) -> Any:
         """``norm(inp) W^T + b``; with ``return_bias`` the bias comes back apart, with
         ``return_layernorm_output`` the norm output too: ``out``, ``(out, bias)``, ``(out, ln_out)`` or

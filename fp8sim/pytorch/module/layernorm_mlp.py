@@ -11,7 +11,7 @@ from ._activations import GATED, activation_fn
 from ._norm_gemm import fused_producer, norm_for_gemm
 from ._normalization import check_normalization
 from ._params import make_linear_params, make_norm_params
-from .base import TransformerEngineBaseModule
+from .base import TransformerEngineBaseModule, no_torch_dynamo
 
 __all__ = ["LayerNormMLP"]
 
@@ -108,6 +108,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
     def _deferred_weight_names(self) -> list[str]:
         return ["fc2_weight", "fc1_weight"]  # backward order: fc2's wgrad is stored first
 
+    @no_torch_dynamo
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> Any:
         """``fc2(act(fc1(norm(inp))))``; outputs as TE orders them: ``out``, ``(out, fc2_bias)``,
         ``(out, ln_out)`` or ``(out, fc2_bias, ln_out)``."""

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ._params import cat_params, make_linear_params
-from .base import TransformerEngineBaseModule
+from .base import TransformerEngineBaseModule, no_torch_dynamo
 
 __all__ = ["Linear"]
 
@@ -86,6 +86,7 @@ class Linear(TransformerEngineBaseModule):
     def _deferred_weight_names(self) -> list[str]:
         return self.weight_names[:1]
 
+    @no_torch_dynamo
     def forward(
         self,
         inp: torch.Tensor,
