@@ -12,7 +12,7 @@ cannot coerce raises :class:`RecipeValidationError` (a ``ValueError``, as pydant
 ignored, as pydantic ignores them, with an ``UpstreamQuirkWarning``: the legacy ``interval``
 (TE 1.8-2.1) and ``override_linear_precision`` (TE <= 1.13) are accepted by every recipe and have
 no effect (spec section 0, 4.8).  fp8sim refuses more than TE where TE would fail later: a
-``margin`` outside [-127, 126] and ``amax_history_len < 1``.
+``margin`` outside [-127, 63] and ``amax_history_len < 1``.
 """
 
 from __future__ import annotations
@@ -46,9 +46,10 @@ _BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
 _4OVER6_SCOPES = ("none", "weights", "activations", "all")
 _4OVER6_ERR_MODES = ("MAE", "MSE")
 _ENV_BACKWARD_OVERRIDE = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
-MARGIN_RANGE = (-127, 126)
-"""Margins fp8sim accepts: ``2**-margin`` is a normal float32 (TE computes ``fp8_max * powf(2, -margin)``,
-which for larger margins is 0, and scale 0 gives NaN outputs)."""
+MARGIN_RANGE = (-127, 63)
+"""Margins fp8sim accepts.  TE's fused update computes ``fp8_max * powf(2, -margin)``: 0 for huge margins
+(scale 0, NaN outputs), Inf below -127; its unfused update divides a tensor by the Python int
+``2**margin``, which torch 2.13 refuses (OverflowError) from margin 64 on."""
 
 
 class RecipeError(AssertionError, ValueError):
@@ -210,7 +211,7 @@ class DelayedScaling(Recipe):
         lo, hi = MARGIN_RANGE
         if not lo <= self.margin <= hi:
             raise RecipeValidationError(
-                f"margin must be an int in [{lo}, {hi}] (2**-margin a normal float32), got {self.margin}"
+                f"margin must be an int in [{lo}, {hi}] (TE's scale update fails outside it), got {self.margin}"
             )
         if self.amax_history_len < 1:
             raise RecipeValidationError(f"amax_history_len must be >= 1, got {self.amax_history_len}")

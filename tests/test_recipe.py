@@ -136,13 +136,14 @@ def test_bad_delayed_scaling_fields_name_the_argument() -> None:
     assert r.DelayedScaling(amax_compute_algo=lambda h: h[0]).amax_compute_algo is not None
 
 
-@pytest.mark.parametrize("margin", [10**6, -(10**6), 127, -128])
+@pytest.mark.parametrize("margin", [10**6, -(10**6), 64, -128])
 def test_margin_out_of_range_is_refused_at_construction(margin: int) -> None:
     """Issue 18 item 10: TE computes ``fp8_max * powf(2, -margin)`` (``common/recipe/delayed_scaling.cu``
-    line 300), 0 for margin 10**6 (scale 0, NaN outputs) and Inf below -127; fp8sim refuses them."""
-    with pytest.raises(r.RecipeValidationError, match=r"margin must be an int in \[-127, 126\]"):
+    line 300), 0 for margin 10**6 (scale 0, NaN outputs) and Inf below -127; the unfused update's
+    ``tensor / 2**margin`` raises OverflowError from 64 on (``pytorch/quantization.py`` line 1111)."""
+    with pytest.raises(r.RecipeValidationError, match=r"margin must be an int in \[-127, 63\]"):
         r.DelayedScaling(margin=margin)
-    assert r.DelayedScaling(margin=126).margin == 126 and r.DelayedScaling(margin=-127).margin == -127
+    assert r.DelayedScaling(margin=63).margin == 63 and r.DelayedScaling(margin=-127).margin == -127
 
 
 RECIPES = [r.DelayedScaling, r.Float8CurrentScaling, r.MXFP8BlockScaling, r.Float8BlockScaling, r.NVFP4BlockScaling]
