@@ -307,3 +307,42 @@ def test_mxfp8_keeps_the_intermediate_rounding_and_runs_every_activation_in_fp8(
         y = m(x)
     y.float().sum().backward()
     assert y.dtype == torch.bfloat16 and torch.isfinite(x.grad.float()).all()
+
+
+# -- points 8 and 9 (hooked into the modules) -------------------------------------------------------
+def test_unfused_update_rolls_the_history_of_every_registered_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TE quantization.py reduce_and_update_fp8_tensors updates every scaler in the global buffer;
+    the unfused path's _update_amax_history (``torch.roll(h, -1, 0)``, then row 0 = 0) rolls a
+    module that did not run; the fused kernel leaves it (amax 0)."""
+    te.FP8GlobalStateManager.reset()
+    monkeypatch.setenv("NVTE_UNFUSED_FP8_UPDATE", "1")
+    m1, m2 = te.Linear(16, 16), te.Linear(16, 16)
+    recipe = DelayedScaling(amax_history_len=3)
+    x = torch.ones(16, 16)
+    x[0, 0] = 2.0
+    with te.autocast(recipe=recipe):
+        m1(x)
+        m2(x * 2)
+    assert m2.fp8_gemms["gemm"].fwd.amax_history[:, 0].tolist() == [0.0, 0.0, 4.0]
+    with te.autocast(recipe=recipe):
+        m1(x)  # m2 does not run
+    assert m2.fp8_gemms["gemm"].fwd.amax_history[:, 0].tolist() == [0.0, 4.0, 0.0]
+    te.FP8GlobalStateManager.reset()
+
+
+def test_changing_amax_history_len_keeps_the_scale_and_cuts_the_history() -> None:
+    """TE base.py adjust_amax_history_length: ``amax_history[:length].clone()`` or zero rows padded at
+    the end; the scale is kept."""
+    m = te.Linear(16, 16)
+    x = torch.randn(16, 16)
+    for _ in range(3):
+        with te.autocast(recipe=DelayedScaling(amax_history_len=4)):
+            m(x * (_ + 1))
+    st = m.fp8_gemms["gemm"].fwd
+    scale, hist = st.scale.copy(), st.amax_history.copy()
+    with torch.no_grad(), te.autocast(recipe=DelayedScaling(amax_history_len=2)):
+        m(x)
+    assert np.array_equal(st.scale, scale) and np.array_equal(st.amax_history[1:], hist[1:2])
+    with torch.no_grad(), te.autocast(recipe=DelayedScaling(amax_history_len=5)):
+        m(x)
+    assert st.amax_history.shape == (5, 3) and not st.amax_history[2:].any() and np.array_equal(st.scale, scale)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ...recipe import Recipe
-from ..quantization import current_state
+from ..quantization import current_state, reduce_and_update_fp8_tensors
 from ._gemm import gemm
 
 __all__ = ["fp8_linear", "hp_linear", "LinearOptions"]
@@ -121,8 +121,10 @@ class _FP8Linear(torch.autograd.Function):
         dbias = dy.float().sum(0).to(ctx.dtypes[1]) if ctx.has_bias else None
         wgrad = _wgrad(ctx, wgrad_fn)
         if ctx.first:  # the first FP8 module's backward runs last: update every backward scale (spec 4.4)
+            reduce_and_update_fp8_tensors(forward=False, token=ctx.region)
             for m in ctx.region:
-                m._update_backward_scales()
+                if not getattr(m, "_te_global_buffer", False):
+                    m._update_backward_scales()
         return (dgrad.to(act).reshape(ctx.inp_shape), wgrad, dbias, None, None, None, None, None, None, None)
 
 

@@ -18,7 +18,13 @@ from torch import nn
 
 from ...recipe import DelayedScaling, Recipe
 from ...scaling.delayed import DelayedScaler
-from ..quantization import _register, current_state, get_recipe
+from ..quantization import (
+    _register,
+    add_fp8_tensors_to_global_buffer,
+    current_state,
+    get_recipe,
+    reduce_and_update_fp8_tensors,
+)
 from ._linear_function import LinearOptions, fp8_linear, hp_linear
 from ._operands import PER_TENSOR, Operand, nan_skipping_amax, quantize_operand
 
@@ -71,17 +77,24 @@ class _GemmState:
         self.group: Any = None
         self.calls = 0
         self.stats: dict | None = None
+        self.key: tuple | None = None
 
-    def ensure(self, recipe: Recipe) -> None:
+    def ensure(self, recipe: Recipe, group: Any = None) -> None:
+        """Delayed-scaling state for ``recipe``: created once, then carried over to a new
+        DelayedScaling recipe as TE's ``set_meta_tensor`` does (scale kept, history cut or padded),
+        and registered in TE's global buffer under the recipe and group."""
         if not isinstance(recipe, DelayedScaling):
             return
-        if self.fwd is None or self.fwd.recipe != recipe:
-            old = (self.fwd, self.bwd)
+        if self.fwd is None:
             self.fwd = DelayedScaler(recipe, n=3, forward=True)
             self.bwd = DelayedScaler(recipe, n=2, forward=False)
-            for new, prev in zip((self.fwd, self.bwd), old, strict=True):
-                if prev is not None and prev.amax_history.shape == new.amax_history.shape:
-                    new.scale, new.amax_history = prev.scale, prev.amax_history
+        elif self.fwd.recipe == recipe and self.key == (repr(recipe), id(group)):
+            return
+        elif self.fwd.recipe != recipe:
+            self.fwd.set_recipe(recipe)
+            self.bwd.set_recipe(recipe)
+        self.key = (repr(recipe), id(group))
+        add_fp8_tensors_to_global_buffer(self.fwd, self.bwd, recipe, group)
 
     @staticmethod
     def _per_tensor(recipe: Recipe) -> bool:
@@ -263,13 +276,17 @@ class TransformerEngineBaseModule(nn.Module):
         return out
 
     # -- scale updates ---------------------------------------------------------------------------
+    # TE updates delayed-scaling state through its global buffers (``quantization.py``
+    # ``reduce_and_update_fp8_tensors``): autocast's exit does the forward, the first trainable FP8
+    # module's backward the backward update.  These hooks serve other region members that call them.
+    _te_global_buffer = True
+    _region_token: Any = None
+
     def _update_forward_scales(self) -> None:
-        for g in self.fp8_gemms.values():
-            g._update_forward_scales()
+        reduce_and_update_fp8_tensors(forward=True)
 
     def _update_backward_scales(self) -> None:
-        for g in self.fp8_gemms.values():
-            g._update_backward_scales()
+        reduce_and_update_fp8_tensors(forward=False, token=self._region_token)
 
     # -- the GEMM --------------------------------------------------------------------------------
     def _check_input_dtype(self, inp: torch.Tensor) -> None:
@@ -312,9 +329,10 @@ class TransformerEngineBaseModule(nn.Module):
         if st.enabled:  # TE computes in FP8 whenever enabled, calibrating or not
             recipe = get_recipe()
             assert_dim_for_fp8_exec(x, w)
-            g.ensure(recipe)
+            g.ensure(recipe, st.group)
             g.group = st.group
             first = _register(self, _requires_grad(x, w, b))
+            self._region_token = st.modules
             acc = st.accumulator if st.accumulator is not None else self.accumulator
             if act_dtype is None:
                 x = x.to(act)
@@ -332,7 +350,7 @@ class TransformerEngineBaseModule(nn.Module):
         if st.calibrating:  # only where FP8 compute is off (TE linear.py: ``if not fp8 and fp8_calibration``)
             recipe = get_recipe()
             if isinstance(recipe, DelayedScaling):
-                g.ensure(recipe)
+                g.ensure(recipe, st.group)
                 g.group = st.group
                 _register(self, False)
                 for idx, t in ((0, x), (1, w)):  # TE overwrites the staging amax (a NaN passes)
