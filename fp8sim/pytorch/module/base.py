@@ -8,6 +8,7 @@ register their parameters with an ``init_fn`` (TE's ``register_parameter``) so t
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable
 from typing import Any
@@ -185,6 +186,7 @@ class TransformerEngineBaseModule(nn.Module):
         self.name = name
         self.fp8_gemms = {n: _GemmState() for n in self._gemm_names}
         self._init_fns: dict[str, Callable[[torch.Tensor], Any]] = {}
+        self._last_recipe: Recipe | None = None  # the recipe of the last FP8 or calibration step
 
     def _init_common(
         self,
@@ -328,6 +330,7 @@ class TransformerEngineBaseModule(nn.Module):
         act = act_dtype or self._activation_dtype(x)
         if st.enabled:  # TE computes in FP8 whenever enabled, calibrating or not
             recipe = get_recipe()
+            self._last_recipe = recipe
             assert_dim_for_fp8_exec(x, w)
             g.ensure(recipe, st.group)
             g.group = st.group
@@ -349,6 +352,7 @@ class TransformerEngineBaseModule(nn.Module):
                 return fp8_linear(x, w, b, g, recipe, acc, is_first_microbatch, first, act, opts)
         if st.calibrating:  # only where FP8 compute is off (TE linear.py: ``if not fp8 and fp8_calibration``)
             recipe = get_recipe()
+            self._last_recipe = recipe
             if isinstance(recipe, DelayedScaling):
                 g.ensure(recipe, st.group)
                 g.group = st.group
@@ -382,30 +386,84 @@ class TransformerEngineBaseModule(nn.Module):
         return meta
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def get_extra_state(self) -> dict[str, Any]:
-        return {n: g.state() for n, g in self.fp8_gemms.items()}
+    def get_extra_state(self) -> torch.Tensor:
+        """TE's ``_extra_state``: an empty uint8 tensor before any FP8 step or for a stateless recipe;
+        for delayed scaling TE's pickled dict (``recipe``, ``scale_fwd``, ``amax_history_fwd``,
+        ``scale_bwd``, ``amax_history_bwd``, ``extra_fp8_variables``), all GEMMs in one layout."""
+        from .._extra_state_te import encode_te_extra_state
+
+        recipe = self._last_recipe
+        gemms = list(self.fp8_gemms.values())
+        if recipe is None or not isinstance(recipe, DelayedScaling) or any(g.fwd is None for g in gemms):
+            return torch.empty(0, dtype=torch.uint8)  # nothing to checkpoint, or a stateless recipe
+        meta = self.fp8_meta
+        return encode_te_extra_state(
+            recipe,
+            scale_fwd=meta["scaling_fwd"].scale,
+            amax_history_fwd=meta["scaling_fwd"].amax_history,
+            scale_bwd=meta["scaling_bwd"].scale,
+            amax_history_bwd=meta["scaling_bwd"].amax_history,
+            extra_fp8_variables={"fp8_checkpoint": True, "num_gemms": len(gemms)},
+        )
 
     def set_extra_state(self, state: Any) -> None:
+        """Load TE's format (as TE: a delayed-scaling pickle needs ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1``)
+        or fp8sim's earlier per-GEMM dict."""
+        from .._extra_state_te import decode_te_extra_state, is_te_extra_state
+
         if state is None or (isinstance(state, dict) and not state):
+            return
+        name = type(self).__name__
+        if is_te_extra_state(state) or isinstance(state, io.BytesIO):
+            te_state = decode_te_extra_state(state, name)
+            if te_state is None:
+                return
+            self._last_recipe = te_state.recipe
+            if te_state.scale_fwd is None:
+                return
+            self._load_te_tensors(te_state)
             return
         if not isinstance(state, dict) or not all(isinstance(v, dict) for v in state.values()):
             raise RuntimeError(
-                f"{type(self).__name__}: unreadable _extra_state ({type(state).__name__}); expected fp8sim's "
-                "per-GEMM dict or TransformerEngine's pickled uint8 tensor"
+                f"{name}: unreadable _extra_state ({type(state).__name__}); expected TransformerEngine's "
+                "pickled uint8 tensor or fp8sim's per-GEMM dict"
             )
         unknown = sorted(set(state) - set(self.fp8_gemms))
         if unknown:
             raise RuntimeError(
-                f"{type(self).__name__}: _extra_state holds FP8 state of GEMMs {unknown}, but this module has "
+                f"{name}: _extra_state holds FP8 state of GEMMs {unknown}, but this module has "
                 f"{sorted(self.fp8_gemms)}: the checkpoint comes from another module type"
             )
         keys = {"fwd_scale", "fwd_amax_history", "bwd_scale", "bwd_amax_history"}
         for n, st in state.items():
             if st and set(st) != keys:
-                raise RuntimeError(
-                    f"{type(self).__name__}: _extra_state of GEMM {n!r} has keys {sorted(st)}; expected {sorted(keys)}"
-                )
+                raise RuntimeError(f"{name}: _extra_state of GEMM {n!r} has keys {sorted(st)}; expected {sorted(keys)}")
             self.fp8_gemms[n].load(st)
+
+    def _load_te_tensors(self, st: Any) -> None:
+        n = len(self.fp8_gemms)
+        shapes = (tuple(st.scale_fwd.shape), tuple(st.scale_bwd.shape), st.amax_history_fwd.dim())
+        if shapes[:2] != ((3 * n,), (2 * n,)) or shapes[2] != 2 or st.amax_history_fwd.shape[1] != 3 * n:
+            raise RuntimeError(
+                f"{type(self).__name__}: _extra_state holds delayed-scaling state for {st.scale_fwd.numel() // 3} "
+                f"GEMM(s) (scale_fwd {list(st.scale_fwd.shape)}), this module has {n}: the checkpoint comes "
+                "from another module type"
+            )
+        recipe = st.recipe if isinstance(st.recipe, DelayedScaling) else DelayedScaling()
+        for i, g in enumerate(self.fp8_gemms.values()):
+            g.ensure(recipe)
+            g.fwd.load_state_dict(
+                {
+                    "scale": st.scale_fwd[3 * i : 3 * i + 3].numpy(),
+                    "amax_history": st.amax_history_fwd[:, 3 * i : 3 * i + 3].numpy(),
+                }
+            )
+            g.bwd.load_state_dict(
+                {
+                    "scale": st.scale_bwd[2 * i : 2 * i + 2].numpy(),
+                    "amax_history": st.amax_history_bwd[:, 2 * i : 2 * i + 2].numpy(),
+                }
+            )
 
 
 class _ScalingMeta:
