@@ -98,8 +98,12 @@ def _patch_cuda_queries() -> None:
     cuda.set_device = lambda device: None
     cuda.synchronize = lambda device=None: None
     cuda.empty_cache = lambda: None
-    cuda.manual_seed = torch.manual_seed
-    cuda.manual_seed_all = torch.manual_seed
+
+    def seed(seed: int) -> None:  # the CPU generator (torch.manual_seed calls this one too: no recursion)
+        torch.default_generator.manual_seed(int(seed))
+
+    cuda.manual_seed = seed
+    cuda.manual_seed_all = seed
     cuda.is_bf16_supported = lambda including_emulation=True: True
     cuda.get_device_capability = capability
     cuda.get_device_name = lambda device=None: "fp8sim emulated GPU (CPU)"

@@ -202,6 +202,11 @@ class TransformerEngineBaseModule(nn.Module):
         save_original_input: bool = False,
     ) -> None:
         """The options every TE GEMM module shares (single-process semantics for the parallel ones)."""
+        if current_state().fp8_parameters:
+            raise NotImplementedError(
+                "transformer_engine.pytorch.quantized_model_init (FP8 primary weights) is not emulated by fp8sim "
+                "for module parameters yet"
+            )
         if parallel_mode not in (None, "column", "row"):
             raise ValueError(f"parallel_mode {parallel_mode!r} not supported; known: None, 'column', 'row'")
         if tp_group is not None:
