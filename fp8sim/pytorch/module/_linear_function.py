@@ -100,16 +100,11 @@ class _FP8Linear(torch.autograd.Function):
             dy_row = module._quantize(dy, recipe, "grad", 1)
             dgrad = gemm(dy_row, ctx.w_col, recipe, "dgrad", acc)
             dy_col = dy_row if module._per_tensor(recipe) else module._quantize(dy, recipe, "grad", 0)
-            if module._wgrad_high_precision(recipe):
-                x_col = ctx.x_col
+            x_col = ctx.x_col
 
-                def wgrad_fn() -> torch.Tensor:
-                    return torch.matmul(dy.float().t(), x_col.dequant())
-            else:
-                x_col = ctx.x_col
+            def wgrad_fn() -> torch.Tensor:
+                return gemm(dy_col.t(), x_col, recipe, "wgrad", acc)
 
-                def wgrad_fn() -> torch.Tensor:
-                    return gemm(dy_col.t(), x_col, recipe, "wgrad", acc)
         else:
             dyh = dy.to(act)
             dgrad = _hp_gemm(dyh, ctx.w_col, act)

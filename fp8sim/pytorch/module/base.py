@@ -101,11 +101,6 @@ class _GemmState:
     def _per_tensor(recipe: Recipe) -> bool:
         return isinstance(recipe, PER_TENSOR)
 
-    @staticmethod
-    def _wgrad_high_precision(recipe: Recipe) -> bool:
-        olp = getattr(recipe, "override_linear_precision", None)
-        return isinstance(recipe, DelayedScaling) and olp is not None and bool(olp.wgrad)
-
     def _quantize(self, x: torch.Tensor, recipe: Recipe, kind: str, k_axis: int) -> Operand:
         self.calls += 1
         scaler = self.bwd if kind == "grad" else self.fwd
