@@ -1,5 +1,12 @@
 """TE's quantizer and quantized-tensor classes (``transformer_engine.pytorch.tensor``)."""
 
+from .custom_recipe import (
+    CustomQuantizers,
+    DelayedScalingRequest,
+    QuantizerRequest,
+    QuantizerRole,
+    custom_recipe_quantizers,
+)
 from .float8_blockwise_tensor import Float8BlockQuantizer, Float8BlockwiseQTensor
 from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor, delayed_scaling_quantizers
 from .mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
@@ -19,4 +26,9 @@ __all__ = [
     "NVFP4Quantizer",
     "NVFP4Tensor",
     "delayed_scaling_quantizers",
+    "QuantizerRole",
+    "QuantizerRequest",
+    "DelayedScalingRequest",
+    "CustomQuantizers",
+    "custom_recipe_quantizers",
 ]
