@@ -245,3 +245,15 @@ def test_constants_are_tes() -> None:
     assert C.get_fp8_max(hybrid, False) == 57344 and isinstance(C.get_fp8_max(hybrid), int)
     assert C.DType.cast(7) is C.DType.kFloat8E4M3 and C.MXFP8_BLOCK_SCALING_SIZE == 32
     assert math.isclose(C.NVFP4_BLOCK_SCALING_SIZE, 16)
+
+
+def test_make_empty_and_parameters() -> None:
+    """``Quantizer.make_empty`` (TE ``quantized_tensor.py`` line 467) and FP8 parameters
+    (``torch.nn.Parameter`` of a Float8Tensor keeps the subclass, gradients reach it)."""
+    q = Float8CurrentScalingQuantizer(C.DType.kFloat8E4M3, "cpu")
+    e = q.make_empty((3, 4), dtype=torch.bfloat16, requires_grad=True)
+    assert isinstance(e, Float8Tensor) and e.shape == (3, 4) and e.dtype == torch.bfloat16 and e.requires_grad
+    p = torch.nn.Parameter(q(_rand([16, 32], torch.float32)))
+    assert isinstance(p, Float8Tensor) and isinstance(p, torch.nn.Parameter) and p.requires_grad
+    torch.nn.functional.linear(torch.ones(2, 32), p).sum().backward()
+    assert torch.equal(p.grad, torch.full((16, 32), 2.0))

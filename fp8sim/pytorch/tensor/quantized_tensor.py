@@ -120,6 +120,22 @@ class Quantizer(abc.ABC):
     def multi_quantize(self, list_of_tensors: Iterable[torch.Tensor]) -> list[QuantizedTensor]:
         return [self.quantize(t) for t in list_of_tensors]
 
+    def make_empty(
+        self,
+        shape: Iterable[int],
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        requires_grad: bool = False,
+        pin_memory: bool = False,
+    ) -> QuantizedTensor:
+        """A quantized tensor of ``shape`` with this quantizer's usages (its data: quantized zeros,
+        where TE leaves it uninitialised)."""
+        del pin_memory
+        out = self.quantize_impl(torch.zeros(tuple(shape), dtype=dtype, device=device or "cpu"))
+        out.requires_grad_(requires_grad)
+        return out
+
     def calibrate(self, tensor: torch.Tensor) -> None:
         """Record statistics without quantizing (no-op unless the scaling keeps state)."""
         del tensor
