@@ -226,3 +226,29 @@ def test_partial_delayed_scaling_tensors_are_refused() -> None:
             scale_bwd=torch.ones(2),
             amax_history_bwd=torch.ones(1, 2),
         )
+
+
+def test_per_gemm_scalers_map_to_tes_one_layout() -> None:
+    """TE's slot order (``pytorch/csrc/common.h`` lines 76-97): forward ``3 * gemm + role``,
+    backward ``2 * gemm + role``; a two-GEMM module round-trips through the TE blob."""
+    from fp8sim.scaling import DelayedScaler
+
+    recipe = fr.DelayedScaling(amax_history_len=3, reduce_amax=False)
+    fwd = [DelayedScaler(recipe, n=3) for _ in range(2)]
+    bwd = [DelayedScaler(recipe, n=2, forward=False) for _ in range(2)]
+    for g, (f, b) in enumerate(zip(fwd, bwd, strict=True)):
+        f.scale[:] = [10 * g + 1, 10 * g + 2, 10 * g + 3]
+        b.scale[:] = [10 * g + 4, 10 * g + 5]
+        f.amax_history[1] = f.scale
+    tensors = es.scalers_to_te(fwd, bwd)
+    assert tensors["scale_fwd"].tolist() == [1, 2, 3, 11, 12, 13]
+    assert tensors["scale_bwd"].tolist() == [4, 5, 14, 15] and tensors["amax_history_fwd"].shape == (3, 6)
+    blob = es.encode_te_extra_state(recipe, **tensors, extra_fp8_variables={"num_gemms": 2})
+    state = es.decode_te_extra_state(blob, allow_unsafe=True)
+    fwd2 = [DelayedScaler(state.recipe, n=3) for _ in range(2)]
+    bwd2 = [DelayedScaler(state.recipe, n=2, forward=False) for _ in range(2)]
+    es.te_to_scalers(state, fwd2, bwd2)
+    assert fwd2[1].scale.tolist() == [11, 12, 13] and bwd2[1].scale.tolist() == [14, 15]
+    assert fwd2[1].amax_history[1].tolist() == [11, 12, 13]
+    with pytest.raises(ValueError, match="the state has 6 quantizers, the module 3"):
+        es.te_to_scalers(state, fwd2[:1], bwd2)

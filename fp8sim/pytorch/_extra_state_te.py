@@ -40,6 +40,8 @@ __all__ = [
     "decode_te_extra_state",
     "is_te_extra_state",
     "extra_state_pickle_advisory",
+    "scalers_to_te",
+    "te_to_scalers",
 ]
 
 UNSAFE_PICKLE_EXTRA_STATE_ENV = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
@@ -146,6 +148,41 @@ def encode_te_extra_state(
     buf = io.BytesIO()
     _TEPickler(buf, protocol=pickle.DEFAULT_PROTOCOL).dump(state)
     return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def scalers_to_te(fwd: list[Any], bwd: list[Any]) -> dict[str, torch.Tensor]:
+    """The four delayed-scaling tensors in TE's one-layout-per-module form from per-GEMM
+    :class:`fp8sim.scaling.DelayedScaler` lists (forward ones with 3 quantizers each: input, weight,
+    output; backward ones with 2: grad_output, grad_input), concatenated along the quantizer axis."""
+    out = {}
+    for key, scalers, n in (("fwd", fwd, 3), ("bwd", bwd, 2)):
+        if any(s.n != n for s in scalers):
+            raise ValueError(f"{key} scalers must have {n} quantizers each, got {[s.n for s in scalers]}")
+        out[f"scale_{key}"] = torch.from_numpy(_np_cat([s.scale for s in scalers], 0))
+        out[f"amax_history_{key}"] = torch.from_numpy(_np_cat([s.amax_history for s in scalers], 1))
+    return out
+
+
+def te_to_scalers(state: TEExtraState, fwd: list[Any], bwd: list[Any]) -> None:
+    """Copy a decoded state's delayed-scaling tensors into per-GEMM scalers, in place (the scalers
+    must already have the checkpoint's history length: build them from ``state.recipe``)."""
+    for key, scalers in (("fwd", fwd), ("bwd", bwd)):
+        scale, hist = getattr(state, f"scale_{key}"), getattr(state, f"amax_history_{key}")
+        if scale is None or hist is None:
+            raise ValueError(f"the state has no delayed-scaling tensors (recipe {type(state.recipe).__name__})")
+        start = 0
+        for s in scalers:
+            part = {"scale": scale[start : start + s.n], "amax_history": hist[:, start : start + s.n]}
+            s.load_state_dict({k: v.numpy() for k, v in part.items()})
+            start += s.n
+        if start != scale.numel():
+            raise ValueError(f"{key}: the state has {scale.numel()} quantizers, the module {start}")
+
+
+def _np_cat(arrays: list[Any], axis: int) -> Any:
+    import numpy as np
+
+    return np.ascontiguousarray(np.concatenate(arrays, axis=axis))
 
 
 # -- decoding -----------------------------------------------------------------------------------
