@@ -312,3 +312,41 @@ def test_extra_state_is_tes_pickled_uint8_tensor_in_one_layout(monkeypatch: pyte
         cs = te.Linear(16, 16)
         cs(torch.randn(16, 16))
     assert cs.get_extra_state().numel() == 0  # stateless recipe: empty, as TE
+
+
+# -- quantized_model_init: FP8 primary weights ------------------------------------------------------
+@pytest.mark.parametrize("recipe", [DelayedScaling(), Float8CurrentScaling()], ids=["delayed", "current"])
+def test_quantized_model_init_holds_fp8_weights_and_the_gemm_uses_their_codes(recipe) -> None:  # noqa: ANN001
+    """TE quantization.py quantized_model_init + base.py reset_parameters: the weight parameter is the
+    quantized tensor (``_data``, ``_scale_inv``); the forward GEMM uses it as it is."""
+    from fp8sim.pytorch.tensor import QuantizedTensor
+
+    torch.manual_seed(6)
+    with te.quantized_model_init(recipe=recipe, preserve_high_precision_init_val=True):
+        m = te.Linear(32, 16, bias=False)
+    w = m.weight
+    assert isinstance(w, QuantizedTensor) and isinstance(w, torch.nn.Parameter) and w._data.dtype == torch.uint8
+    hp = w.get_high_precision_init_val()
+    torch.manual_seed(6)
+    assert torch.equal(hp, torch.empty(16, 32).normal_(0, 0.023))  # the initial value, kept on the CPU
+    w.clear_high_precision_init_val()
+    assert w.get_high_precision_init_val() is None
+    sw = w._scale_inv.reshape(-1)[0]
+    wq = w._data.view(torch.float8_e4m3fn).float()
+    want_w = (hp * (1 / sw)).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    assert torch.equal(wq, want_w)  # delayed: scale 1 at init; current: 448 / amax
+    x = torch.randn(16, 32)
+    with te.autocast(recipe=Float8CurrentScaling()):
+        y = m(x)
+    sx = torch.tensor(448.0) / x.abs().max()
+    xq = (x * sx).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    assert torch.equal(y, torch.matmul(xq, wq.t()) * ((1 / sx) * sw))
+    y.sum().backward()
+    assert m.weight.grad is not None and m.weight.grad.shape == (16, 32)
+    with pytest.raises(RuntimeError, match="Splitting QuantizedTensor"), te.quantized_model_init(recipe=recipe):
+        te.Linear(16, 32, parameters_split=("a", "b"))
+    with (
+        pytest.raises(NotImplementedError, match="MXFP8BlockScaling"),
+        te.quantized_model_init(recipe=MXFP8BlockScaling()),
+    ):
+        te.Linear(32, 32)

@@ -50,8 +50,8 @@ def test_install_and_uninstall_are_explicit_and_reversible(capsys: pytest.Captur
         assert is_transformer_engine_available()
         with pytest.raises(NotImplementedError, match="TransformerLayer is not emulated by fp8sim"):
             te.TransformerLayer(64, 128, 4)
-        with pytest.raises(NotImplementedError, match="quantized_model_init"), te.quantized_model_init():
-            te.Linear(16, 16)
+        with te.fp8_model_init(enabled=True):  # TE's deprecated name: FP8 primary weights
+            assert isinstance(te.Linear(16, 16).weight, te.Float8Tensor)
         assert capsys.readouterr().err.count("transformer_engine is emulated by fp8sim") == 1
     finally:
         shim.uninstall()
@@ -146,3 +146,20 @@ def test_device_map_runs_a_cuda_script_on_the_cpu_and_the_banner_is_printed_once
     assert quiet.returncode == 0 and "emulated by fp8sim" not in quiet.stderr
     bad = subprocess.run([*cmd[:5], "cuda=xpu", cmd[-1]], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "expected 'cuda=cpu'" in bad.stderr
+
+
+@pytest.mark.skipif(_te_really_installed(), reason="a real TransformerEngine is installed")
+def test_te_tensor_submodules_resolve_where_tes_tests_import_them() -> None:
+    import fp8sim.pytorch as fp8_te
+
+    shim.install(quiet=True)
+    try:
+        from transformer_engine.pytorch import DType, Float8Quantizer
+        from transformer_engine.pytorch.constants import TE_DType
+        from transformer_engine.pytorch.tensor.float8_tensor import Float8Tensor
+        from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
+
+        assert Float8Tensor is fp8_te.Float8Tensor and MXFP8Quantizer is fp8_te.MXFP8Quantizer
+        assert Float8Quantizer is fp8_te.Float8Quantizer and DType is fp8_te.DType and TE_DType is not None
+    finally:
+        shim.uninstall()

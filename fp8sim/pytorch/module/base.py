@@ -26,6 +26,7 @@ from ..quantization import (
     get_recipe,
     reduce_and_update_fp8_tensors,
 )
+from ._fp8_params import is_fp8_weight, operand_from_fp8_weight, quantize_primary_weights
 from ._linear_function import LinearOptions, fp8_linear, hp_linear
 from ._operands import PER_TENSOR, Operand, nan_skipping_amax, quantize_operand
 
@@ -110,6 +111,13 @@ class _GemmState:
     def _weight_operands(self, w: torch.Tensor, recipe: Recipe, is_first_microbatch: bool | None) -> tuple:
         if is_first_microbatch is False and self.weight_cache is not None:
             return self.weight_cache  # TE reuses the cached FP8 weight and its old scale_inv
+        if is_fp8_weight(w):  # an FP8 primary weight: its own codes and scale_inv
+            if not self._per_tensor(recipe):
+                raise NotImplementedError(
+                    f"FP8 primary weights under {type(recipe).__name__}: fp8sim emulates them for per-tensor recipes"
+                )
+            op = operand_from_fp8_weight(w)
+            return op, op
         row = self._quantize(w, recipe, "weight", 1)
         col = row if self._per_tensor(recipe) else self._quantize(w, recipe, "weight", 0)
         if is_first_microbatch is not None:
@@ -197,11 +205,10 @@ class TransformerEngineBaseModule(nn.Module):
         save_original_input: bool = False,
     ) -> None:
         """The options every TE GEMM module shares (single-process semantics for the parallel ones)."""
-        if current_state().fp8_parameters:
-            raise NotImplementedError(
-                "transformer_engine.pytorch.quantized_model_init (FP8 primary weights) is not emulated by fp8sim "
-                "for module parameters yet"
-            )
+        st = current_state()
+        self.primary_weights_in_fp8 = st.fp8_parameters  # inside quantized_model_init
+        self._param_recipe = st.parameters_recipe
+        self._preserve_high_precision_init_val = st.high_precision_init_val
         if parallel_mode not in (None, "column", "row"):
             raise ValueError(f"parallel_mode {parallel_mode!r} not supported; known: None, 'column', 'row'")
         if tp_group is not None:
@@ -254,14 +261,35 @@ class TransformerEngineBaseModule(nn.Module):
             self._init_fns[name] = init_fn
 
     def reset_parameters(self, defer_init: bool | None = False) -> None:
-        """Re-initialise every registered parameter with its ``init_fn`` (TE ``base.py``)."""
+        """Re-initialise every registered parameter with its ``init_fn`` (TE ``base.py``); inside
+        ``quantized_model_init`` the weights are then quantized (FP8 primary weights)."""
         if defer_init:
             return
+        fp8_names = []
         with torch.no_grad():
             for name, fn in self._init_fns.items():
                 p = getattr(self, name, None)
-                if p is not None and p.device.type != "meta":
-                    fn(p)
+                if p is None or p.device.type == "meta":
+                    continue
+                if (
+                    getattr(self, "primary_weights_in_fp8", False)
+                    and name.endswith("weight")
+                    and name in self._weights()
+                ):
+                    fp8_names.append(name)
+                    if is_fp8_weight(p):  # re-initialise in high precision, then quantize again
+                        p = torch.empty(p.shape, dtype=p.dtype, device=p.device)
+                        super().register_parameter(name, nn.Parameter(p))
+                fn(p)
+        if fp8_names:
+            quantize_primary_weights(self, fp8_names, self._param_recipe, self._preserve_high_precision_init_val)
+
+    def _weights(self) -> list[str]:
+        """The GEMM weight parameters (FP8 primary weights apply to these)."""
+        return list(getattr(self, "weight_names", [])) + [n for n in ("fc1_weight", "fc2_weight") if hasattr(self, n)]
+
+    def _gemm_of_weight(self, name: str) -> str:
+        return name.split("_")[0] if name.startswith("fc") else "gemm"
 
     # -- statistics ------------------------------------------------------------------------------
     def collect_stats(self, enabled: bool = True) -> None:
@@ -339,7 +367,8 @@ class TransformerEngineBaseModule(nn.Module):
             acc = st.accumulator if st.accumulator is not None else self.accumulator
             if act_dtype is None:
                 x = x.to(act)
-            w = w.to(act)
+            if not is_fp8_weight(w):
+                w = w.to(act)
             if b is not None:  # TE: cuBLAS takes no FP32 bias in an FP8 GEMM, so an FP32 bias goes through BF16
                 b = b.to(torch.bfloat16 if act == torch.float32 else act)
             opts = LinearOptions(
