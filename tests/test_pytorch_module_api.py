@@ -350,3 +350,21 @@ def test_quantized_model_init_holds_fp8_weights_and_the_gemm_uses_their_codes(re
         te.quantized_model_init(recipe=MXFP8BlockScaling()),
     ):
         te.Linear(32, 32)
+
+
+def test_module_quantizers_follow_the_recipe_state() -> None:
+    """TE quantization.py RecipeState.make_quantizers: 3 forward and 2 backward slots per GEMM;
+    delayed scaling's quantizers read and write the module's live state."""
+    m = te.LayerNormMLP(16, 16)
+    with te.autocast(recipe=DelayedScaling()):
+        m(torch.randn(16, 16))
+    q = m.quantizers
+    assert len(q["scaling_fwd"]) == 6 and len(q["scaling_bwd"]) == 4
+    assert isinstance(q["scaling_fwd"][4], te.Float8Quantizer)
+    m.fp8_gemms["fc2"].fwd.scale[1] = 4.0
+    assert float(q["scaling_fwd"][4].scale) == 4.0  # fc2's WEIGHT slot, a live view
+    lin = te.Linear(32, 32)
+    with te.autocast(recipe=MXFP8BlockScaling(enable_2d_quantization=True)):
+        lin(torch.randn(32, 32))
+    fwd = lin.quantizers["scaling_fwd"]
+    assert isinstance(fwd[0], te.MXFP8Quantizer) and fwd[1].with_2d_quantization and not fwd[0].with_2d_quantization
