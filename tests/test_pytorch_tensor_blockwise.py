@@ -79,7 +79,9 @@ def test_mxfp8_layout_and_values(shape: tuple, fp8: DType) -> None:
 
 
 def test_mxfp8_2d_tiles_share_one_scale() -> None:
-    """``with_2d_quantization``: a 32x32 tile whose maximum sits in every row and every column
+    """``with_2d_quantization`` (TE ``common/cast/mxfp8/quantize_mxfp8.cuh``, ``kIs2DBlockScaling``
+    branches at lines 265 and 421: one E8M0 exponent from the 32x32 tile's amax, used by every row
+    and column of the tile): a 32x32 tile whose maximum sits in every row and every column
     (here: on its diagonal) has the 1-D row and column scales equal to the tile scale, so the 2-D
     codes equal the 1-D ones; and the two 2-D copies always agree."""
     x = _x((64, 64)) / 8
