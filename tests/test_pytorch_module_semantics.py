@@ -350,8 +350,9 @@ def test_changing_amax_history_len_keeps_the_scale_and_cuts_the_history() -> Non
 
 # -- point 14 inside modules: 2D MXFP8 weights --------------------------------------------------------
 def _float_to_e8m0(amax: torch.Tensor) -> torch.Tensor:
-    """TE tests/pytorch/test_mxfp8_2d_quantize.py _float_to_e8m0 (same ceil policy as TE)."""
-    val = (amax.to(torch.float32) / 448.0).contiguous()
+    """TE tests/pytorch/test_mxfp8_2d_quantize.py _float_to_e8m0 (same ceil policy as TE), with the
+    kernel's ``amax * max_norm_rcp`` (common/cast/mxfp8/quantize_mxfp8.cuh lines 440-441)."""
+    val = (amax.to(torch.float32) * torch.tensor(1.0 / 448.0, dtype=torch.float32)).contiguous()
     u = val.view(torch.int32)
     exponent = ((u >> 23) & 0xFF).to(torch.int32)
     mantissa = u & 0x7FFFFF
