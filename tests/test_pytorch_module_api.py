@@ -368,3 +368,16 @@ def test_module_quantizers_follow_the_recipe_state() -> None:
         lin(torch.randn(32, 32))
     fwd = lin.quantizers["scaling_fwd"]
     assert isinstance(fwd[0], te.MXFP8Quantizer) and fwd[1].with_2d_quantization and not fwd[0].with_2d_quantization
+
+
+def test_accelerate_documented_reverse_conversion_keeps_a_missing_bias_missing() -> None:
+    """TE represents ``bias=False`` by an empty tensor, which passes accelerate's ``module.bias is not None``
+    (accelerate utils/transformer_engine.py convert_model); documented=True converts back without a bias."""
+    import fp8sim.accelerate as fa
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32, bias=False))
+    with torch.no_grad():
+        fa.convert_model(model)
+        assert isinstance(model[0], te.Linear) and model[0].bias.numel() == 0
+        fa.convert_model(model, to_transformer_engine=False, documented=True)
+    assert isinstance(model[0], torch.nn.Linear) and model[0].bias is None
