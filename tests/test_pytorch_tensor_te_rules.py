@@ -130,3 +130,13 @@ def test_split_gives_float8_tensors() -> None:
         codes = _codes(x, 4.0)[2 * i : 2 * i + 2]
         assert isinstance(p, Float8Tensor) and torch.equal(p._data, codes)
         assert torch.equal(p._transpose.contiguous(), _colwise(codes))
+
+
+def test_update_quantized_refuses_another_tensor_class_with_tes_errors() -> None:
+    """float8_tensor.py lines 105-106 (ValueError), mxfp8_tensor.py line 105 (assert)."""
+    mx = MXFP8Quantizer(DType.kFloat8E4M3)
+    f8 = _q(2.0)(_rand((32, 32), 10))
+    with pytest.raises(ValueError, match="^Float8Quantizer can only update Float8Tensor$"):
+        _q(2.0).update_quantized(_rand((32, 32), 11), mx(_rand((32, 32), 12)))
+    with pytest.raises(AssertionError, match="^Cannot store quantized MXFP8 in <class '.*Float8Tensor'> type.$"):
+        mx.update_quantized(_rand((32, 32), 11), f8)

@@ -92,6 +92,7 @@ class Quantizer(abc.ABC):
         self, src: torch.Tensor, dst: QuantizedTensor, *, noop_flag: torch.Tensor | None = None
     ) -> QuantizedTensor:
         """Quantize ``src`` into ``dst`` in place (skipped when ``noop_flag`` is 1, as TE's kernels)."""
+        _check_destination(self, dst)
         if noop_flag is not None and float(noop_flag.reshape(-1)[0]) == 1.0:
             return dst
         if isinstance(src, QuantizedTensor):
@@ -143,6 +144,33 @@ class Quantizer(abc.ABC):
     def is_quantizable(self, inp: torch.Tensor) -> bool:
         del inp
         return True
+
+
+# TE's refusals of a destination of the wrong class (each quantizer's ``update_quantized``).
+_DESTINATIONS = {
+    "Float8Quantizer": ("Float8Tensor", ValueError, "Float8Quantizer can only update Float8Tensor"),
+    "Float8CurrentScalingQuantizer": (
+        "Float8Tensor",
+        ValueError,
+        "Float8CurrentScalingQuantizer can only update Float8Tensor",
+    ),
+    "MXFP8Quantizer": ("MXFP8Tensor", AssertionError, "Cannot store quantized MXFP8 in {} type."),
+    "Float8BlockQuantizer": (
+        "Float8BlockwiseQTensor",
+        AssertionError,
+        "Cannot store quantized blockwise tensor in {} type.",
+    ),
+    "NVFP4Quantizer": ("NVFP4Tensor", AssertionError, "Cannot store quantized NVFP4 in {} type."),
+}
+
+
+def _check_destination(quantizer: Quantizer, dst: Any) -> None:
+    for cls in type(quantizer).__mro__:
+        if cls.__name__ in _DESTINATIONS:
+            want, exc, message = _DESTINATIONS[cls.__name__]
+            if not any(c.__name__ == want for c in type(dst).__mro__):
+                raise exc(message.format(type(dst)))
+            return
 
 
 def _check_high_precision(tensor: torch.Tensor, who: str) -> None:
