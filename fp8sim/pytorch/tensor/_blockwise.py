@@ -47,6 +47,7 @@ class BlockScaledTensor(QuantizedTensor):
 
     _extra_fields: tuple[str, ...] = ()
     _dtype_field = "fp8_dtype"
+    _saved_fields = ("_rowwise_data", "_columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv")
 
     def _init(
         self,

@@ -228,6 +228,8 @@ class Float8Tensor(QuantizedTensor):
     """FP8 data with one scale: ``_data`` (uint8 codes), ``_scale_inv`` (float32, shape [1]),
     ``_fp8_dtype`` (``DType``), ``_transpose`` (columnwise codes or None), ``_quantizer``."""
 
+    _saved_fields = ("_data", "_transpose", "_scale_inv")
+
     def _init(
         self,
         *,

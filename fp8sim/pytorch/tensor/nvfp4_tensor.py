@@ -169,6 +169,7 @@ class NVFP4Tensor(BlockScaledTensor):
     ``_amax_columnwise``, ``_fp4_dtype``."""
 
     _extra_fields = ("amax_rowwise", "amax_columnwise", "with_2d_quantization")
+    _saved_fields = (*BlockScaledTensor._saved_fields, "_amax_rowwise", "_amax_columnwise")
     _dtype_field = "fp4_dtype"
 
     def _copy(self, data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, rows: int, cols: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-__all__ = ["Quantizer", "QuantizedTensor"]
+__all__ = ["Quantizer", "QuantizedTensor", "prepare_for_saving", "restore_from_saved"]
 
 _HIGH_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -257,6 +257,24 @@ class QuantizedTensor(torch.Tensor):
                 if isinstance(buf, torch.Tensor) and isinstance(value, torch.Tensor):
                     buf.copy_(value)
 
+    _saved_fields: tuple[str, ...] = ()
+    """The buffers ``prepare_for_saving`` hands out, in TE's order (attribute names)."""
+
+    def prepare_for_saving(self) -> tuple[list[torch.Tensor | None], QuantizedTensor]:
+        """TE's ``prepare_for_saving``: the data/scale buffers in TE's order, detached from this
+        tensor (its attributes become None) until :meth:`restore_from_saved`."""
+        tensors = [getattr(self, name) for name in self._saved_fields]
+        for name in self._saved_fields:
+            setattr(self, name, None)
+        return tensors, self
+
+    def restore_from_saved(self, tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Put back the buffers :meth:`prepare_for_saving` gave; returns the rest of the list."""
+        n = len(self._saved_fields)
+        for name, t in zip(self._saved_fields, tensors[:n], strict=True):
+            setattr(self, name, t)
+        return tensors[n:]
+
     def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} class does not implement dequantize function")
 
@@ -362,6 +380,38 @@ class QuantizedTensor(torch.Tensor):
     def _with_data(self, data: dict[str, Any]) -> QuantizedTensor:
         self._init(**data)
         return self
+
+
+def prepare_for_saving(*tensors: Any) -> tuple[list[Any], list[Any]]:
+    """TE's module-level ``prepare_for_saving`` (``quantized_tensor.py``): tensors (quantized tensors
+    included, being ``torch.Tensor`` subclasses) and None are kept as they are; other storages give
+    their buffers.  Returns the tensors for ``save_for_backward`` and the objects to restore into."""
+    tensor_list: list[Any] = []
+    objects: list[Any] = []
+    for tensor in tensors:
+        if tensor is None or isinstance(tensor, torch.Tensor):
+            tensor_list.append(tensor)
+            objects.append(None)
+        else:
+            t, obj = tensor.prepare_for_saving()
+            tensor_list.extend(t)
+            objects.append(obj)
+    return tensor_list, objects
+
+
+def restore_from_saved(tensors: list[Any], saved_tensors: list[Any], return_saved_tensors: bool = False) -> Any:
+    """TE's ``restore_from_saved``: recombine what :func:`prepare_for_saving` split (``tensors``: its
+    second result)."""
+    out = []
+    saved = list(saved_tensors)
+    for tensor in tensors:
+        if tensor is None or isinstance(tensor, torch.Tensor):
+            out.append(saved[0])
+            saved = saved[1:]
+        else:
+            saved = tensor.restore_from_saved(saved)
+            out.append(tensor)
+    return (out, saved) if return_saved_tensors else out
 
 
 def _rebuild(cls: type, shape: tuple, dtype: torch.dtype, meta: dict[str, Any]) -> QuantizedTensor:
