@@ -140,3 +140,21 @@ def test_update_quantized_refuses_another_tensor_class_with_tes_errors() -> None
         _q(2.0).update_quantized(_rand((32, 32), 11), mx(_rand((32, 32), 12)))
     with pytest.raises(AssertionError, match="^Cannot store quantized MXFP8 in <class '.*Float8Tensor'> type.$"):
         mx.update_quantized(_rand((32, 32), 11), f8)
+
+
+def test_view_and_reshape_keep_the_transpose_only_for_its_own_shape() -> None:
+    """float8_tensor.py _ViewFunc / _ReshapeFunc (lines 1225-1315): the codes are a view of the
+    original's; a transpose whose shape is not the new shape's columnwise one is dropped."""
+    x = _rand((4, 6, 8), 13)
+    t = _q(4.0)(x)
+    v = t.view(24, 8)
+    assert v._data.data_ptr() == t._data.data_ptr() and torch.equal(v._data, _codes(x, 4.0).view(24, 8))
+    assert v._transpose is None and v.get_usages() == {"rowwise": True, "columnwise": False}
+    r = t.reshape(4, 48)
+    assert r._transpose is None and torch.equal(r._data, _codes(x, 4.0).reshape(4, 48))
+    same = t.view(4, 6, 8)
+    assert same._transpose.data_ptr() == t._transpose.data_ptr()
+    col = _q(4.0, rowwise=False)(x)
+    assert torch.equal(col.reshape(4, 6, 8)._transpose, _colwise(_codes(x, 4.0)))
+    with pytest.raises(NotImplementedError, match="columnwise-only data is only supported"):
+        col.reshape(24, 8)

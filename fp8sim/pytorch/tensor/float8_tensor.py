@@ -209,19 +209,34 @@ class _Dequantize(torch.autograd.Function):
 
 
 class _Reshape(torch.autograd.Function):
+    """TE's ``_ViewFunc`` / ``_ReshapeFunc`` (``tensor/float8_tensor.py``): the codes are viewed or
+    reshaped; the transpose is kept only where its shape already is the new shape's columnwise one
+    (so a real shape change drops it, and a columnwise-only tensor can only keep its shape)."""
+
     @staticmethod
-    def forward(ctx: Any, tensor: Float8Tensor, shape: Sequence[int]) -> Float8Tensor:
+    def forward(ctx: Any, tensor: Float8Tensor, shape: Sequence[int], view: bool) -> Float8Tensor:
         ctx.shape = tensor.shape
-        data = tensor._data.reshape(shape) if tensor._data is not None else None
-        if data is None:  # columnwise only: reshape the logical values' codes
-            data_logical = tensor._transpose.movedim(0, -1).reshape(shape)
-            return tensor._rebuilt(data_logical.shape, None, _columnwise(data_logical))
-        transpose = _columnwise(data) if tensor._transpose is not None else None
-        return tensor._rebuilt(data.shape, data, transpose)
+        if tensor._data is not None:
+            data = tensor._data.view(*shape) if view else tensor._data.reshape(*shape)
+            out_shape = data.shape
+        else:
+            data, out_shape = None, torch.empty(tensor.shape, device="meta").reshape(*shape).shape
+        transpose = None if tensor._transpose_invalid else tensor._transpose
+        if transpose is not None:
+            if tuple(transpose.shape) != _columnwise_shape(out_shape):
+                transpose = None
+            else:
+                transpose = transpose.view(*_columnwise_shape(out_shape))
+        if data is None and transpose is None:
+            raise NotImplementedError(
+                "Float8Tensor view with columnwise-only data is only supported "
+                "when the requested shape preserves the columnwise layout"
+            )
+        return tensor._rebuilt(out_shape, data, transpose)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return grad.reshape(ctx.shape), None
+        return grad.reshape(ctx.shape), None, None
 
 
 class Float8Tensor(QuantizedTensor):
@@ -324,10 +339,10 @@ class Float8Tensor(QuantizedTensor):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
     def view(self, *shape: Any) -> Float8Tensor:  # type: ignore[override]
-        return _Reshape.apply(self, _shape_arg(shape))
+        return _Reshape.apply(self, _shape_arg(shape), True)
 
     def reshape(self, *shape: Any) -> Float8Tensor:  # type: ignore[override]
-        return _Reshape.apply(self, _shape_arg(shape))
+        return _Reshape.apply(self, _shape_arg(shape), False)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return (
