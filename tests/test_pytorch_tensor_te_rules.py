@@ -158,3 +158,25 @@ def test_view_and_reshape_keep_the_transpose_only_for_its_own_shape() -> None:
     assert torch.equal(col.reshape(4, 6, 8)._transpose, _colwise(_codes(x, 4.0)))
     with pytest.raises(NotImplementedError, match="columnwise-only data is only supported"):
         col.reshape(24, 8)
+
+
+def test_new_zeros_new_empty_and_empty_like_stay_quantized() -> None:
+    """float8_tensor.py new_zeros (lines 798-843); quantized_tensor.py new_empty and empty_like
+    (lines 935-974): the tensor's quantizer, with the tensor's usages for empty_like, makes them."""
+    t = _q(4.0)(_rand((4, 6), 14))
+    z = t.new_zeros((3, 5))
+    assert isinstance(z, Float8Tensor) and z.shape == (3, 5) and z.dtype == torch.float32
+    assert torch.equal(z._data, torch.zeros(3, 5, dtype=torch.uint8))
+    assert torch.equal(z._transpose, torch.zeros(5, 3, dtype=torch.uint8))
+    assert z._scale_inv is not t._scale_inv and z._scale_inv.item() == 0.25
+    assert torch.equal(z.dequantize(), torch.zeros(3, 5))
+    e = t.new_empty((2, 7))
+    assert isinstance(e, Float8Tensor) and e.shape == (2, 7)
+    col = _q(4.0, rowwise=False)(_rand((4, 6), 15))
+    like = torch.empty_like(col)
+    assert isinstance(like, Float8Tensor) and like.shape == (4, 6)
+    assert like.get_usages() == {"rowwise": False, "columnwise": True}
+    row = _q(4.0)(_rand((4, 6), 16))
+    row.update_usage(columnwise_usage=False)  # usages now differ from its quantizer's
+    assert torch.empty_like(row).get_usages() == {"rowwise": True, "columnwise": False}
+    assert row._quantizer.columnwise_usage is True  # the tensor's quantizer is left as it was

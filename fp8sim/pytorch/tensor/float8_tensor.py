@@ -320,6 +320,8 @@ class Float8Tensor(QuantizedTensor):
             return _slice(func, args, kwargs)
         if func == torch.ops.aten.split.Tensor and args[0]._data is not None:
             return _split(args, kwargs)
+        if func == torch.ops.aten.new_zeros.default:
+            return _new_zeros(args, kwargs)
         if (
             func == torch.ops.aten.copy_.default
             and isinstance(args[0], Float8Tensor)
@@ -393,6 +395,29 @@ def _split(args: tuple, kwargs: dict) -> list[Float8Tensor]:
         t_dim = 0 if dim == tensor.dim() - 1 else dim + 1
         t_pieces = list(torch.ops.aten.split.Tensor(tensor._transpose, args[1], t_dim))
     return [tensor._rebuilt(p.shape, p, t) for p, t in zip(pieces, t_pieces, strict=True)]
+
+
+def _new_zeros(args: tuple, kwargs: dict) -> Float8Tensor:
+    """TE's new_zeros: zero codes (and a zero transpose where the source has one), a copy of
+    ``_scale_inv``, the same quantizer; ``dtype`` is the nominal dtype."""
+    tensor, size = args[0], tuple(args[1])
+    dtype = kwargs.get("dtype") or tensor.dtype
+    if tensor._data is None and (tensor._transpose is None or tensor._transpose_invalid):
+        raise RuntimeError("Float8Tensor.new_zeros requires rowwise or columnwise data")
+    data = torch.zeros(size, dtype=torch.uint8) if tensor._data is not None else None
+    transpose = None
+    if tensor._transpose is not None and not tensor._transpose_invalid:
+        transpose = torch.zeros(_columnwise_shape(size), dtype=torch.uint8)
+    return Float8Tensor(
+        shape=size,
+        dtype=dtype,
+        data=data,
+        fp8_scale_inv=tensor._scale_inv.detach().clone(),
+        fp8_dtype=tensor._fp8_dtype,
+        data_transpose=transpose,
+        quantizer=tensor._quantizer,
+        device=tensor.device,
+    )
 
 
 def _shape_arg(shape: tuple) -> tuple[int, ...]:

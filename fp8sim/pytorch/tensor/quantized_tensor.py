@@ -346,6 +346,28 @@ class QuantizedTensor(torch.Tensor):
             return type(args[0]).make_like(args[0])._with_data(args[0]._cloned_data())
         if func == torch.ops.aten.numel.default:
             return math.prod(args[0].shape)
+        if func == torch.ops.aten.new_empty.default:  # TE: a quantized tensor from the quantizer
+            tensor = args[0]
+            if tensor._quantizer is None:
+                raise RuntimeError(
+                    f"{type(tensor).__name__} does not have a quantizer; cannot create new_empty QuantizedTensor"
+                )
+            return tensor._quantizer.make_empty(
+                torch.Size(args[1]),
+                dtype=kwargs.get("dtype") or tensor.dtype,
+                device=kwargs.get("device") or tensor.device,
+                requires_grad=tensor.requires_grad,
+            )
+        if func == torch.ops.aten.empty_like.default and args[0]._quantizer is not None:
+            tensor = args[0]  # TE: the quantizer with the tensor's usages makes it
+            quantizer = tensor._quantizer.copy()
+            quantizer.set_usage(**tensor.get_usages())
+            return quantizer.make_empty(
+                tensor.shape,
+                dtype=tensor.dtype,
+                device=kwargs.get("device") or tensor.device,
+                requires_grad=kwargs.get("requires_grad", tensor.requires_grad),
+            )
         if func == torch.ops.aten.copy_.default:
             dst, src = args[0], args[1]
             if isinstance(dst, QuantizedTensor):
