@@ -180,3 +180,24 @@ def test_new_zeros_new_empty_and_empty_like_stay_quantized() -> None:
     row.update_usage(columnwise_usage=False)  # usages now differ from its quantizer's
     assert torch.empty_like(row).get_usages() == {"rowwise": True, "columnwise": False}
     assert row._quantizer.columnwise_usage is True  # the tensor's quantizer is left as it was
+
+
+@pytest.mark.parametrize("kind", ["mxfp8", "block1d", "nvfp4"])
+def test_block_scaled_views_keep_the_data_layout(kind: str) -> None:
+    """A view that keeps the inner dim is the tensor of the flattened input: TE's _ViewFunc views
+    the rowwise data as the new shape, the columnwise data as TE's columnwise shape for it
+    (``float8_blockwise_tensor.py`` lines 810-815, ``nvfp4_tensor.py`` lines 1095-1111), and shares
+    the scales, which are laid out by the flattened rows already."""
+    from fp8sim.pytorch.tensor import Float8BlockQuantizer, NVFP4Quantizer
+
+    q = {
+        "mxfp8": lambda: MXFP8Quantizer(DType.kFloat8E4M3),
+        "block1d": lambda: Float8BlockQuantizer(DType.kFloat8E4M3, rowwise=True, columnwise=True, block_scaling_dim=1),
+        "nvfp4": lambda: NVFP4Quantizer(),
+    }[kind]()
+    x = _rand((2, 32, 128), 17)
+    v, flat = q(x).view(64, 128), q(x.reshape(64, 128))
+    assert type(v) is type(flat) and v.shape == (64, 128)
+    for name in ("_rowwise_data", "_columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv"):
+        got, want = getattr(v, name), getattr(flat, name)
+        assert got.shape == want.shape and torch.equal(got, want), name
