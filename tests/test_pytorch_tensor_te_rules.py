@@ -201,3 +201,14 @@ def test_block_scaled_views_keep_the_data_layout(kind: str) -> None:
     for name in ("_rowwise_data", "_columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv"):
         got, want = getattr(v, name), getattr(flat, name)
         assert got.shape == want.shape and torch.equal(got, want), name
+
+
+def test_contiguous_copies_sliced_codes() -> None:
+    """float8_tensor.py contiguous (lines 549-579): self when already contiguous, else a copy."""
+    t = _q(4.0)(_rand((4, 6), 18))
+    assert t.contiguous() is t
+    part = t[:, 1:4]
+    assert not part._data.is_contiguous()
+    c = part.contiguous()
+    assert c is not part and c._data.is_contiguous() and c._transpose.is_contiguous()
+    assert torch.equal(c._data, part._data) and torch.equal(c._transpose, part._transpose)

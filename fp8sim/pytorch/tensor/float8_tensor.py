@@ -340,6 +340,16 @@ class Float8Tensor(QuantizedTensor):
             return dst
         return super().__torch_dispatch__(func, types, args, kwargs)
 
+    def contiguous(self, memory_format: torch.memory_format = torch.contiguous_format) -> Float8Tensor:
+        """TE's: ``self`` when the codes (and transpose) are contiguous, else a copy that is."""
+        if all(t is None or t.is_contiguous(memory_format=memory_format) for t in (self._data, self._transpose)):
+            return self
+        data = None if self._data is None else self._data.contiguous(memory_format=memory_format)
+        transpose = None
+        if self._transpose is not None and not self._transpose_invalid:
+            transpose = self._transpose.contiguous(memory_format=memory_format)
+        return self._rebuilt(self.shape, data, transpose)
+
     def view(self, *shape: Any) -> Float8Tensor:  # type: ignore[override]
         return _Reshape.apply(self, _shape_arg(shape), True)
 
