@@ -212,3 +212,12 @@ def test_contiguous_copies_sliced_codes() -> None:
     c = part.contiguous()
     assert c is not part and c._data.is_contiguous() and c._transpose.is_contiguous()
     assert torch.equal(c._data, part._data) and torch.equal(c._transpose, part._transpose)
+
+
+def test_the_amax_reduction_group_does_not_persist_on_the_tensor() -> None:
+    """quantized_tensor.py Quantizer.quantize (lines 441-447): the result's quantizer drops it."""
+    group = object()
+    q = Float8CurrentScalingQuantizer(DType.kFloat8E4M3, "cpu", with_amax_reduction=True, amax_reduction_group=group)
+    t = q(_rand((4, 8), 19))  # no process group initialised: nothing to reduce
+    assert t._quantizer.with_amax_reduction is False and t._quantizer.amax_reduction_group is None
+    assert q.with_amax_reduction is True and q.amax_reduction_group is group

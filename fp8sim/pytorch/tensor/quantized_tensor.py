@@ -112,8 +112,15 @@ class Quantizer(abc.ABC):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{type(self).__name__} quantizes a torch.Tensor, got {type(tensor).__name__}")
         if not self.internal and torch.is_grad_enabled() and tensor.requires_grad:
-            return _QuantizeFunc.apply(tensor, self.quantize_impl)
-        return self.quantize_impl(tensor.detach())
+            result = _QuantizeFunc.apply(tensor, self.quantize_impl)
+        else:
+            result = self.quantize_impl(tensor.detach())
+        # TE: the amax reduction group never persists on a tensor's quantizer (its own copy)
+        result_quantizer = getattr(result, "_quantizer", None)
+        if getattr(result_quantizer, "with_amax_reduction", False):
+            result_quantizer.with_amax_reduction = False
+            result_quantizer.amax_reduction_group = None
+        return result
 
     def __call__(self, tensor: torch.Tensor) -> QuantizedTensor:
         return self.quantize(tensor)
