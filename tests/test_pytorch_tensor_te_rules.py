@@ -221,3 +221,24 @@ def test_the_amax_reduction_group_does_not_persist_on_the_tensor() -> None:
     t = q(_rand((4, 8), 19))  # no process group initialised: nothing to reduce
     assert t._quantizer.with_amax_reduction is False and t._quantizer.amax_reduction_group is None
     assert q.with_amax_reduction is True and q.amax_reduction_group is group
+
+
+def test_attention_and_layer_constants_are_tes() -> None:
+    """pytorch/constants.py lines 127-173 at d0067d0, as listed there."""
+    from fp8sim.pytorch import constants as C
+
+    assert C.AttnMaskTypes == (
+        "no_mask",
+        "padding",
+        "causal",
+        "padding_causal",
+        "causal_bottom_right",
+        "padding_causal_bottom_right",
+        "arbitrary",
+    )
+    assert C.AttnTypes == ("self", "cross") and C.LayerTypes == ("encoder", "decoder")
+    assert C.AttnBiasTypes == ("pre_scale_bias", "post_scale_bias", "no_bias", "alibi")
+    assert C.GemmParallelModes == ("row", "column", None)
+    assert len(C.QKVLayouts) == 25 and C.QKVLayouts[:3] == ("sb3hd", "sbh3d", "sbhd_sb2hd")
+    assert C.QKVLayouts[15] == "sbhd_bshd_bshd" and C.QKVLayouts[-1] == "paged_kv_thd_sbhd_sbhd"
+    assert C.dist_group_type is torch.distributed.ProcessGroup
