@@ -242,3 +242,17 @@ def test_attention_and_layer_constants_are_tes() -> None:
     assert len(C.QKVLayouts) == 25 and C.QKVLayouts[:3] == ("sb3hd", "sbh3d", "sbhd_sb2hd")
     assert C.QKVLayouts[15] == "sbhd_bshd_bshd" and C.QKVLayouts[-1] == "paged_kv_thd_sbhd_sbhd"
     assert C.dist_group_type is torch.distributed.ProcessGroup
+
+
+def test_in_place_ops_requantize_keyword_and_list_outputs() -> None:
+    """quantized_tensor.py __torch_dispatch__ (lines 995-1022): every written argument, keyword
+    (``out=``) or in a list (``_foreach_*_``), is quantized back with the tensor's quantizer."""
+    x, y = _rand((4, 6), 20), _rand((4, 6), 21)
+    q = _q(2.0)
+    dst = q(torch.zeros(4, 6))
+    torch.add(x, y, out=dst)
+    assert isinstance(dst, Float8Tensor) and torch.equal(dst._data, _codes(x + y, 2.0))
+    a, b = q(x), q(y)
+    torch._foreach_mul_([a, b], 0.5)
+    assert torch.equal(a._data, _codes(q(x).dequantize() * 0.5, 2.0))
+    assert torch.equal(b._data, _codes(q(y).dequantize() * 0.5, 2.0))

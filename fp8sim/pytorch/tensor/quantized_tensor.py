@@ -398,17 +398,29 @@ class QuantizedTensor(torch.Tensor):
 
         if func._schema.is_mutable:  # in place: dequantize, run, quantize back (TE's rule)
             new_args, new_kwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
-            func(*new_args, **new_kwargs)
+            out = func(*new_args, **new_kwargs)
+            schema = {sa.name: sa for sa in func._schema.arguments}
             for a, na, sa in zip(args, new_args, func._schema.arguments, strict=False):
-                alias = getattr(sa, "alias_info", None)
-                if isinstance(a, QuantizedTensor) and alias is not None and alias.is_write:
-                    a.quantize_(na)
-            return args[0]
+                _requantize_written(a, na, sa)
+            for name, a in kwargs.items():  # e.g. ``out=``: TE re-quantizes keyword arguments too
+                _requantize_written(a, new_kwargs[name], schema.get(name))
+            return args[0] if args and isinstance(args[0], QuantizedTensor) else out
         return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
 
     def _with_data(self, data: dict[str, Any]) -> QuantizedTensor:
         self._init(**data)
         return self
+
+
+def _requantize_written(arg: Any, new_arg: Any, schema_arg: Any) -> None:
+    """TE's ``maybe_update_inplace``: quantize back what an in-place op wrote (lists recursively)."""
+    alias = getattr(schema_arg, "alias_info", None)
+    if isinstance(arg, QuantizedTensor) and isinstance(new_arg, torch.Tensor):
+        if alias is not None and alias.is_write:
+            arg.quantize_(new_arg)
+    elif isinstance(arg, list | tuple) and isinstance(new_arg, list | tuple):
+        for a, na in zip(arg, new_arg, strict=False):
+            _requantize_written(a, na, schema_arg)
 
 
 def prepare_for_saving(*tensors: Any) -> tuple[list[Any], list[Any]]:
