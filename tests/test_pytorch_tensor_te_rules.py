@@ -256,3 +256,23 @@ def test_in_place_ops_requantize_keyword_and_list_outputs() -> None:
     torch._foreach_mul_([a, b], 0.5)
     assert torch.equal(a._data, _codes(q(x).dequantize() * 0.5, 2.0))
     assert torch.equal(b._data, _codes(q(y).dequantize() * 0.5, 2.0))
+
+
+def test_mxfp8_split_along_rows_stays_mxfp8() -> None:
+    """mxfp8_tensor.py split (lines 422-505): dim 0, multiples of 32 rows: data and scales split,
+    scales padded back to 128 (rowwise) / 4 (columnwise) rows, which is the quantization of each
+    block-aligned piece; any other split falls back to the dequantized values."""
+    from fp8sim.pytorch.tensor import MXFP8Tensor
+
+    q = MXFP8Quantizer(DType.kFloat8E4M3)
+    x = _rand((128, 64), 22)
+    parts = q(x).split(64)
+    assert len(parts) == 2
+    for i, p in enumerate(parts):
+        want = q(x[64 * i : 64 * (i + 1)])
+        assert isinstance(p, MXFP8Tensor) and p.shape == (64, 64)
+        for name in ("_rowwise_data", "_columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv"):
+            got, ref = getattr(p, name), getattr(want, name)
+            assert got.shape == ref.shape and torch.equal(got, ref), name
+    odd = q(x).split(48)
+    assert not isinstance(odd[0], MXFP8Tensor) and torch.equal(odd[0], q(x).dequantize()[:48])
