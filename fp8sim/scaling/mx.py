@@ -278,6 +278,8 @@ def _quantize_blocks(
     rows_n, bs, cols_n = x3.shape
     codes = np.empty(x3.shape, np.uint8)
     scales = np.empty((rows_n, cols_n), np.uint8)
+    if x3.size == 0:  # an empty tensor has no blocks to scale
+        return codes, scales
     table = f32_code_table(fmt, "nearest_even", True)
     rows = max(1, _CHUNK // (bs * cols_n))
     cols = cols_n if bs * cols_n <= _CHUNK else max(1, _CHUNK // bs)

@@ -52,7 +52,11 @@ class QuantizedTensor:
         if self.codes.ndim != len(self.block) or len(self.shape) != len(self.block):
             raise ValueError(f"block {self.block} must have one entry per dim of shape {self.shape}")
         want = tuple(c // b for c, b in zip(self.codes.shape, self.block, strict=True))
-        if any(c % b for c, b in zip(self.codes.shape, self.block, strict=True)) or tuple(self.scales.shape) != want:
+        # a zero-length dim holds no blocks or one empty block (an empty tensor keeps its per-tensor scale)
+        got = tuple(self.scales.shape)
+        if len(got) == len(want):
+            got = tuple(w if s == 1 and c == 0 else s for s, c, w in zip(got, self.codes.shape, want, strict=True))
+        if any(c % b for c, b in zip(self.codes.shape, self.block, strict=True)) or got != want:
             got = tuple(self.scales.shape)
             raise ValueError(f"scales shape {got} does not match codes {self.codes.shape} in blocks {self.block}")
 
