@@ -79,6 +79,19 @@ def _torch_amax(x: Any, axis: int | None) -> np.ndarray | None:
     return a.to(torch.float32).cpu().numpy()
 
 
+def _scaled(x: Any, x32: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """torchao's ``x.to(torch.float32) * scale``: by torch for a torch input, whose kernels pick the NaN
+    operand differently from numpy's (a NaN times a broadcast NaN scale keeps the scale's payload)."""
+    if is_torch_tensor(x) and x.numel():
+        import torch
+
+        with torch.no_grad():
+            t = x.detach().to(torch.float32) * torch.from_numpy(np.ascontiguousarray(scale)).to(x.device)
+        return t.cpu().numpy()
+    with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
+        return x32 * scale
+
+
 def _torch_nan_codes(codes: np.ndarray, scaled: np.ndarray, fmt: FloatFormat) -> np.ndarray:
     """torch's float8 cast of a NaN: ``0x7F | sign`` for E4M3FN and E5M2 alike (ml_dtypes writes E5M2 NaN
     as 0x7E); the fnuz formats have the one NaN 0x80 either way."""
@@ -134,8 +147,7 @@ def quantize_torchao(
         amax = _torch_amax(x, None)
         amax = amax_nan_propagating(x32) if amax is None else amax
         scale = torchao_amax_to_scale(amax, f, round_scales_to_power_of_2)
-        with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
-            scaled = x32 * scale
+        scaled = _scaled(x, x32, scale)
         codes = _torch_nan_codes(encode(scaled, f, saturate=True), scaled, f)
         return _pertensor(codes, scale, f, x32.shape, dtype_name(x), scale_is_divisor=True)
     if x32.ndim == 0 or not -x32.ndim <= axiswise_dim < x32.ndim:
@@ -144,8 +156,7 @@ def quantize_torchao(
     amax = _torch_amax(x, dim)
     amax = amax_nan_propagating(x32, axis=dim, keepdims=True) if amax is None else amax
     scale = torchao_amax_to_scale(amax, f, round_scales_to_power_of_2)
-    with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
-        scaled = x32 * scale
+    scaled = _scaled(x, x32, scale)
     codes = _torch_nan_codes(encode(scaled, f, saturate=True), scaled, f)
     # an empty reduced dim is one empty block (its amax is 0), not a block of length 0
     block = tuple(max(n, 1) if i == dim else 1 for i, n in enumerate(x32.shape))
