@@ -308,6 +308,7 @@ def quantize_nvfp4(
     global_amax: Any = None,
     reference_zero_handling: bool = False,
     single_level: bool = False,
+    swizzle: bool = False,
 ) -> QuantizedTensor:
     """Quantize ``x`` to NVFP4 along its last dim (one rowwise copy; see the module docstring).
 
@@ -326,6 +327,7 @@ def quantize_nvfp4(
     global scale, ``s_blk = e4m3(clamp(fl32(vec_max / 6), 2^-6, 448))``, ``code = E2M1_RN(clamp(fl32(x *
     fl32(1 / s_blk)), -6, 6))``; the result's ``global_scale`` is None.  With a torch input the global
     amax is ``torch.max(torch.abs(x))`` run by torch (a NaN amax has torch's bits, spec 0 "6.2").
+    ``swizzle``: also give the E4M3 scales in the 128x4 blocked layout (``blocked_scales``; 2-D ``x``).
 
     Returns a :class:`QuantizedTensor` with E2M1 codes, uint8 E4M3 block scales, ``block`` =
     ``(..., 1, 16)`` or ``(..., 16, 16)`` and ``global_scale`` = the float32 dequantization factor
@@ -340,7 +342,14 @@ def quantize_nvfp4(
         row_scaled=row_scaled,
         reference_zero_handling=reference_zero_handling,
         single_level=single_level,
+        swizzle=swizzle,
     )
+    if swizzle:
+        from .swizzle import with_blocked_scales
+
+        kw = dict(flavor=flavor, block_2d=block_2d, rht=rht, stochastic=stochastic, seed=seed, row_scaled=row_scaled)
+        kw.update(global_amax=global_amax, reference_zero_handling=reference_zero_handling, single_level=single_level)
+        return with_blocked_scales(quantize_nvfp4(x, **kw))
     if single_level and (flavor != "torchao" or global_amax is not None):
         raise ValueError(
             "single_level=True is torchao's per_tensor_scale=None: use flavor='torchao' and no global_amax"

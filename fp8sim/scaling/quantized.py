@@ -35,6 +35,9 @@ class QuantizedTensor:
       (TE NVFP4), or None.
     - ``scale_is_divisor``: the stored scales are *quantization* scales and dequantization divides
       by them (torchao: ``_data / _scale``), instead of multiplying.
+    - ``blocked_scales``: the same scales in the flat 128x4 blocked ("swizzled") layout that
+      ``torch._scaled_mm`` takes for MX/NVFP4 (:mod:`fp8sim.scaling.swizzle`), when a quantizer was asked
+      for it (``swizzle=True``), else None.
     """
 
     codes: np.ndarray
@@ -47,6 +50,7 @@ class QuantizedTensor:
     global_scale: float | np.ndarray | None = None
     scale_is_divisor: bool = False
     global_amax: float | np.ndarray | None = None
+    blocked_scales: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.codes.ndim != len(self.block) or len(self.shape) != len(self.block):
