@@ -38,3 +38,22 @@ __all__ = [
     "e4m3_dtype",
     "e5m2_dtype",
 ]
+
+# MXFP8 training (torchao prototype/moe_training), issue 17
+from .mx_linear import (  # noqa: E402
+    KernelPreference,
+    MXFP8Linear,
+    MXFP8TrainingOpConfig,
+    MXFP8TrainingRecipe,
+    ScaleCalculationMode,
+    convert_to_mxfp8_training,
+)
+
+__all__ += [
+    "KernelPreference",
+    "ScaleCalculationMode",
+    "MXFP8TrainingRecipe",
+    "MXFP8TrainingOpConfig",
+    "MXFP8Linear",
+    "convert_to_mxfp8_training",
+]
