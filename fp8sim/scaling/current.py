@@ -65,31 +65,34 @@ def _pertensor(
     return QuantizedTensor(codes, np.full((1,) * len(shape), scale_value, np.float32), fmt, block, shape, dtype, **kw)
 
 
-def _torch_amax(x: Any, axis: int | None) -> np.ndarray | None:
-    """torchao's ``torch.max(torch.abs(x))`` / ``torch.amax(..., keepdim=True)`` run by torch itself, as
-    float32 numpy, so a NaN amax carries the bits torch's reduction gives it on this machine (the
-    vectorized float32 max returns 0xFFFFFFFF, spec 0 "6.2"); None for numpy input or an empty reduction."""
-    if not is_torch_tensor(x) or x.numel() == 0 or (axis is not None and x.shape[axis] == 0):
-        return None
-    import torch
+def _amax_torchao(x: Any, x32: np.ndarray, axis: int | None) -> np.ndarray:
+    """torchao's ``torch.max(torch.abs(x))`` / ``torch.amax(..., keepdim=True)``.  Any NaN gives a NaN amax;
+    for a torch input its bits are those torch's reduction gives on this machine (the vectorized float32
+    max returns 0xFFFFFFFF, spec 0 "6.2"), so a NaN result is recomputed by torch itself."""
+    amax = amax_nan_propagating(x32) if axis is None else amax_nan_propagating(x32, axis=axis, keepdims=True)
+    if is_torch_tensor(x) and np.isnan(amax).any():
+        import torch
 
-    t = x.detach()
-    with torch.no_grad():
-        a = torch.max(torch.abs(t)) if axis is None else torch.amax(torch.abs(t), dim=axis, keepdim=True)
-    return a.to(torch.float32).cpu().numpy()
+        with torch.no_grad():
+            t = torch.abs(x.detach())
+            a = torch.max(t) if axis is None else torch.amax(t, dim=axis, keepdim=True)
+        amax = a.to(torch.float32).cpu().numpy()
+    return amax
 
 
 def _scaled(x: Any, x32: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """torchao's ``x.to(torch.float32) * scale``: by torch for a torch input, whose kernels pick the NaN
-    operand differently from numpy's (a NaN times a broadcast NaN scale keeps the scale's payload)."""
-    if is_torch_tensor(x) and x.numel():
+    """torchao's ``x.to(torch.float32) * scale``.  Where the product holds a NaN and ``x`` is a torch tensor
+    it is recomputed by torch, whose kernels pick the NaN operand differently from numpy's (a NaN times a
+    broadcast NaN scale keeps the scale's payload)."""
+    with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
+        out = x32 * scale
+    if is_torch_tensor(x) and np.isnan(out).any():
         import torch
 
         with torch.no_grad():
             t = x.detach().to(torch.float32) * torch.from_numpy(np.ascontiguousarray(scale)).to(x.device)
-        return t.cpu().numpy()
-    with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
-        return x32 * scale
+        out = t.cpu().numpy()
+    return out
 
 
 def _torch_nan_codes(codes: np.ndarray, scaled: np.ndarray, fmt: FloatFormat) -> np.ndarray:
@@ -144,8 +147,7 @@ def quantize_torchao(
         raise ValueError(f"granularity must be 'tensorwise' or 'axiswise', got {granularity!r}")
     x32 = as_float32(x)
     if granularity == "tensorwise":
-        amax = _torch_amax(x, None)
-        amax = amax_nan_propagating(x32) if amax is None else amax
+        amax = _amax_torchao(x, x32, None)
         scale = torchao_amax_to_scale(amax, f, round_scales_to_power_of_2)
         scaled = _scaled(x, x32, scale)
         codes = _torch_nan_codes(encode(scaled, f, saturate=True), scaled, f)
@@ -153,8 +155,7 @@ def quantize_torchao(
     if x32.ndim == 0 or not -x32.ndim <= axiswise_dim < x32.ndim:
         raise ValueError(f"axiswise_dim {axiswise_dim} out of range for a tensor of shape {x32.shape}")
     dim = axiswise_dim % x32.ndim
-    amax = _torch_amax(x, dim)
-    amax = amax_nan_propagating(x32, axis=dim, keepdims=True) if amax is None else amax
+    amax = _amax_torchao(x, x32, dim)
     scale = torchao_amax_to_scale(amax, f, round_scales_to_power_of_2)
     scaled = _scaled(x, x32, scale)
     codes = _torch_nan_codes(encode(scaled, f, saturate=True), scaled, f)

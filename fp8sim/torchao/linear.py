@@ -32,7 +32,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..cast import decode
 from ..formats import FloatFormat, get_format
 from ..gemm import Accumulator, get_accumulator, scaled_mm
 from ..scaling.current import quantize_torchao
@@ -115,7 +114,10 @@ def _cast(x: torch.Tensor, target_dtype: torch.dtype, granularity: ScalingGranul
 def _dequantized_like(t: _Float8, ref: torch.Tensor) -> torch.Tensor:
     """torchao's ``_data.float() / _scale`` (float32 division), with ``ref``'s strides as torchao's
     elementwise ops keep them (contiguous when ``ref`` is not dense)."""
-    values = decode(t.codes, t.fmt) / t.scale
+    # torch's float8 -> float32 conversion is exact and gives a NaN code torchao's NaN bits
+    values = t.codes.view(t.fmt.torch_dtype).float() / t.scale
+    if ref.is_contiguous():
+        return values
     return torch.empty_like(ref, dtype=torch.float32).copy_(values)
 
 
