@@ -30,8 +30,10 @@ Two flavours (spec ``shared/spec/semantics.md`` 5.4 and 6.3):
 ``QuantizedTensor.dequantize()`` forms ``code * s_blk * global_scale`` exactly and rounds once.
 Neither library dequantizes that way; :func:`dequantize_nvfp4` reproduces each one.
 
-Not emulated: TE's fast-math path (bf16 scaling coefficient), 4over6, and the bit-exact
-Philox-4x32 stochastic rounding of the kernels (spec section 10).
+Not emulated here: TE's fast-math path (bf16 scaling coefficient).  4over6 is
+:mod:`fp8sim.scaling.nvfp4_4over6`; the hardware SR instruction and TE's Philox words are
+:mod:`fp8sim.cast.ptx_sr` and :mod:`fp8sim.cast.philox` (which kernel thread draws which word is not
+emulated, spec section 10).
 """
 
 from __future__ import annotations
