@@ -237,6 +237,20 @@ def test_empty_mx_and_nvfp4_quantize():
     assert quantize_nvfp4(torch.zeros(0, 32)).global_scale == 1.0  # TE: amax 0 -> S_enc 1
 
 
+def test_empty_batches_through_te_current_and_delayed_scaling():
+    """TE ``compute_scale_from_amax`` (``common/recipe/recipe_common.cuh``): amax 0 -> scale 1, so an empty
+    batch keeps scale_inv 1 (the old code refused with an internal shape message)."""
+    from fp8sim.scaling.current import quantize_current_scaling
+    from fp8sim.scaling.delayed import DelayedScaler
+
+    for shape in [(0, 16), (0,), (4, 0)]:
+        q = quantize_current_scaling(np.zeros(shape, np.float32))
+        assert q.codes.shape == shape and q.scales.reshape(-1).tolist() == [1.0]
+        assert q.dequantize().shape == shape
+        d = DelayedScaler().quantize(0, np.zeros(shape, np.float32))
+        assert d.codes.shape == shape
+
+
 # -- 0-d input and torch.compile (issue 18 item 11) ----------------------------------------------------
 
 
