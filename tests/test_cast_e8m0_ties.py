@@ -75,3 +75,13 @@ def test_torch_input_gives_a_torch_result():
 def test_unknown_tie_rule_names_the_choices():
     with pytest.raises(ValueError, match="unknown ties 'away'; known: up, even"):
         encode_e8m0(TIES, ties="away")
+
+
+def test_ml_dtypes_ties_even_convention_differs_from_ml_dtypes_only_on_ties():
+    from fp8sim.conventions import get_convention
+
+    x = _sample()
+    even, plain = get_convention("ml_dtypes_ties_even"), get_convention("ml_dtypes")
+    assert np.array_equal(even.encode(x, "e8m0"), encode_e8m0(x, ties="even", saturate=False))
+    assert np.array_equal(plain.encode(x, "e8m0"), x.astype(ml_dtypes.float8_e8m0fnu).view(np.uint8))
+    assert np.array_equal(even.encode(x, "e4m3"), plain.encode(x, "e4m3"))  # other formats unchanged
