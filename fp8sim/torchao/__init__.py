@@ -57,3 +57,20 @@ __all__ += [
     "MXFP8Linear",
     "convert_to_mxfp8_training",
 ]
+
+# MoE grouped-GEMM training (torchao prototype/moe_training), issue 17
+from .moe import (  # noqa: E402
+    Float8TrainingOpConfig,
+    Float8TrainingRecipe,
+    convert_to_moe_training,
+    fp8_rowwise_grouped_mm,
+    mxfp8_grouped_mm,
+)
+
+__all__ += [
+    "Float8TrainingRecipe",
+    "Float8TrainingOpConfig",
+    "convert_to_moe_training",
+    "fp8_rowwise_grouped_mm",
+    "mxfp8_grouped_mm",
+]
