@@ -45,6 +45,7 @@ class Convention:
     unsigned_zero: Literal["core", "min"] = "core"
     unsigned_negative: Literal["core", "abs"] = "core"
     source: str = ""
+    e8m0_ties: Literal["up", "even"] = "up"  # exact E8M0 ties (1.5 * 2^k): ml_dtypes 0.6.0 rounds them up
 
     def options(self, fmt: str | FloatFormat) -> dict[str, Any]:
         """The core ``encode`` options this convention uses for ``fmt``."""
@@ -64,7 +65,12 @@ class Convention:
         x = self._narrow(x)
         if not f.signed and self.unsigned_negative == "abs":
             x = abs(x)
-        codes = encode(x, f, **opts)
+        if f.name == "e8m0" and self.e8m0_ties == "even" and opts["rounding"] == "nearest_even":
+            from .cast.e8m0 import encode_e8m0
+
+            codes = encode_e8m0(x, ties="even", saturate=opts["saturate"])
+        else:
+            codes = encode(x, f, **opts)
         with np.errstate(invalid="ignore"):  # NaN comparisons on bfloat16 arrays warn
             if not f.has_zero and self.unsigned_zero == "min":
                 codes = _where(codes, x == 0, 0)
@@ -159,6 +165,15 @@ _PRESETS = (
         formats=("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"),
         nan_codes=_TORCH_NAN,
         source="pytorch/ao:torchao/float8/float8_utils.py to_fp8_saturated",
+    ),
+    Convention(
+        "ml_dtypes_ties_even",
+        "the ml_dtypes convention with exact E8M0 ties rounded to the even code (the open ml_dtypes change; "
+        "ml_dtypes 0.6.0 rounds them up)",
+        saturate=False,
+        float64="via_float32",
+        e8m0_ties="even",
+        source="jax-ml/ml_dtypes:ml_dtypes/include/mxfloat.h (float8_e8m0fnu rounding); fp8sim.cast.e8m0",
     ),
 )
 

@@ -7,7 +7,15 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from . import constants, utils
 from .constants import DType
-from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm, TransformerEngineBaseModule
+from .module import (
+    GroupedLinear,  # noqa: E402 - issue 17
+    LayerNorm,
+    LayerNormLinear,
+    LayerNormMLP,
+    Linear,
+    RMSNorm,
+    TransformerEngineBaseModule,
+)
 from .quantization import (
     FP8GlobalStateManager,
     autocast,
@@ -45,6 +53,7 @@ __all__ = [
     "is_calibrating",
     "get_recipe",
     "Linear",
+    "GroupedLinear",
     "LayerNorm",
     "LayerNormLinear",
     "LayerNormMLP",

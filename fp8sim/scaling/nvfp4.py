@@ -30,8 +30,10 @@ Two flavours (spec ``shared/spec/semantics.md`` 5.4 and 6.3):
 ``QuantizedTensor.dequantize()`` forms ``code * s_blk * global_scale`` exactly and rounds once.
 Neither library dequantizes that way; :func:`dequantize_nvfp4` reproduces each one.
 
-Not emulated: TE's fast-math path (bf16 scaling coefficient), 4over6, and the bit-exact
-Philox-4x32 stochastic rounding of the kernels (spec section 10).
+Not emulated here: TE's fast-math path (bf16 scaling coefficient).  4over6 is
+:mod:`fp8sim.scaling.nvfp4_4over6`; the hardware SR instruction and TE's Philox words are
+:mod:`fp8sim.cast.ptx_sr` and :mod:`fp8sim.cast.philox` (which kernel thread draws which word is not
+emulated, spec section 10).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import numpy as np
 from .._torch import is_torch_tensor
 from ..cast import decode, encode
 from ..formats import E2M1, E4M3
+from ._nvfp4_torchao import _block_amax, _quantize_torchao, _quantize_torchao_single, _torch_global_amax
 from .amax import dtype_name
 from .quantized import QuantizedTensor, expand_blocks
 
@@ -246,21 +249,6 @@ def _check_shape(shape: tuple[int, ...], flavor: str, block_2d: bool) -> None:
         )
 
 
-def _block_amax(mag: np.ndarray, block_2d: bool, skip_nan: bool) -> np.ndarray:
-    """Per-block max of ``mag`` (shape ``padded // block``), NaN-skipping like CUDA ``fmaxf`` or
-    NaN-propagating like ``torch.amax``."""
-    bs = NVFP4_BLOCK_SIZE
-    *lead, k = mag.shape
-    if block_2d:
-        t = mag.reshape(*lead[:-1], lead[-1] // bs, bs, k // bs, bs).swapaxes(-3, -2)
-        t = t.reshape(*t.shape[:-2], bs * bs)
-    else:
-        t = mag.reshape(*lead, k // bs, bs)
-    if skip_nan:
-        return np.fmax.reduce(t, axis=-1, initial=_F32(0))
-    return np.max(t, axis=-1)
-
-
 def _te_encode_scale(amax: np.ndarray, reference_zero_handling: bool) -> np.ndarray:
     """``compute_global_encode_scaling_factor_FP4`` (or the reference's variant), elementwise."""
     with np.errstate(divide="ignore", over="ignore"):
@@ -275,27 +263,6 @@ def _e2m1(v: np.ndarray, stochastic: bool, seed: int | None) -> np.ndarray:
     return encode(v, E2M1, rounding="nearest_even", seed=seed)
 
 
-def _torchao_nan_codes(v: np.ndarray) -> np.ndarray:
-    """torchao ``_f32_to_floatx_unpacked`` on NaN: its normal branch applied to the NaN's bits."""
-    bits = v.view(np.uint32).astype(np.int64)
-    mag = bits & 0x7FFFFFFF
-    mant_odd = (mag >> 22) & 1
-    code = ((mag + ((1 - 127) << 23) + (2**21 - 1) + mant_odd) >> 22) & 0xFF
-    return (code | ((bits >> 31) << 3)).astype(np.uint8)
-
-
-def _torch_e4m3_values(codes: np.ndarray) -> np.ndarray:
-    """E4M3 codes as float32 the way torch converts them: a NaN code becomes the float32 NaN
-    ``sign | 0x7FF00000`` (the code's mantissa bits shifted into the payload), which then
-    propagates through torchao's arithmetic and decides its E2M1 code."""
-    vals = decode(codes, E4M3)
-    nan = np.isnan(vals)
-    if nan.any():
-        bits = (codes.astype(np.uint32) >> 7 << 31) | np.uint32(0x7F800000) | ((codes.astype(np.uint32) & 7) << 20)
-        vals = np.where(nan, bits.view(np.float32), vals)
-    return vals
-
-
 def quantize_nvfp4(
     x: Any,
     *,
@@ -307,6 +274,8 @@ def quantize_nvfp4(
     row_scaled: bool = False,
     global_amax: Any = None,
     reference_zero_handling: bool = False,
+    single_level: bool = False,
+    swizzle: bool = False,
 ) -> QuantizedTensor:
     """Quantize ``x`` to NVFP4 along its last dim (one rowwise copy; see the module docstring).
 
@@ -321,6 +290,11 @@ def quantize_nvfp4(
     only); ``global_scale`` is then a float32 array of shape ``shape[:-1] + (1,)``.
     ``global_amax``: use this amax (e.g. all-reduced) instead of ``max|x|``.
     ``reference_zero_handling``: TE's Python reference rule for the global scale (``"te"`` only).
+    ``single_level``: torchao's ``nvfp4_quantize(per_tensor_scale=None)`` (``"torchao"`` only): no
+    global scale, ``s_blk = e4m3(clamp(fl32(vec_max / 6), 2^-6, 448))``, ``code = E2M1_RN(clamp(fl32(x *
+    fl32(1 / s_blk)), -6, 6))``; the result's ``global_scale`` is None.  With a torch input the global
+    amax is ``torch.max(torch.abs(x))`` run by torch (a NaN amax has torch's bits, spec 0 "6.2").
+    ``swizzle``: also give the E4M3 scales in the 128x4 blocked layout (``blocked_scales``; 2-D ``x``).
 
     Returns a :class:`QuantizedTensor` with E2M1 codes, uint8 E4M3 block scales, ``block`` =
     ``(..., 1, 16)`` or ``(..., 16, 16)`` and ``global_scale`` = the float32 dequantization factor
@@ -334,7 +308,19 @@ def quantize_nvfp4(
         stochastic=stochastic,
         row_scaled=row_scaled,
         reference_zero_handling=reference_zero_handling,
+        single_level=single_level,
+        swizzle=swizzle,
     )
+    if swizzle:
+        from .swizzle import with_blocked_scales
+
+        kw = dict(flavor=flavor, block_2d=block_2d, rht=rht, stochastic=stochastic, seed=seed, row_scaled=row_scaled)
+        kw.update(global_amax=global_amax, reference_zero_handling=reference_zero_handling, single_level=single_level)
+        return with_blocked_scales(quantize_nvfp4(x, **kw))
+    if single_level and (flavor != "torchao" or global_amax is not None):
+        raise ValueError(
+            "single_level=True is torchao's per_tensor_scale=None: use flavor='torchao' and no global_amax"
+        )
     if flavor == "torchao":
         flags = {"block_2d": block_2d, "rht": rht, "stochastic": stochastic, "row_scaled": row_scaled}
         used = [k for k, v in {**flags, "reference_zero_handling": reference_zero_handling}.items() if v]
@@ -367,7 +353,10 @@ def quantize_nvfp4(
             amax = _amax_arg(global_amax, shape, row_scaled)
         codes, scales, gscale = _quantize_te(x32, mag, amax, block, block_2d, stochastic, seed, reference_zero_handling)
     else:
-        amax = np.max(mag) if global_amax is None else _amax_arg(global_amax, shape, False)
+        if single_level:
+            codes, scales = _quantize_torchao_single(x32, mag, block)
+            return QuantizedTensor(codes, scales, E2M1, block, shape, dtype, scale_format=E4M3)
+        amax = _torch_global_amax(x) if global_amax is None else _amax_arg(global_amax, shape, False)
         codes, scales, gscale = _quantize_torchao(x32, mag, np.float32(amax), block)
     glob = gscale.astype(np.float32) if row_scaled else float(gscale)
     amax_kept = np.asarray(amax, np.float32) if row_scaled else float(np.float32(amax))
@@ -411,22 +400,6 @@ def _quantize_te(
     codes = _e2m1(v, stochastic, seed)
     codes[(v == 0) | np.isnan(v)] = 0  # the reference's cast_to_fp4x2: ±0 and NaN -> +0
     return codes, scales, s_dec
-
-
-def _quantize_torchao(
-    x32: np.ndarray, mag: np.ndarray, amax: np.float32, block: tuple[int, ...]
-) -> tuple[np.ndarray, np.ndarray, np.float32]:
-    pts = amax / _GLOBAL_NUM
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        block_scale = _block_amax(mag, False, skip_nan=False) / _FP4_MAX
-        scales = encode(np.clip(block_scale / pts, _E4M3_TINY, _E4M3_MAX), E4M3, saturate=True)
-        recip = (_ONE / pts) / _torch_e4m3_values(scales)
-        # recip first: where both are NaN, x86 keeps the first operand's payload, as torch's CPU kernel does
-        v = np.clip(expand_blocks(recip, block) * x32, -_FP4_MAX, _FP4_MAX)
-    nan = np.isnan(v)
-    codes = encode(np.where(nan, _F32(0), v), E2M1)
-    codes[nan] = _torchao_nan_codes(v[nan])
-    return codes, scales, np.float32(pts)
 
 
 # -- rowwise + columnwise copies ------------------------------------------------------------

@@ -38,3 +38,39 @@ __all__ = [
     "e4m3_dtype",
     "e5m2_dtype",
 ]
+
+# MXFP8 training (torchao prototype/moe_training), issue 17
+from .mx_linear import (  # noqa: E402
+    KernelPreference,
+    MXFP8Linear,
+    MXFP8TrainingOpConfig,
+    MXFP8TrainingRecipe,
+    ScaleCalculationMode,
+    convert_to_mxfp8_training,
+)
+
+__all__ += [
+    "KernelPreference",
+    "ScaleCalculationMode",
+    "MXFP8TrainingRecipe",
+    "MXFP8TrainingOpConfig",
+    "MXFP8Linear",
+    "convert_to_mxfp8_training",
+]
+
+# MoE grouped-GEMM training (torchao prototype/moe_training), issue 17
+from .moe import (  # noqa: E402
+    Float8TrainingOpConfig,
+    Float8TrainingRecipe,
+    convert_to_moe_training,
+    fp8_rowwise_grouped_mm,
+    mxfp8_grouped_mm,
+)
+
+__all__ += [
+    "Float8TrainingRecipe",
+    "Float8TrainingOpConfig",
+    "convert_to_moe_training",
+    "fp8_rowwise_grouped_mm",
+    "mxfp8_grouped_mm",
+]

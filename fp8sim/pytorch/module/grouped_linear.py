@@ -1,0 +1,130 @@
+"""TE ``GroupedLinear`` (``transformer_engine/pytorch/module/grouped_linear.py``): ``num_gemms`` linears over
+consecutive row groups of one input, the MoE experts' GEMMs.
+
+``forward(inp, m_splits)`` splits the rows of the 2-D-flattened input into ``m_splits`` (summing to the row
+count) and computes ``out_i = inp_i W_i^T + b_i`` for each split; the outputs are concatenated in order.
+Parameters are ``weight0 .. weight{n-1}`` (and ``bias0 ..``), TE's names.  Inside ``autocast`` each GEMM is
+quantized like a TE ``Linear`` with its own scaling state (TE keeps one FP8 meta slot set per GEMM:
+delayed-scaling amax histories, current-scaling amaxes and MX/NVFP4 block scales are all per split), so
+every recipe an fp8sim ``Linear`` runs works per split; a split of 0 rows contributes no rows and a zero
+weight gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._gemm_state import _GemmState
+from .base import TransformerEngineBaseModule, get_default_init_method, init_method_constant, no_torch_dynamo
+
+__all__ = ["GroupedLinear"]
+
+
+class GroupedLinear(TransformerEngineBaseModule):
+    """TE ``GroupedLinear(num_gemms, in_features, out_features, sequence_parallel=False,
+    fuse_wgrad_accumulation=False, tp_group=None, tp_size=1, get_rng_state_tracker=None,
+    rng_tracker_name=None, init_method=None, bias=True, return_bias=False, params_dtype=None,
+    parallel_mode=None, device="cpu", ...)``: TE's positional order and defaults (see the module docstring).
+    ``accumulator`` (fp8sim, keyword only) as for :class:`~fp8sim.pytorch.Linear`."""
+
+    def __init__(
+        self,
+        num_gemms: int,
+        in_features: int,
+        out_features: int,
+        sequence_parallel: bool = False,
+        fuse_wgrad_accumulation: bool = False,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        get_rng_state_tracker: Callable | None = None,
+        rng_tracker_name: str | None = None,
+        init_method: Callable | None = None,
+        bias: bool = True,
+        return_bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        parallel_mode: str | None = None,
+        device: torch.device | str = "cpu",
+        ub_overlap_rs: bool = False,
+        ub_overlap_ag: bool = False,
+        ub_name: str | None = None,
+        delay_wgrad_compute: bool = False,
+        save_original_input: bool = False,
+        name: str | None = None,
+        *,
+        accumulator: str | None = None,
+    ) -> None:
+        if isinstance(num_gemms, bool) or not isinstance(num_gemms, int) or num_gemms < 1:
+            raise ValueError(f"num_gemms must be an int >= 1, got {num_gemms!r}")
+        super().__init__(accumulator, name)
+        if ub_overlap_rs or ub_overlap_ag:
+            raise NotImplementedError("GroupedLinear doesn't support Userbuffer overlap (TE's words); nor does fp8sim")
+        self._init_common(
+            sequence_parallel=sequence_parallel,
+            fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+            tp_group=tp_group,
+            tp_size=tp_size,
+            parallel_mode=parallel_mode,
+            bias=bias,
+            return_bias=return_bias,
+            delay_wgrad_compute=delay_wgrad_compute,
+            save_original_input=save_original_input,
+        )
+        self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
+        self._gemm_names = tuple(f"gemm{i}" for i in range(num_gemms))
+        self.fp8_gemms = {n: _GemmState() for n in self._gemm_names}
+        dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
+        init = init_method if init_method is not None else get_default_init_method()
+        self.weight_names = [f"weight{i}" for i in range(num_gemms)]
+        self.bias_names = [f"bias{i}" for i in range(num_gemms)] if bias else []
+        for i in range(num_gemms):
+            w = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
+            self.register_parameter(f"weight{i}", w, init_fn=init)
+            if bias:
+                b = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device))
+                self.register_parameter(f"bias{i}", b, init_fn=init_method_constant(0.0))
+        self.reset_parameters(defer_init=torch.device(device).type == "meta")
+
+    def _deferred_weight_names(self) -> list[str]:
+        return list(self.weight_names)
+
+    def _gemm_of_weight(self, name: str) -> str:
+        return f"gemm{name.removeprefix('weight')}"
+
+    @no_torch_dynamo
+    def forward(
+        self, inp: torch.Tensor, m_splits: list[int], is_first_microbatch: bool | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """``cat_i(inp_i W_i^T + b_i)`` over the row splits ``m_splits`` (``return_bias=True``: the outputs
+        without bias and the list of biases in the activation dtype)."""
+        splits = [int(m) for m in m_splits]
+        if len(splits) != self.num_gemms:
+            raise ValueError(f"Number of splits ({len(splits)}) should match number of GEMMs ({self.num_gemms}).")
+        self._check_input_dtype(inp)
+        x = inp.reshape(-1, inp.shape[-1])
+        if any(m < 0 for m in splits) or sum(splits) != x.shape[0]:
+            raise ValueError(f"m_splits {splits} must be >= 0 and sum to the {x.shape[0]} input rows")
+        outs = []
+        for i, part in enumerate(torch.split(x, splits)):
+            w = getattr(self, f"weight{i}")
+            b = getattr(self, f"bias{i}") if self.use_bias else None
+            if part.shape[0] == 0:  # nothing to quantize: an empty output, and zero gradients
+                act = self._activation_dtype(inp)
+                bb = b.to(act) if b is not None and self.apply_bias else None
+                outs.append(nn.functional.linear(part.to(act), w.to(act), bb))
+                continue
+            outs.append(self._linear(f"gemm{i}", part, w, b if self.apply_bias else None, is_first_microbatch, None, w))
+        out = torch.cat(outs).reshape(*inp.shape[:-1], self.out_features)
+        if self.return_bias:
+            act = self._activation_dtype(inp)
+            return out, [getattr(self, n).to(act) for n in self.bias_names]
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.use_bias}"
+        )

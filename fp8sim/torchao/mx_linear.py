@@ -1,0 +1,271 @@
+"""MXFP8 linear training as torchao 0.18 defines it (``torchao/prototype/moe_training/mxfp8_linear.py``,
+``config.py``), emulated.
+
+``MXFP8Linear`` runs torchao's ``mx_mm``: each GEMM operand is cast by ``MXTensor.to_mx`` (E4M3 elements,
+32-element E8M0 blocks along the GEMM's reduction dim, ``scale_calculation_mode`` RCEIL by default;
+fp8sim's :func:`~fp8sim.scaling.mx.quantize_mx` ``flavor="torchao"``, bit-exact with it), then with
+``kernel_preference=EMULATED`` (the only mode torchao runs on a CPU) dequantized in the operand's dtype
+(``fl(code) * fl(2^(e-127))`` rounded once to that dtype, NaN for e = 0xFF) and multiplied by ``torch.mm``
+in that dtype, with the layouts torchao's GEMMs see::
+
+    output      = deq(input  [M,K] blocks along K) @ deq(weight   [N,K] blocks along K).t()
+    grad_input  = deq(grad   [M,N] blocks along N) @ deq(weight.t() [K,N] blocks along N).t()
+    grad_weight = deq(grad.t() [N,M] blocks along M) @ deq(input.t() [K,M] blocks along M).t()
+
+``wgrad_with_hp=True`` makes the last one ``grad.t() @ input`` unquantized.  The bias is added as
+``out + bias.to(out.dtype)``.  ``KernelPreference.AUTO`` (torchao's CUDA/CUTLASS kernels) is emulated as
+the same casts followed by a block-scaled GEMM in :func:`fp8sim.gemm.scaled_mm` (``accumulator``,
+default ``"blackwell"``) with bfloat16 output, as torchao calls ``torch._scaled_mm(..., out_dtype=bf16)``;
+that path is re-derived from torchao's source, not measured.  Needs torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..cast import decode
+from ..formats import E4M3, E8M0
+from ..gemm import scaled_mm
+from ..scaling.mx import quantize_mx
+from .linear import swap_linear_layers
+
+__all__ = [
+    "KernelPreference",
+    "ScaleCalculationMode",
+    "MXFP8TrainingRecipe",
+    "MXFP8TrainingOpConfig",
+    "MXFP8Linear",
+    "convert_to_mxfp8_training",
+]
+
+_BLOCK = 32
+
+
+class KernelPreference(str, Enum):
+    """torchao ``quantization/quantize_/common/kernel_preference.py`` (the members MX training uses)."""
+
+    AUTO = "auto"
+    TORCH = "torch"
+    MSLK = "mslk"
+    EMULATED = "emulated"
+
+
+class ScaleCalculationMode(Enum):
+    """torchao ``prototype/mx_formats/config.py``: how the E8M0 block scale is computed."""
+
+    FLOOR = "floor"
+    RCEIL = "rceil"
+    CEIL = "ceil"
+    EVEN = "even"
+
+
+class MXFP8TrainingRecipe(Enum):
+    """torchao ``prototype/moe_training/config.py`` recipe names."""
+
+    MXFP8_RCEIL = "mxfp8_rceil"
+    MXFP8_RCEIL_WGRAD_WITH_HP = "mxfp8_rceil_wgrad_with_hp"
+    MXFP8_EMULATED_RCEIL = "mxfp8_emulated_rceil"
+
+
+@dataclass
+class MXFP8TrainingOpConfig:
+    """torchao's ``MXFP8TrainingOpConfig`` (same fields and defaults); ``from_recipe`` gives its presets."""
+
+    kernel_preference: KernelPreference = KernelPreference.AUTO
+    out_dtype: torch.dtype | None = torch.bfloat16
+    wgrad_with_hp: bool = False
+    scale_calculation_mode: ScaleCalculationMode = ScaleCalculationMode.RCEIL
+    pad_token_groups_for_grouped_mm: bool = False
+
+    def __post_init__(self) -> None:
+        self.kernel_preference = KernelPreference(self.kernel_preference)
+        self.scale_calculation_mode = ScaleCalculationMode(self.scale_calculation_mode)
+        if self.kernel_preference not in (KernelPreference.AUTO, KernelPreference.EMULATED):
+            raise ValueError(
+                f"kernel_preference must be AUTO or EMULATED for MXFP8 training, got {self.kernel_preference}"
+            )
+        if not isinstance(self.wgrad_with_hp, bool):
+            raise TypeError(f"wgrad_with_hp must be True or False, got {self.wgrad_with_hp!r}")
+
+    @classmethod
+    def from_recipe(cls, recipe: MXFP8TrainingRecipe | str) -> MXFP8TrainingOpConfig:
+        """torchao's presets: RCEIL scales, bf16 grouped output; wgrad in high precision or EMULATED kernels."""
+        try:
+            recipe = MXFP8TrainingRecipe(recipe)
+        except ValueError:
+            known = ", ".join(r.value for r in MXFP8TrainingRecipe)
+            raise ValueError(f"Unsupported MXFP8 recipe: {recipe}; known: {known}") from None
+        emulated = recipe is MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL
+        return cls(
+            kernel_preference=KernelPreference.EMULATED if emulated else KernelPreference.AUTO,
+            wgrad_with_hp=recipe is MXFP8TrainingRecipe.MXFP8_RCEIL_WGRAD_WITH_HP,
+        )
+
+
+@dataclass(frozen=True)
+class _MX:
+    """A 2-D operand cast by ``to_mx`` along its last dim: E4M3 codes (rows, K), E8M0 codes (rows, K/32)."""
+
+    codes: np.ndarray
+    scales: np.ndarray
+
+
+def _to_mx(x: torch.Tensor, mode: ScaleCalculationMode) -> _MX:
+    if x.shape[-1] % _BLOCK:
+        raise ValueError(f"the last dimension of shape {tuple(x.shape)} must be divisible by block_size {_BLOCK}")
+    q = quantize_mx(x.detach().contiguous(), "e4m3", axis=-1, scale_rule=mode.value, flavor="torchao")
+    return _MX(q.codes, q.scales)
+
+
+def _dequantize(t: _MX, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """torchao ``mx_tensor.to_dtype``: ``data.to(dtype) * get_fp_scale(scale).to(dtype)``; both factors are
+    exact in float32 and bf16/fp16 arithmetic rounds the float32 product once, as here."""
+    vals = decode(t.codes, E4M3)
+    scale = np.repeat(decode(t.scales, E8M0), _BLOCK, axis=1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        prod = vals * scale
+    return torch.from_numpy(prod).to(device=device, dtype=dtype)
+
+
+def _mm(a: _MX, b: _MX, dtype: torch.dtype, device: torch.device, kernel: KernelPreference, acc: Any) -> torch.Tensor:
+    """``a @ b.t()`` of two operands blocked along their common last dim, as torchao's ``mx_mm`` runs it."""
+    if kernel is KernelPreference.EMULATED:
+        return torch.mm(_dequantize(a, dtype, device), _dequantize(b, dtype, device).t())
+    out = scaled_mm(
+        a.codes,
+        np.ascontiguousarray(b.codes.T),
+        a.scales,
+        np.ascontiguousarray(b.scales.T),
+        out_dtype="bfloat16",
+        accumulator=acc,
+        a_format="e4m3",
+        b_format="e4m3",
+        strict=False,
+    )
+    return torch.from_numpy(out.astype(np.float32)).to(device=device, dtype=torch.bfloat16)
+
+
+class _MXMatMul(torch.autograd.Function):
+    """torchao's ``mx_mm`` autograd function (module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Any, input_hp: torch.Tensor, weight_hp: torch.Tensor, cfg: MXFP8TrainingOpConfig, acc: Any):  # type: ignore[override]
+        ctx.save_for_backward(input_hp, weight_hp)
+        ctx.cfg, ctx.acc = cfg, acc
+        x = input_hp.reshape(-1, input_hp.shape[-1])
+        mode, kern = cfg.scale_calculation_mode, cfg.kernel_preference
+        with torch.autocast(input_hp.device.type, enabled=False):
+            out = _mm(_to_mx(x, mode), _to_mx(weight_hp, mode), input_hp.dtype, input_hp.device, kern, acc)
+        return out.reshape(*input_hp.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        input_hp, weight_hp = ctx.saved_tensors
+        cfg, acc = ctx.cfg, ctx.acc
+        mode, kern = cfg.scale_calculation_mode, cfg.kernel_preference
+        go = grad_output.contiguous().reshape(-1, grad_output.shape[-1])
+        x = input_hp.reshape(-1, input_hp.shape[-1])
+        dev = grad_output.device
+        gi = _mm(_to_mx(go, mode), _to_mx(weight_hp.t(), mode), go.dtype, dev, kern, acc)
+        grad_input = gi.reshape(*grad_output.shape[:-1], gi.shape[-1])
+        if cfg.wgrad_with_hp:
+            grad_weight = torch.mm(go.t(), x)
+        else:
+            grad_weight = _mm(_to_mx(go.t(), mode), _to_mx(x.t(), mode), go.dtype, dev, kern, acc)
+        return grad_input, grad_weight, None, None
+
+
+class MXFP8Linear(nn.Linear):
+    """``nn.Linear`` whose three GEMMs run in emulated MXFP8 as torchao's ``MXFP8Linear`` (module docstring).
+
+    Keywords as torchao's: ``kernel_preference`` (default AUTO), ``scale_calculation_mode`` (RCEIL),
+    ``wgrad_with_hp`` (False); fp8sim adds ``accumulator`` for the AUTO path's block-scaled GEMM."""
+
+    def __init__(
+        self,
+        *args: Any,
+        kernel_preference: KernelPreference | str = KernelPreference.AUTO,
+        scale_calculation_mode: ScaleCalculationMode | str = ScaleCalculationMode.RCEIL,
+        wgrad_with_hp: bool = False,
+        accumulator: Any = "blackwell",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = MXFP8TrainingOpConfig(
+            kernel_preference=kernel_preference,
+            scale_calculation_mode=scale_calculation_mode,
+            wgrad_with_hp=wgrad_with_hp,
+        )
+        self.kernel_preference = cfg.kernel_preference
+        self.scale_calculation_mode = cfg.scale_calculation_mode
+        self.wgrad_with_hp = cfg.wgrad_with_hp
+        self.accumulator = accumulator
+
+    def _config(self) -> MXFP8TrainingOpConfig:
+        return MXFP8TrainingOpConfig(
+            kernel_preference=self.kernel_preference,
+            scale_calculation_mode=self.scale_calculation_mode,
+            wgrad_with_hp=self.wgrad_with_hp,
+        )
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if input.dim() == 0:
+            raise RuntimeError("both arguments to linear need to be at least 1D, but they are 0D and 2D")
+        output = _MXMatMul.apply(input, self.weight, self._config(), self.accumulator)
+        if self.bias is not None:
+            output = output + self.bias.to(output.dtype)
+        return output
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, kernel_preference={self.kernel_preference.value}, "
+            f"scale_calculation_mode={self.scale_calculation_mode.value}, wgrad_with_hp={self.wgrad_with_hp}"
+        )
+
+    @classmethod
+    def from_float(cls, mod: nn.Linear, config: MXFP8TrainingOpConfig | None = None, **kw: Any) -> MXFP8Linear:
+        """An MXFP8Linear sharing ``mod``'s weight and bias Parameters."""
+        config = MXFP8TrainingOpConfig() if config is None else config
+        with torch.device("meta"):
+            new = cls(
+                mod.in_features,
+                mod.out_features,
+                bias=False,
+                kernel_preference=config.kernel_preference,
+                scale_calculation_mode=config.scale_calculation_mode,
+                wgrad_with_hp=config.wgrad_with_hp,
+                **kw,
+            )
+        new.weight, new.bias = mod.weight, mod.bias
+        return new
+
+
+# The numpy casts cannot be traced: under torch.compile the forward runs eagerly behind a graph break.
+MXFP8Linear.forward = torch.compiler.disable(MXFP8Linear.forward)  # type: ignore[method-assign]
+
+
+def convert_to_mxfp8_training(
+    module: nn.Module,
+    *,
+    config: MXFP8TrainingOpConfig | None = None,
+    module_filter_fn: Callable[[nn.Module, str], bool] | None = None,
+    accumulator: Any = "blackwell",
+) -> nn.Module:
+    """Swap the ``nn.Linear`` modules of ``module`` for :class:`MXFP8Linear` (what torchao's
+    ``quantize_(model, MXFP8TrainingOpConfig(...))`` does to linears through its weight wrapper tensor;
+    torchao's wrapper drops a Linear's bias from the GEMM override, fp8sim adds it as ``MXFP8Linear`` does)."""
+    config = MXFP8TrainingOpConfig() if config is None else config
+    if not isinstance(config, MXFP8TrainingOpConfig):
+        raise TypeError(f"config must be an fp8sim.torchao.MXFP8TrainingOpConfig, got {type(config).__name__}")
+    return swap_linear_layers(
+        module,
+        lambda m: MXFP8Linear.from_float(m, config, accumulator=accumulator),
+        module_filter_fn=module_filter_fn,
+    )
