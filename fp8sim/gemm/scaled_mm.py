@@ -31,6 +31,7 @@ from ..scaling.amax import dtype_name
 from ._exact import exact_matmul_f32, round_sum_to_f32, two_sum
 from .accumulators import Accumulator, get_accumulator
 from .instructions import INSTRUCTION_MODELS, _decoded, align_sum, get_instruction_model, run_instruction
+from .splitk import check_split_k, split_accumulate
 
 __all__ = ["scaled_mm"]
 
@@ -140,6 +141,8 @@ def scaled_mm(
     b_format: str | FloatFormat | None = None,
     strict: bool = True,
     epilogue: str = "alpha",
+    split_k: tuple[int, str] | None = None,
+    profile: Any = None,
 ) -> Any:
     """Emulated ``torch._scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype,
     use_fast_accum)``; scales are dequantization multipliers.
@@ -150,6 +153,11 @@ def scaled_mm(
     ``{device}_split`` (``device``: hopper, ada or blackwell).  ``out_dtype`` defaults to ``a``'s
     format (FP8 output, as torch); for numpy operands it may be "float32", "bfloat16", "float16" or
     a format name.  Returns a torch tensor for torch operands (on ``a``'s device), else numpy.
+
+    ``split_k=(S, scheme)`` runs cuBLAS's split-K (:mod:`fp8sim.gemm.splitk`: ``"contiguous"``,
+    ``"serial"``, ``"pairwise"``) for tensorwise and rowwise scales; None (default) is unsplit.
+    ``profile``: a :mod:`fp8sim.gemm.profiles` name or record; it supplies the accumulator, the
+    epilogue and the split for this shape wherever those arguments are not given.
     """
     torch_in = is_torch_tensor(a)
     ac, fa = _operand(a, a_format, "mat1")
@@ -165,15 +173,28 @@ def scaled_mm(
         raise ValueError(f"epilogue must be 'alpha' or 'sequential', got {epilogue!r}")
     if strict:
         _check_torch_rules(a, b, fa, fb, bias, out)
+    if profile is not None:
+        from .profiles import get_profile
+
+        prof = get_profile(profile)
+        accumulator = prof.accumulator_for(use_fast_accum) if accumulator is None else accumulator
+        split_k = prof.split_for(m, n, k, out, use_fast_accum, fa.name, fb.name) if split_k is None else split_k
+        epilogue = prof.epilogue
+    split = check_split_k(split_k)
     acc = _pick_accumulator(accumulator, use_fast_accum, device)
     sa, sb = _scale(scale_a), _scale(scale_b)
     layout = _layout(sa, sb, m, k, n, fa)
+    if split is not None and layout not in ("tensorwise", "rowwise"):
+        raise ValueError(f"split_k applies to tensorwise and rowwise scales; these scales are {layout}")
     if m == 0 or n == 0 or k == 0:
         d = np.zeros((m, n), np.float32)
     elif acc.kind == "dequantized_fp32":
-        d = _dequantized(ac, bc, fa, fb, sa, sb, layout)
+        d = _dequantized(ac, bc, fa, fb, sa, sb, layout, split)
     elif layout in ("tensorwise", "rowwise"):
-        raw = _accumulate(ac, bc, fa, fb, acc)
+        if split is None:
+            raw = _accumulate(ac, bc, fa, fb, acc)
+        else:
+            raw = split_accumulate(ac, bc, split, lambda x, y: _accumulate(x, y, fa, fb, acc))
         d = _alpha(raw, sa.reshape(-1, 1) if layout == "rowwise" else sa.reshape(1, 1), sb.reshape(1, -1), epilogue)
     elif layout.startswith("block"):
         d = _blockwise(ac, bc, fa, fb, acc, sa, sb, layout)
@@ -252,7 +273,7 @@ def _expand_scales(s: np.ndarray, rows: int, cols: int, layout: str, side: str) 
     return v[:rows, :cols]
 
 
-def _dequantized(ac, bc, fa, fb, sa, sb, layout) -> np.ndarray:  # noqa: ANN001
+def _dequantized(ac, bc, fa, fb, sa, sb, layout, split=None) -> np.ndarray:  # noqa: ANN001
     """Dequantize each operand with its scales (float32 multiply), then one float32 matmul: torchao's
     ``emulate=True`` and torch's CPU ``_scaled_mm`` (spec 6.2, 8.3)."""
     m, k = ac.shape
@@ -260,6 +281,8 @@ def _dequantized(ac, bc, fa, fb, sa, sb, layout) -> np.ndarray:  # noqa: ANN001
     with np.errstate(invalid="ignore", over="ignore"):
         a = (_values(ac, fa) * _expand_scales(sa, m, k, layout, "a")).astype(np.float32)
         b = (_values(bc, fb) * _expand_scales(sb, k, n, layout, "b")).astype(np.float32)
+    if split is not None:
+        return split_accumulate(a, b, split, _matmul_f32)
     return _matmul_f32(a, b)
 
 
