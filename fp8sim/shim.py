@@ -164,13 +164,20 @@ def run(argv: list[str]) -> int:
     child interpreter where the shim is installed at start-up (also in its own child processes)."""
     import subprocess
 
+    from .gemm.emulate import split_scaled_mm_option  # --scaled-mm NAME: torch._scaled_mm emulated too
+
+    try:
+        argv, scaled_mm_line = split_scaled_mm_option(argv)
+    except ValueError as e:
+        sys.stderr.write(f"fp8sim run: {e}\n")
+        return 2
     if not argv:
-        sys.stderr.write("usage: fp8sim run SCRIPT.py|MODULE [ARGS...]\n")
+        sys.stderr.write("usage: fp8sim run [--scaled-mm ACCUMULATOR|PROFILE] SCRIPT.py|MODULE [ARGS...]\n")
         return 2
     boot = tempfile.mkdtemp(prefix="fp8sim-run-")
     try:
         with open(os.path.join(boot, "sitecustomize.py"), "w") as f:
-            f.write("import fp8sim.shim\nfp8sim.shim.install()\n")
+            f.write("import fp8sim.shim\nfp8sim.shim.install()\n" + (scaled_mm_line or ""))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (boot, env.get("PYTHONPATH", "")) if p)
         target = argv[0]

@@ -3,6 +3,7 @@
 
 from .accumulators import ACCUMULATORS, Accumulator, get_accumulator
 from .instructions import INSTRUCTION_MODELS, InstructionModel, dot_add, get_instruction_model
+from .emulate import emulate_scaled_mm
 from .profiles import PROFILES, DeviceProfile, SplitKUnknownError, get_profile
 from .scaled_mm import scaled_mm
 
@@ -19,4 +20,5 @@ __all__ = [
     "PROFILES",
     "SplitKUnknownError",
     "get_profile",
+    "emulate_scaled_mm",
 ]
