@@ -2,8 +2,8 @@
 ``scaled_mm``."""
 
 from .accumulators import ACCUMULATORS, Accumulator, get_accumulator
-from .instructions import INSTRUCTION_MODELS, InstructionModel, dot_add, get_instruction_model
 from .emulate import emulate_scaled_mm
+from .instructions import INSTRUCTION_MODELS, InstructionModel, dot_add, get_instruction_model
 from .profiles import PROFILES, DeviceProfile, SplitKUnknownError, get_profile
 from .scaled_mm import scaled_mm
 
