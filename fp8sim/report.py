@@ -394,6 +394,9 @@ def build_default_report(
             f"({res.meta.get('device')}), torch {res.meta.get('torch')}: **{n_exact}/{n_ops} ops bit-exact**"
         )
         bar.step(Path(f).name)
+    from .native.hardware import hardware_section  # published real-GPU measurements (issue 15)
+
+    lines += hardware_section()
 
     names, snr = _scaling_study(4 if quick else 16, rng)
     lines += [
