@@ -27,7 +27,7 @@ import numpy as np
 from .._torch import is_torch_tensor
 from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
-from ..scaling.amax import dtype_name
+from ._checks import check_arguments, check_bias, check_scale_dtypes, check_torch_rules, layout_error, out_dtype_name
 from ._exact import exact_matmul_f32, round_sum_to_f32, two_sum
 from .accumulators import Accumulator, get_accumulator
 from .instructions import INSTRUCTION_MODELS, _decoded, align_sum, get_instruction_model, run_instruction
@@ -99,30 +99,7 @@ def _layout(sa: np.ndarray, sb: np.ndarray, m: int, k: int, n: int, fa: FloatFor
             return "nvfp4"
         if sa.shape == (m, k32) and sb.shape == (k32, n):
             return "mx"
-    raise ValueError("Invalid scaling configuration.")
-
-
-def _check_torch_rules(a: Any, b: Any, fa: FloatFormat, fb: FloatFormat, bias: Any, out: str) -> None:
-    m, k = a.shape
-    n = b.shape[1]
-    if is_torch_tensor(a) and not (a.stride(1) == 1 and b.stride(0) == 1):
-        raise RuntimeError("Only multiplication of row-major and column-major matrices is supported by cuBLASLt")
-    if k % 16:
-        raise RuntimeError(f"Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: ({m}x{k}).")
-    if k % 16 or n % 16:
-        raise RuntimeError(f"mat2 shape ({k}x{n}) must be divisible by 16")
-    if fa.name == "e5m2" and fb.name == "e5m2":
-        raise RuntimeError("Multiplication of two Float8_e5m2 matrices is not supported")
-    if bias is not None:
-        bdt = dtype_name(bias)
-        if out == "float32":
-            raise RuntimeError("Bias is not supported when out_dtype is set to Float32")
-        if bdt not in ("bfloat16", "float16"):
-            raise RuntimeError(f"Bias must be either Half or BFloat16, but got {_TORCH_NAMES.get(bdt, bdt)}")
-        if out == "bfloat16" and bdt != "bfloat16":
-            raise RuntimeError(f"Bias must be BFloat16 to compute BFloat16 output, but got {_TORCH_NAMES[bdt]}")
-        if out == "float16" and bdt != "float16":
-            raise RuntimeError(f"Bias must be Float16 to compute Half output, but got {_TORCH_NAMES[bdt]}")
+    raise ValueError(layout_error(sa, sb, m, k, n))
 
 
 def scaled_mm(
@@ -159,6 +136,7 @@ def scaled_mm(
     ``profile``: a :mod:`fp8sim.gemm.profiles` name or record; it supplies the accumulator, the
     epilogue and the split for this shape wherever those arguments are not given.
     """
+    check_arguments(a, b, scale_a, scale_b)
     torch_in = is_torch_tensor(a)
     ac, fa = _operand(a, a_format, "mat1")
     bc, fb = _operand(b, b_format, "mat2")
@@ -168,11 +146,14 @@ def scaled_mm(
     if bc.shape[0] != k:
         raise RuntimeError(f"mat_a and mat_b shapes cannot be multiplied ({m}x{k} and {bc.shape[0]}x{bc.shape[1]})")
     n = bc.shape[1]
-    out = _out_name(out_dtype, fa)
+    out = out_dtype_name(out_dtype, fa)
     if epilogue not in ("alpha", "sequential"):
         raise ValueError(f"epilogue must be 'alpha' or 'sequential', got {epilogue!r}")
+    if bias is not None:
+        check_bias(bias, n)
     if strict:
-        _check_torch_rules(a, b, fa, fb, bias, out)
+        check_torch_rules(a, b, fa, fb, bias, out)
+        check_scale_dtypes(scale_a, scale_b, m, k, n)
     if profile is not None:
         from .profiles import get_profile
 
@@ -203,18 +184,10 @@ def scaled_mm(
     if bias is not None:
         bvals = _scale(bias).astype(np.float32).reshape(1, -1)
         d = (d + bvals).astype(np.float32)
-    return _finish(d, out, scale_result, torch_in, a, divide_scale_result=acc.name == "cpu_reference")
-
-
-def _out_name(out_dtype: Any, fa: FloatFormat) -> str:
-    if out_dtype is None:
-        return fa.name
-    name = str(out_dtype).replace("torch.", "")
-    if name in _OUT_FLOATS:
-        return name
-    if name in _TORCH_FMT:
-        return _TORCH_FMT[name]
-    return get_format(name).name
+    cpu = acc.name == "cpu_reference"
+    if cpu and out_dtype is None:
+        scale_result = None  # torch's CPU kernel ignores scale_result unless out_dtype is given (torch 2.13)
+    return _finish(d, out, scale_result, torch_in, a, divide_scale_result=cpu)
 
 
 def _pick_accumulator(acc: Any, fast: bool, device: str) -> Accumulator:
