@@ -27,6 +27,7 @@ import numpy as np
 from .._torch import is_torch_tensor
 from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
+from . import _numba
 from ._checks import check_arguments, check_bias, check_scale_dtypes, check_torch_rules, layout_error, out_dtype_name
 from ._exact import exact_matmul_f32, round_sum_to_f32, two_sum
 from .accumulators import Accumulator, get_accumulator
@@ -305,6 +306,13 @@ def _tensor_core(
             va, vb = va * np.ldexp(1.0, xa), vb * np.ldexp(1.0, xb)
             ea, eb = ea + xa, eb + xb
     every = acc.promote_every or kk
+    block = im.k // im.halves
+    if not specials and sa is None and im.rounding == "truncate" and _numba.available():
+        ta, tb = _decoded(fa), _decoded(fb)
+        return _numba.chain_gemm(
+            ac, bt, (ta[0], ta[2]), (tb[0], tb[2]), block, im.frac_bits, im.out_mbits,
+            acc.promote_every,
+        )  # fmt: skip
     out = np.zeros((m, n), np.float32)
     rows = max(1, (1 << 16) // max(n * im.k, 1))
     with np.errstate(invalid="ignore", over="ignore"):
