@@ -46,7 +46,7 @@ def _capture(tmp_path, cc: tuple[int, int], entries: list) -> str:  # noqa: ANN0
     return str(write_bundle(tmp_path / f"sm{cc[0]}{cc[1]}.fp8cap", arrays, doc))
 
 
-def test_compare_reports_the_split_a_hopper_capture_was_made_with(tmp_path) -> None:  # noqa: ANN001
+def test_compare_reports_the_split_a_hopper_capture_was_made_with(tmp_path, capsys) -> None:  # noqa: ANN001
     split = GemmCase(32, 32, 1024, "e4m3", "e4m3", "tensorwise", True, "float32", 11)
     unsplit = GemmCase(32, 32, 256, "e4m3", "e4m3", "tensorwise", True, "bfloat16", 12)
     tampered = GemmCase(32, 32, 1024, "e5m2", "e4m3", "tensorwise", True, "float32", 13)
@@ -66,6 +66,12 @@ def test_compare_reports_the_split_a_hopper_capture_was_made_with(tmp_path) -> N
     assert t["match"] is None and t["closest"] == [3, "contiguous"]
     assert t["agreement"] == pytest.approx(1 - 1 / 1024)
     assert t["text"] == "no candidate matches; closest split_k=(3, 'contiguous') agrees on 99.90%"
+
+    from fp8sim.cli import main
+
+    main(["compare", path, "--no-progress"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(split.name))
+    assert line.endswith("; matches with split_k=(3, 'contiguous')"), line
 
     from fp8sim.report import write_compare_report
 
