@@ -47,9 +47,9 @@ def _capture(tmp_path, cc: tuple[int, int], entries: list) -> str:  # noqa: ANN0
 
 
 def test_compare_reports_the_split_a_hopper_capture_was_made_with(tmp_path, capsys) -> None:  # noqa: ANN001
-    split = GemmCase(32, 32, 1024, "e4m3", "e4m3", "tensorwise", True, "float32", 11)
-    unsplit = GemmCase(32, 32, 256, "e4m3", "e4m3", "tensorwise", True, "bfloat16", 12)
-    tampered = GemmCase(32, 32, 1024, "e5m2", "e4m3", "tensorwise", True, "float32", 13)
+    split = GemmCase(16, 16, 1024, "e4m3", "e4m3", "tensorwise", True, "float32", 11)
+    unsplit = GemmCase(16, 16, 256, "e4m3", "e4m3", "tensorwise", True, "bfloat16", 12)
+    tampered = GemmCase(16, 16, 1024, "e5m2", "e4m3", "tensorwise", True, "float32", 13)
     bad = _mmaemu_bits(tampered, "hopper", (3, "contiguous")).copy()
     bad[0, 0] ^= 1  # one output no candidate gives
     path = _capture(
@@ -58,14 +58,15 @@ def test_compare_reports_the_split_a_hopper_capture_was_made_with(tmp_path, caps
         [(split, _mmaemu_bits(split, "hopper", (3, "contiguous"))), (unsplit, _mmaemu_bits(unsplit, "hopper", 1)),
          (tampered, bad)],
     )  # fmt: skip
-    res = {o.name: o for o in compare_capture(path).ops}
+    result = compare_capture(path)
+    res = {o.name: o for o in result.ops}
     inf = res[split.name].extra["split_inference"]
     assert inf["match"] == [3, "contiguous"] and inf["text"] == "matches with split_k=(3, 'contiguous')"
     assert res[unsplit.name].bit_exact == res[unsplit.name].n and "split_inference" not in res[unsplit.name].extra
     t = res[tampered.name].extra["split_inference"]
     assert t["match"] is None and t["closest"] == [3, "contiguous"]
-    assert t["agreement"] == pytest.approx(1 - 1 / 1024)
-    assert t["text"] == "no candidate matches; closest split_k=(3, 'contiguous') agrees on 99.90%"
+    assert t["agreement"] == pytest.approx(1 - 1 / 256)
+    assert t["text"] == "no candidate matches; closest split_k=(3, 'contiguous') agrees on 99.61%"
 
     from fp8sim.cli import main
 
@@ -75,14 +76,14 @@ def test_compare_reports_the_split_a_hopper_capture_was_made_with(tmp_path, caps
 
     from fp8sim.report import write_compare_report
 
-    md = write_compare_report(compare_capture(path), tmp_path / "report").read_text()
+    md = write_compare_report(result, tmp_path / "report").read_text()
     assert "## GEMMs by inferred split-K" in md
     assert f"| split_k=(3, 'contiguous') | {split.name} |" in md
     assert "| no split matches |" in md
 
 
 def test_infer_split_finds_an_interleaved_ada_split() -> None:
-    case = GemmCase(32, 32, 1024, "e4m3", "e4m3", "tensorwise", False, "float32", 21)
+    case = GemmCase(16, 16, 1024, "e4m3", "e4m3", "tensorwise", False, "float32", 21)
     a, b, sa, sb = gemm_operands(case)
     bits = _mmaemu_bits(case, "ada", (5, "pairwise"))
     got = infer_split(a, b, sa, sb, bits, accumulator="ada_split", out_dtype="float32", a_format="e4m3",
