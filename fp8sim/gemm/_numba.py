@@ -39,10 +39,13 @@ def _kernel() -> Any:
         m, kk = va.shape
         nn = vb.shape[0]
         off = 1100
-        for i in numba.prange(m):
+        ti = 8  # rows per task: each column of b is then read from cache 8 times instead of from memory once each
+        for t in numba.prange((m + ti - 1) // ti):
             buf = np.empty(1, np.float64)
             bits = buf.view(np.int64)
-            for j in range(nn):
+            for ij in range(nn * min(ti, m - t * ti)):
+                j = ij // min(ti, m - t * ti)
+                i = t * ti + ij % min(ti, m - t * ti)
                 reg = np.float32(0.0)
                 c = 0.0
                 ec = -126  # floor(log2|c|), floor -126
@@ -53,9 +56,10 @@ def _kernel() -> Any:
                         ec = -126
                     if math.isinf(c):
                         continue  # an overflowed chain stays Inf, as the model's np.where keeps it
-                    big = ec
-                    for k in range(k0, k0 + block):
-                        big = max(big, ea[i, k] + eb[j, k])
+                    big = np.int32(ec)
+                    for k in range(k0, k0 + block):  # int32 throughout, so the maximum vectorises
+                        e = np.int32(ea[i, k] + eb[j, k])
+                        big = e if e > big else big
                     unit = p2[n - big + off]
                     total = np.trunc(c * unit)
                     for k in range(k0, k0 + block):
