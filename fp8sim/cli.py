@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         for o in res.ops:
             status = f"skipped: {o.skipped}" if o.skipped else f"{o.rate:9.4%} bit-exact, max ULP {o.max_ulp:g}"
+            if "split_inference" in o.extra:  # which split-K reproduces a mismatching GEMM
+                status += f"; {o.extra['split_inference']['text']}"
             print(f"{o.name:<64} {status}")
         if args.report:
             from .report import write_compare_report

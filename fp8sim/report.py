@@ -141,6 +141,9 @@ def write_compare_report(result: Any, out_dir: str | Path, title: str | None = N
     if skipped:
         lines += ["", "## Not captured", ""] + [f"- `{o.name}`: {o.skipped}" for o in skipped]
     gemms = [o for o in ops if o.kind == "scaled_mm"]
+    from .native.infer_split import split_groups_section
+
+    lines += split_groups_section(gemms)
     plots = []
     if gemms:
         plots.append(_plot_gemm_k(gemms, out / "gemm_error_vs_k.png"))
@@ -394,6 +397,9 @@ def build_default_report(
             f"({res.meta.get('device')}), torch {res.meta.get('torch')}: **{n_exact}/{n_ops} ops bit-exact**"
         )
         bar.step(Path(f).name)
+    from .native.hardware import hardware_section  # published real-GPU measurements (issue 15)
+
+    lines += hardware_section()
 
     names, snr = _scaling_study(4 if quick else 16, rng)
     lines += [

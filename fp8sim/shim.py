@@ -209,7 +209,9 @@ def uninstall() -> None:
     importlib.invalidate_caches()
 
 
-_USAGE = "usage: fp8sim run [--device-map cuda=cpu] [--quiet] SCRIPT.py|MODULE [ARGS...]\n"
+_USAGE = (
+    "usage: fp8sim run [--device-map cuda=cpu] [--scaled-mm ACCUMULATOR|PROFILE] [--quiet] SCRIPT.py|MODULE [ARGS...]\n"
+)
 
 
 def run(argv: list[str]) -> int:
@@ -222,6 +224,7 @@ def run(argv: list[str]) -> int:
     argv = list(argv)
     env = dict(os.environ)
     quiet = env.get("FP8SIM_QUIET", "0") == "1"
+    scaled_mm_line = None
     while argv and argv[0].startswith("--"):
         opt = argv.pop(0)
         if opt == "--quiet":
@@ -236,6 +239,15 @@ def run(argv: list[str]) -> int:
                 sys.stderr.write(f"fp8sim run: {exc}\n")
                 return 2
             env["FP8SIM_DEVICE_MAP"] = value
+        elif opt == "--scaled-mm" or opt.startswith("--scaled-mm="):
+            from .gemm.emulate import split_scaled_mm_option  # torch._scaled_mm emulated too
+
+            try:
+                rest, scaled_mm_line = split_scaled_mm_option([opt, *argv])
+            except ValueError as exc:
+                sys.stderr.write(f"fp8sim run: {exc}\n")
+                return 2
+            argv = rest
         elif opt == "--":
             break
         else:
@@ -249,7 +261,7 @@ def run(argv: list[str]) -> int:
     boot = tempfile.mkdtemp(prefix="fp8sim-run-")
     try:
         with open(os.path.join(boot, "sitecustomize.py"), "w") as f:
-            f.write("import fp8sim.shim\nfp8sim.shim.install(quiet=True)\n")
+            f.write("import fp8sim.shim\nfp8sim.shim.install(quiet=True)\n" + (scaled_mm_line or ""))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (boot, env.get("PYTHONPATH", "")) if p)
         target = argv[0]
         cmd = [sys.executable, *argv] if os.path.exists(target) else [sys.executable, "-m", *argv]

@@ -9,13 +9,15 @@ per device, dtype, format and saturation.  float64 runs the exact algorithm in t
 
 from __future__ import annotations
 
+import os
 from functools import cache
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..formats import FloatFormat
-from ._random import torch_bits, torch_bits_at
+from ._random import _C1, _C2, _C3, torch_bits, torch_bits_at
 from ._rounding import round_codes
 from ._tables import (
     SR_EXACT,
@@ -98,6 +100,14 @@ def _native(flat: torch.Tensor, fmt: FloatFormat, how: str) -> torch.Tensor:
 
 def _encode_f32_stochastic(flat: torch.Tensor, out: torch.Tensor, fmt: FloatFormat, saturate: bool, seed: int) -> None:
     dev = flat.device
+    if dev.type == "cpu":  # torch's int64 hash is ~20x slower than the numpy reference's uint32 one
+        if _sr_kernel() is not None:
+            _stochastic_compiled(flat.numpy(), out.numpy(), fmt, saturate, seed)
+            return
+        from .numpy_backend import _encode_f32_stochastic as numpy_stochastic
+
+        numpy_stochastic(flat.numpy(), out.numpy(), fmt, saturate, seed)  # same bits, shared memory
+        return
     shift_table, lo_table = _on(("sr_shift", fmt, saturate), dev), _on(("sr_lo", fmt, saturate), dev)
     u_all = flat.view(torch.int32)
     for s in _chunks(u_all.numel(), dev):
@@ -113,6 +123,70 @@ def _encode_f32_stochastic(flat: torch.Tensor, out: torch.Tensor, fmt: FloatForm
                 torch.uint8
             )
         out[s : s + u.numel()] = code
+
+
+@cache
+def _sr_kernel() -> Any:
+    """One compiled pass for float32 stochastic rounding (numba, optional; FP8SIM_NUMBA=0: off), the
+    numpy backend's arithmetic per element: the counter hash of ``fp8sim.cast._random`` in uint32,
+    the shift and code tables of ``f32_stochastic_tables``; SR_EXACT classes are flagged."""
+    if os.environ.get("FP8SIM_NUMBA", "1") == "0":
+        return None
+    try:
+        import numba
+    except ImportError:
+        return None
+    m32 = 0xFFFFFFFF
+
+    @numba.njit(parallel=True, nogil=True, cache=True)
+    def sr(u, shift_table, lo_table, k0, k1, out, flag):  # noqa: ANN001, ANN202
+        n_exact = 0
+        for i in numba.prange(u.size):
+            x = np.int64(u[i])
+            sh = np.int64(shift_table[x >> 23])
+            if sh == SR_EXACT:
+                flag[i] = 1
+                n_exact += 1
+                continue
+            h = ((np.int64(i) & m32) * _C3) & m32
+            h ^= k0
+            h = (h * _C1) & m32
+            h ^= h >> 15
+            h ^= k1
+            h ^= (((np.int64(i) >> 32) & m32) * _C3) & m32
+            h = (h * _C2) & m32
+            h ^= h >> 16
+            r = h >> sh if sh < 32 else np.int64(0)
+            out[i] = lo_table[((x + r) & m32) >> 16]
+        return n_exact
+
+    @numba.njit(nogil=True, cache=True)
+    def flagged(flag, count):  # noqa: ANN001, ANN202
+        index = np.empty(count, np.int64)
+        j = 0
+        for i in range(flag.size):
+            if flag[i]:
+                index[j] = i
+                j += 1
+        return index
+
+    return sr, flagged
+
+
+def _stochastic_compiled(flat: np.ndarray, out: np.ndarray, fmt: FloatFormat, saturate: bool, seed: int) -> None:
+    from ._random import numpy_bits_at, seed_keys
+
+    shift_table, lo_table = f32_stochastic_tables(fmt, saturate)
+    k0, k1 = seed_keys(seed)
+    flag = np.zeros(flat.size, np.uint8)
+    sr, flagged = _sr_kernel()
+    count = sr(flat.view(np.uint32), shift_table, lo_table, k0, k1, out, flag)
+    if count:  # Inf/NaN and the format's subnormal range: the exact path, as the numpy backend
+        index = flagged(flag, count)
+        with np.errstate(invalid="ignore"):
+            x64 = flat[index].astype(np.float64)
+        rbits = numpy_bits_at(seed, index).astype(np.int64)
+        out[index] = round_codes(np, x64, fmt, "stochastic", saturate, rbits)
 
 
 def _encode_exact(

@@ -1,7 +1,10 @@
-"""Emulated FP8 GEMM: tensor-core instruction models, accumulator presets and ``scaled_mm``."""
+"""Emulated FP8 GEMM: tensor-core instruction models, accumulator presets, split-K, device profiles and
+``scaled_mm``."""
 
 from .accumulators import ACCUMULATORS, Accumulator, get_accumulator
+from .emulate import emulate_scaled_mm
 from .instructions import INSTRUCTION_MODELS, InstructionModel, dot_add, get_instruction_model
+from .profiles import PROFILES, DeviceProfile, SplitKUnknownError, get_profile
 from .scaled_mm import scaled_mm
 
 __all__ = [
@@ -13,4 +16,9 @@ __all__ = [
     "dot_add",
     "get_instruction_model",
     "scaled_mm",
+    "DeviceProfile",
+    "PROFILES",
+    "SplitKUnknownError",
+    "get_profile",
+    "emulate_scaled_mm",
 ]

@@ -64,6 +64,7 @@ ACCUMULATORS: dict[str, Accumulator] = {
         Accumulator("ada_split", "tensor_core", "ada_mma", 128, "Ada, promoted to fp32 every 128 K"),
         Accumulator("blackwell", "tensor_core", "blackwell_tcgen05", None, "Blackwell tcgen05 (25 bits), chained"),
         Accumulator("blackwell_split", "tensor_core", "blackwell_tcgen05", 128, "Blackwell, promoted every 128 K"),
+        Accumulator("blackwell_mma", "tensor_core", "blackwell_mma", None, "Blackwell sm_100 mma.sync, RN each step"),
     )
 }
 _ALIASES = {

@@ -15,6 +15,9 @@ For ``d = c + sum_i a_i * b_i`` of one instruction:
 5. specials come first, from an exact float64 evaluation of the sum: NaN -> 0x7FFFFFFF (0x7FFF),
    +-Inf -> +-Inf.
 
+Models with ``rounding="rn"`` (Blackwell sm_100 ``mma.sync``, measured) skip steps 2-4: the exact
+sum of the products and c is rounded once to float32, nearest even.
+
 Models are data (:class:`InstructionModel`), so a new device is one record.  Every intermediate is
 an integer below 2^53, so the arithmetic runs exactly in vectorised float64.
 """
@@ -46,7 +49,9 @@ class InstructionModel:
     aligning; ``out_mbits``: fraction bits of the float32 result (truncated); ``halves``: the
     instruction runs as this many sequential sub-instructions of ``k / halves`` (Ada);
     ``scale_format`` / ``scale_block``: block scales (``"e8m0"`` exponents added to each product,
-    or ``"ue4m3"`` scaling exact ``scale_block``-product group sums, as ``kind::mxf4nvf4``).
+    or ``"ue4m3"`` scaling exact ``scale_block``-product group sums, as ``kind::mxf4nvf4``);
+    ``rounding``: ``"truncate"`` (steps 2-4) or ``"rn"`` (exact sum, one nearest-even rounding to
+    float32; ``frac_bits`` and ``out_mbits`` unused; float16 accumulation not modelled).
     """
 
     name: str
@@ -57,8 +62,11 @@ class InstructionModel:
     scale_format: str | None = None
     scale_block: int | None = None
     description: str = ""
+    rounding: str = "truncate"
 
     def __post_init__(self) -> None:
+        if self.rounding not in ("truncate", "rn"):
+            raise ValueError(f"rounding must be 'truncate' or 'rn'; got {self.rounding!r}")
         if self.k % self.halves:
             raise ValueError(f"k={self.k} must be a multiple of halves={self.halves}")
         if (self.scale_format is None) != (self.scale_block is None):
@@ -73,6 +81,14 @@ INSTRUCTION_MODELS: dict[str, InstructionModel] = {
         InstructionModel("hopper_wgmma", 32, 13, 13, description="Hopper wgmma m64nNk32 FP8 -> f32 (e8m13) / f16"),
         InstructionModel("ada_mma", 32, 13, 13, halves=2, description="Ada mma.sync m16n8k32 FP8, two k16 halves"),
         InstructionModel("blackwell_tcgen05", 32, 25, 23, description="Blackwell tcgen05.mma kind::f8f6f4"),
+        InstructionModel(
+            "blackwell_mma",
+            32,
+            0,
+            23,
+            rounding="rn",
+            description="Blackwell sm_100 mma.sync m16n8k32 FP8 -> f32: exact sum, one nearest-even rounding",
+        ),
         InstructionModel(
             "blackwell_mxf8f6f4",
             32,
@@ -236,6 +252,8 @@ def align_sum(m: InstructionModel, p: np.ndarray, e: np.ndarray, c: np.ndarray, 
     """Steps 2-4 for finite terms: ``p`` the exact term values ``[..., terms]`` with nominal
     exponents ``e``, ``c`` the accumulator input (float64 holding a float32/float16 value).  Each
     term ``s * 2^e`` truncated to ``frac_bits`` below E is ``trunc(p * 2^(frac_bits - E))``."""
+    if m.rounding == "rn":
+        return _exact_rn(m, p, c, out_dtype)
     c_emin = -14 if out_dtype == "float16" else -126
     c_mag = np.where(np.isfinite(c), np.abs(c), 0.0)
     e_c = np.where(c_mag > 0, np.maximum(np.frexp(c_mag)[1] - 1, c_emin), c_emin)
@@ -258,3 +276,16 @@ def _truncate_f32(v: np.ndarray, mbits: int) -> np.ndarray:
     r = np.ldexp(np.trunc(np.ldexp(mag, -qe)), qe)
     r = np.where(ex > 127, np.inf, r)
     return np.copysign(r, v)
+
+
+def _exact_rn(m: InstructionModel, p: np.ndarray, c: np.ndarray, out_dtype: str) -> np.ndarray:
+    """float32 nearest-even of the exact ``sum(p) + c`` (finite terms)."""
+    if out_dtype != "float32":
+        raise ValueError(
+            f"{m.name}: float16 accumulation is not modelled (the rule is open; see reports/hardware_f16_accumulate.md)"
+        )
+    from ._exact import _distill, round_sum_to_f32
+
+    terms = [p[..., i] for i in range(p.shape[-1])] + [np.where(np.isfinite(c), c, 0.0)]
+    hi, rem = _distill(terms)
+    return round_sum_to_f32(hi, rem).astype(np.float64)

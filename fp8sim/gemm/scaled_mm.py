@@ -27,11 +27,13 @@ import numpy as np
 from .._torch import is_torch_tensor
 from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
-from ..scaling.amax import dtype_name
 from ..scaling.swizzle import unswizzle_mm_scales
+from . import _numba
+from ._checks import check_arguments, check_bias, check_scale_dtypes, check_torch_rules, layout_error, out_dtype_name
 from ._exact import exact_matmul_f32, round_sum_to_f32, two_sum
 from .accumulators import Accumulator, get_accumulator
 from .instructions import INSTRUCTION_MODELS, _decoded, align_sum, get_instruction_model, run_instruction
+from .splitk import check_split_k, split_accumulate
 
 __all__ = ["scaled_mm"]
 
@@ -99,30 +101,7 @@ def _layout(sa: np.ndarray, sb: np.ndarray, m: int, k: int, n: int, fa: FloatFor
             return "nvfp4"
         if sa.shape == (m, k32) and sb.shape == (k32, n):
             return "mx"
-    raise ValueError("Invalid scaling configuration.")
-
-
-def _check_torch_rules(a: Any, b: Any, fa: FloatFormat, fb: FloatFormat, bias: Any, out: str) -> None:
-    m, k = a.shape
-    n = b.shape[1]
-    if is_torch_tensor(a) and not (a.stride(1) == 1 and b.stride(0) == 1):
-        raise RuntimeError("Only multiplication of row-major and column-major matrices is supported by cuBLASLt")
-    if k % 16:
-        raise RuntimeError(f"Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: ({m}x{k}).")
-    if k % 16 or n % 16:
-        raise RuntimeError(f"mat2 shape ({k}x{n}) must be divisible by 16")
-    if fa.name == "e5m2" and fb.name == "e5m2":
-        raise RuntimeError("Multiplication of two Float8_e5m2 matrices is not supported")
-    if bias is not None:
-        bdt = dtype_name(bias)
-        if out == "float32":
-            raise RuntimeError("Bias is not supported when out_dtype is set to Float32")
-        if bdt not in ("bfloat16", "float16"):
-            raise RuntimeError(f"Bias must be either Half or BFloat16, but got {_TORCH_NAMES.get(bdt, bdt)}")
-        if out == "bfloat16" and bdt != "bfloat16":
-            raise RuntimeError(f"Bias must be BFloat16 to compute BFloat16 output, but got {_TORCH_NAMES[bdt]}")
-        if out == "float16" and bdt != "float16":
-            raise RuntimeError(f"Bias must be Float16 to compute Half output, but got {_TORCH_NAMES[bdt]}")
+    raise ValueError(layout_error(sa, sb, m, k, n))
 
 
 def scaled_mm(
@@ -141,6 +120,8 @@ def scaled_mm(
     b_format: str | FloatFormat | None = None,
     strict: bool = True,
     epilogue: str = "alpha",
+    split_k: tuple[int, str] | None = None,
+    profile: Any = None,
 ) -> Any:
     """Emulated ``torch._scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype,
     use_fast_accum)``; scales are dequantization multipliers.
@@ -151,7 +132,13 @@ def scaled_mm(
     ``{device}_split`` (``device``: hopper, ada or blackwell).  ``out_dtype`` defaults to ``a``'s
     format (FP8 output, as torch); for numpy operands it may be "float32", "bfloat16", "float16" or
     a format name.  Returns a torch tensor for torch operands (on ``a``'s device), else numpy.
+
+    ``split_k=(S, scheme)`` runs cuBLAS's split-K (:mod:`fp8sim.gemm.splitk`: ``"contiguous"``,
+    ``"serial"``, ``"pairwise"``) for tensorwise and rowwise scales; None (default) is unsplit.
+    ``profile``: a :mod:`fp8sim.gemm.profiles` name or record; it supplies the accumulator, the
+    epilogue and the split for this shape wherever those arguments are not given.
     """
+    check_arguments(a, b, scale_a, scale_b)
     torch_in = is_torch_tensor(a)
     ac, fa = _operand(a, a_format, "mat1")
     bc, fb = _operand(b, b_format, "mat2")
@@ -161,22 +148,38 @@ def scaled_mm(
     if bc.shape[0] != k:
         raise RuntimeError(f"mat_a and mat_b shapes cannot be multiplied ({m}x{k} and {bc.shape[0]}x{bc.shape[1]})")
     n = bc.shape[1]
-    out = _out_name(out_dtype, fa)
+    out = out_dtype_name(out_dtype, fa)
     if epilogue not in ("alpha", "sequential"):
         raise ValueError(f"epilogue must be 'alpha' or 'sequential', got {epilogue!r}")
+    if bias is not None:
+        check_bias(bias, n)
     if strict:
-        _check_torch_rules(a, b, fa, fb, bias, out)
+        check_torch_rules(a, b, fa, fb, bias, out)
+        check_scale_dtypes(scale_a, scale_b, m, k, n)
+    if profile is not None:
+        from .profiles import get_profile
+
+        prof = get_profile(profile)
+        accumulator = prof.accumulator_for(use_fast_accum) if accumulator is None else accumulator
+        split_k = prof.split_for(m, n, k, out, use_fast_accum, fa.name, fb.name) if split_k is None else split_k
+        epilogue = prof.epilogue
+    split = check_split_k(split_k)
     acc = _pick_accumulator(accumulator, use_fast_accum, device)
     sa, sb = _scale(scale_a), _scale(scale_b)
     # MX/NVFP4 scales may come flat in the 128x4 blocked layout, as torch._scaled_mm takes them (issue 17)
     sa, sb = unswizzle_mm_scales(scale_a, scale_b, sa, sb, m, k, n, fa.name == "e2m1")
     layout = _layout(sa, sb, m, k, n, fa)
+    if split is not None and layout not in ("tensorwise", "rowwise"):
+        raise ValueError(f"split_k applies to tensorwise and rowwise scales; these scales are {layout}")
     if m == 0 or n == 0 or k == 0:
         d = np.zeros((m, n), np.float32)
     elif acc.kind == "dequantized_fp32":
-        d = _dequantized(ac, bc, fa, fb, sa, sb, layout)
+        d = _dequantized(ac, bc, fa, fb, sa, sb, layout, split)
     elif layout in ("tensorwise", "rowwise"):
-        raw = _accumulate(ac, bc, fa, fb, acc)
+        if split is None:
+            raw = _accumulate(ac, bc, fa, fb, acc)
+        else:
+            raw = split_accumulate(ac, bc, split, lambda x, y: _accumulate(x, y, fa, fb, acc))
         d = _alpha(raw, sa.reshape(-1, 1) if layout == "rowwise" else sa.reshape(1, 1), sb.reshape(1, -1), epilogue)
     elif layout.startswith("block"):
         d = _blockwise(ac, bc, fa, fb, acc, sa, sb, layout)
@@ -185,18 +188,10 @@ def scaled_mm(
     if bias is not None:
         bvals = _scale(bias).astype(np.float32).reshape(1, -1)
         d = (d + bvals).astype(np.float32)
-    return _finish(d, out, scale_result, torch_in, a, divide_scale_result=acc.name == "cpu_reference")
-
-
-def _out_name(out_dtype: Any, fa: FloatFormat) -> str:
-    if out_dtype is None:
-        return fa.name
-    name = str(out_dtype).replace("torch.", "")
-    if name in _OUT_FLOATS:
-        return name
-    if name in _TORCH_FMT:
-        return _TORCH_FMT[name]
-    return get_format(name).name
+    cpu = acc.name == "cpu_reference"
+    if cpu and out_dtype is None:
+        scale_result = None  # torch's CPU kernel ignores scale_result unless out_dtype is given (torch 2.13)
+    return _finish(d, out, scale_result, torch_in, a, divide_scale_result=cpu)
 
 
 def _pick_accumulator(acc: Any, fast: bool, device: str) -> Accumulator:
@@ -255,7 +250,7 @@ def _expand_scales(s: np.ndarray, rows: int, cols: int, layout: str, side: str) 
     return v[:rows, :cols]
 
 
-def _dequantized(ac, bc, fa, fb, sa, sb, layout) -> np.ndarray:  # noqa: ANN001
+def _dequantized(ac, bc, fa, fb, sa, sb, layout, split=None) -> np.ndarray:  # noqa: ANN001
     """Dequantize each operand with its scales (float32 multiply), then one float32 matmul: torchao's
     ``emulate=True`` and torch's CPU ``_scaled_mm`` (spec 6.2, 8.3)."""
     m, k = ac.shape
@@ -263,6 +258,8 @@ def _dequantized(ac, bc, fa, fb, sa, sb, layout) -> np.ndarray:  # noqa: ANN001
     with np.errstate(invalid="ignore", over="ignore"):
         a = (_values(ac, fa) * _expand_scales(sa, m, k, layout, "a")).astype(np.float32)
         b = (_values(bc, fb) * _expand_scales(sb, k, n, layout, "b")).astype(np.float32)
+    if split is not None:
+        return split_accumulate(a, b, split, _matmul_f32)
     return _matmul_f32(a, b)
 
 
@@ -312,6 +309,13 @@ def _tensor_core(
             va, vb = va * np.ldexp(1.0, xa), vb * np.ldexp(1.0, xb)
             ea, eb = ea + xa, eb + xb
     every = acc.promote_every or kk
+    block = im.k // im.halves
+    if not specials and sa is None and im.rounding == "truncate" and _numba.available():
+        ta, tb = _decoded(fa), _decoded(fb)
+        return _numba.chain_gemm(
+            ac, bt, (ta[0], ta[2]), (tb[0], tb[2]), block, im.frac_bits, im.out_mbits,
+            acc.promote_every,
+        )  # fmt: skip
     out = np.zeros((m, n), np.float32)
     rows = max(1, (1 << 16) // max(n * im.k, 1))
     with np.errstate(invalid="ignore", over="ignore"):

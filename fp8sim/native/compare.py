@@ -172,6 +172,10 @@ def _compare_gemm(op: dict, bits: np.ndarray, meta: dict) -> OpResult:
     res = OpResult(op["name"], "scaled_mm", emulator=f"accumulator {acc}")
     ulp = np.abs(got_k - emu_k).astype(np.float64)
     _stats(res, ulp == 0, ulp)
+    if res.bit_exact < res.n:  # which split-K (if any) reproduces the kernel
+        from .infer_split import infer_split
+
+        res.extra["split_inference"] = infer_split(a, b, sa, sb, bits.view(view), accumulator=acc, **kw).to_dict()
     res.extra.update(
         k=case.k,
         fast_accum=case.fast_accum,
