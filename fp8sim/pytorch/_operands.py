@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._torch import numpy_view
 from ..cast import decode, encode
 from ..formats import FloatFormat
 from ..recipe import (
@@ -130,7 +131,7 @@ def quantize_operand(
             np.float32(nan_skipping_amax(x)), fmt.max, pow2=qp.power_2_scale, eps=qp.amax_epsilon
         )
         return _per_tensor(x, fmt, float(scale), stats)
-    xn = x.detach().float().cpu().numpy()
+    xn = numpy_view(x.float())  # not .numpy(): that pins a parameter's storage (FSDP2 frees it)
     if isinstance(recipe, MXFP8BlockScaling):
         from ..scaling.mx import quantize_mx
 
@@ -157,7 +158,7 @@ def _nvfp4(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, k_axis: int, s
     xt = x.detach().float()
     xt = xt.t().contiguous() if columnwise else xt.contiguous()
     q = quantize_nvfp4(
-        xt.numpy(),
+        numpy_view(xt),
         rht=qp.random_hadamard_transform and columnwise,  # RHT: wgrad (columnwise) operands only
         stochastic=qp.stochastic_rounding,
         seed=seed if qp.stochastic_rounding else None,
