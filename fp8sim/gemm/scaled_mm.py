@@ -28,6 +28,7 @@ from .._torch import is_torch_tensor, numpy_view
 from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
 from ..scaling.amax import dtype_name
+from ..scaling.swizzle import unswizzle_mm_scales
 from ._exact import exact_matmul_f32, round_sum_to_f32, two_sum
 from .accumulators import Accumulator, get_accumulator
 from .instructions import INSTRUCTION_MODELS, _decoded, align_sum, get_instruction_model, run_instruction
@@ -168,6 +169,8 @@ def scaled_mm(
         _check_torch_rules(a, b, fa, fb, bias, out)
     acc = _pick_accumulator(accumulator, use_fast_accum, device)
     sa, sb = _scale(scale_a), _scale(scale_b)
+    # MX/NVFP4 scales may come flat in the 128x4 blocked layout, as torch._scaled_mm takes them (issue 17)
+    sa, sb = unswizzle_mm_scales(scale_a, scale_b, sa, sb, m, k, n, fa.name == "e2m1")
     layout = _layout(sa, sb, m, k, n, fa)
     if m == 0 or n == 0 or k == 0:
         d = np.zeros((m, n), np.float32)

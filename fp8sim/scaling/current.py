@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .._torch import is_torch_tensor
 from ..cast import encode
 from ..cast.numpy_backend import encode_scaled_with_amax
 from ..formats import FloatFormat, get_format
@@ -59,8 +60,46 @@ def compute_scale_from_amax(
 def _pertensor(
     codes: np.ndarray, scale_value: np.float32, fmt: FloatFormat, shape: tuple, dtype: str, **kw: Any
 ) -> QuantizedTensor:
+    # an empty tensor still has its one scale (amax 0): a zero-length dim holds one empty block
     block = tuple(max(d, 1) for d in shape)
     return QuantizedTensor(codes, np.full((1,) * len(shape), scale_value, np.float32), fmt, block, shape, dtype, **kw)
+
+
+def _torch_amax(x: Any, axis: int | None) -> np.ndarray | None:
+    """torchao's ``torch.max(torch.abs(x))`` / ``torch.amax(..., keepdim=True)`` run by torch itself, as
+    float32 numpy, so a NaN amax carries the bits torch's reduction gives it on this machine (the
+    vectorized float32 max returns 0xFFFFFFFF, spec 0 "6.2"); None for numpy input or an empty reduction."""
+    if not is_torch_tensor(x) or x.numel() == 0 or (axis is not None and x.shape[axis] == 0):
+        return None
+    import torch
+
+    t = x.detach()
+    with torch.no_grad():
+        a = torch.max(torch.abs(t)) if axis is None else torch.amax(torch.abs(t), dim=axis, keepdim=True)
+    return a.to(torch.float32).cpu().numpy()
+
+
+def _scaled(x: Any, x32: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """torchao's ``x.to(torch.float32) * scale``: by torch for a torch input, whose kernels pick the NaN
+    operand differently from numpy's (a NaN times a broadcast NaN scale keeps the scale's payload)."""
+    if is_torch_tensor(x) and x.numel():
+        import torch
+
+        with torch.no_grad():
+            t = x.detach().to(torch.float32) * torch.from_numpy(np.ascontiguousarray(scale)).to(x.device)
+        return t.cpu().numpy()
+    with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
+        return x32 * scale
+
+
+def _torch_nan_codes(codes: np.ndarray, scaled: np.ndarray, fmt: FloatFormat) -> np.ndarray:
+    """torch's float8 cast of a NaN: ``0x7F | sign`` for E4M3FN and E5M2 alike (ml_dtypes writes E5M2 NaN
+    as 0x7E); the fnuz formats have the one NaN 0x80 either way."""
+    nan = np.isnan(scaled)
+    if fmt.name not in ("e4m3", "e5m2") or not nan.any():
+        return codes
+    sign = (scaled.view(np.uint32) >> 31).astype(np.uint8) << 7
+    return np.where(nan, np.uint8(0x7F) | sign, codes).astype(np.uint8)
 
 
 def quantize_current_scaling(
@@ -105,15 +144,20 @@ def quantize_torchao(
         raise ValueError(f"granularity must be 'tensorwise' or 'axiswise', got {granularity!r}")
     x32 = as_float32(x)
     if granularity == "tensorwise":
-        scale = torchao_amax_to_scale(amax_nan_propagating(x32), f, round_scales_to_power_of_2)
-        with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
-            codes = encode(x32 * scale, f, saturate=True)
+        amax = _torch_amax(x, None)
+        amax = amax_nan_propagating(x32) if amax is None else amax
+        scale = torchao_amax_to_scale(amax, f, round_scales_to_power_of_2)
+        scaled = _scaled(x, x32, scale)
+        codes = _torch_nan_codes(encode(scaled, f, saturate=True), scaled, f)
         return _pertensor(codes, scale, f, x32.shape, dtype_name(x), scale_is_divisor=True)
     if x32.ndim == 0 or not -x32.ndim <= axiswise_dim < x32.ndim:
         raise ValueError(f"axiswise_dim {axiswise_dim} out of range for a tensor of shape {x32.shape}")
     dim = axiswise_dim % x32.ndim
-    scale = torchao_amax_to_scale(amax_nan_propagating(x32, axis=dim, keepdims=True), f, round_scales_to_power_of_2)
-    with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
-        codes = encode(x32 * scale, f, saturate=True)
-    block = tuple(n if i == dim else 1 for i, n in enumerate(x32.shape))
+    amax = _torch_amax(x, dim)
+    amax = amax_nan_propagating(x32, axis=dim, keepdims=True) if amax is None else amax
+    scale = torchao_amax_to_scale(amax, f, round_scales_to_power_of_2)
+    scaled = _scaled(x, x32, scale)
+    codes = _torch_nan_codes(encode(scaled, f, saturate=True), scaled, f)
+    # an empty reduced dim is one empty block (its amax is 0), not a block of length 0
+    block = tuple(max(n, 1) if i == dim else 1 for i, n in enumerate(x32.shape))
     return QuantizedTensor(codes, scale, f, block, x32.shape, dtype_name(x), scale_is_divisor=True)

@@ -278,6 +278,8 @@ def _quantize_blocks(
     rows_n, bs, cols_n = x3.shape
     codes = np.empty(x3.shape, np.uint8)
     scales = np.empty((rows_n, cols_n), np.uint8)
+    if x3.size == 0:  # an empty tensor has no blocks to scale
+        return codes, scales
     table = f32_code_table(fmt, "nearest_even", True)
     rows = max(1, _CHUNK // (bs * cols_n))
     cols = cols_n if bs * cols_n <= _CHUNK else max(1, _CHUNK // bs)
@@ -397,6 +399,7 @@ def quantize_mx(
     flavor: str = "torchao",
     mxfma: bool = False,
     pad: bool | None = None,
+    swizzle: bool = False,
 ) -> QuantizedTensor:
     """MX-quantize ``x`` in blocks of ``block_size`` consecutive elements along ``axis``.
 
@@ -410,12 +413,22 @@ def quantize_mx(
     torchao itself takes only bf16/fp32 and has no ``nearest`` mode: float16 input goes through the
     same arithmetic, and ``nearest`` uses the FLOOR path's element arithmetic.
 
+    ``swizzle``: also give the scales in the 128x4 blocked layout (``blocked_scales``, 2-D ``x`` only;
+    :func:`fp8sim.scaling.swizzle.with_blocked_scales`).
+
     Returns a :class:`QuantizedTensor` with unpacked element codes, uint8 E8M0 scale codes and
     ``block`` = ``block_size`` at ``axis`` and 1 elsewhere; its ``shape`` is the unpadded shape.
     """
     fmt, rule, flavor = _check_quantize_args(elem_format, scale_rule, flavor, block_size, mxfma, pad)
+    if not isinstance(swizzle, bool):
+        raise TypeError(f"swizzle must be True or False, got {swizzle!r}")
     arr, dtype = _as_float32(x, "x")
-    return _quantize(arr, dtype, fmt, axis, block_size, rule, flavor, bool(mxfma), pad)
+    qt = _quantize(arr, dtype, fmt, axis, block_size, rule, flavor, bool(mxfma), pad)
+    if swizzle:
+        from .swizzle import with_blocked_scales
+
+        qt = with_blocked_scales(qt)
+    return qt
 
 
 def quantize_mx_rowwise_columnwise(

@@ -307,6 +307,8 @@ def quantize_nvfp4(
     row_scaled: bool = False,
     global_amax: Any = None,
     reference_zero_handling: bool = False,
+    single_level: bool = False,
+    swizzle: bool = False,
 ) -> QuantizedTensor:
     """Quantize ``x`` to NVFP4 along its last dim (one rowwise copy; see the module docstring).
 
@@ -321,6 +323,11 @@ def quantize_nvfp4(
     only); ``global_scale`` is then a float32 array of shape ``shape[:-1] + (1,)``.
     ``global_amax``: use this amax (e.g. all-reduced) instead of ``max|x|``.
     ``reference_zero_handling``: TE's Python reference rule for the global scale (``"te"`` only).
+    ``single_level``: torchao's ``nvfp4_quantize(per_tensor_scale=None)`` (``"torchao"`` only): no
+    global scale, ``s_blk = e4m3(clamp(fl32(vec_max / 6), 2^-6, 448))``, ``code = E2M1_RN(clamp(fl32(x *
+    fl32(1 / s_blk)), -6, 6))``; the result's ``global_scale`` is None.  With a torch input the global
+    amax is ``torch.max(torch.abs(x))`` run by torch (a NaN amax has torch's bits, spec 0 "6.2").
+    ``swizzle``: also give the E4M3 scales in the 128x4 blocked layout (``blocked_scales``; 2-D ``x``).
 
     Returns a :class:`QuantizedTensor` with E2M1 codes, uint8 E4M3 block scales, ``block`` =
     ``(..., 1, 16)`` or ``(..., 16, 16)`` and ``global_scale`` = the float32 dequantization factor
@@ -334,7 +341,19 @@ def quantize_nvfp4(
         stochastic=stochastic,
         row_scaled=row_scaled,
         reference_zero_handling=reference_zero_handling,
+        single_level=single_level,
+        swizzle=swizzle,
     )
+    if swizzle:
+        from .swizzle import with_blocked_scales
+
+        kw = dict(flavor=flavor, block_2d=block_2d, rht=rht, stochastic=stochastic, seed=seed, row_scaled=row_scaled)
+        kw.update(global_amax=global_amax, reference_zero_handling=reference_zero_handling, single_level=single_level)
+        return with_blocked_scales(quantize_nvfp4(x, **kw))
+    if single_level and (flavor != "torchao" or global_amax is not None):
+        raise ValueError(
+            "single_level=True is torchao's per_tensor_scale=None: use flavor='torchao' and no global_amax"
+        )
     if flavor == "torchao":
         flags = {"block_2d": block_2d, "rht": rht, "stochastic": stochastic, "row_scaled": row_scaled}
         used = [k for k, v in {**flags, "reference_zero_handling": reference_zero_handling}.items() if v]
@@ -367,13 +386,27 @@ def quantize_nvfp4(
             amax = _amax_arg(global_amax, shape, row_scaled)
         codes, scales, gscale = _quantize_te(x32, mag, amax, block, block_2d, stochastic, seed, reference_zero_handling)
     else:
-        amax = np.max(mag) if global_amax is None else _amax_arg(global_amax, shape, False)
+        if single_level:
+            codes, scales = _quantize_torchao_single(x32, mag, block)
+            return QuantizedTensor(codes, scales, E2M1, block, shape, dtype, scale_format=E4M3)
+        amax = _torch_global_amax(x) if global_amax is None else _amax_arg(global_amax, shape, False)
         codes, scales, gscale = _quantize_torchao(x32, mag, np.float32(amax), block)
     glob = gscale.astype(np.float32) if row_scaled else float(gscale)
     amax_kept = np.asarray(amax, np.float32) if row_scaled else float(np.float32(amax))
     return QuantizedTensor(
         codes, scales, E2M1, block, shape, dtype, scale_format=E4M3, global_scale=glob, global_amax=amax_kept
     )
+
+
+def _torch_global_amax(x: Any) -> np.float32:
+    """torchao's ``torch.max(torch.abs(x))``: run by torch for a torch input (its NaN bits, spec 0 "6.2"),
+    numpy's NaN-propagating max otherwise; an empty tensor has amax 0."""
+    if is_torch_tensor(x) and x.numel():
+        import torch
+
+        with torch.no_grad():
+            return x.detach().abs().max().float().cpu().numpy()[()]
+    return np.max(np.abs(_to_float32(x)), initial=_F32(0))
 
 
 def _amax_arg(global_amax: Any, shape: tuple[int, ...], row_scaled: bool) -> np.ndarray:
@@ -427,6 +460,20 @@ def _quantize_torchao(
     codes = encode(np.where(nan, _F32(0), v), E2M1)
     codes[nan] = _torchao_nan_codes(v[nan])
     return codes, scales, np.float32(pts)
+
+
+def _quantize_torchao_single(x32: np.ndarray, mag: np.ndarray, block: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """torchao ``nvfp4_quantize`` with ``per_tensor_scale=None`` (``nvfp4_tensor.py``, single level scaling)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        block_scale = _block_amax(mag, False, skip_nan=False) / _FP4_MAX
+        scales = encode(np.clip(block_scale, _E4M3_TINY, _E4M3_MAX), E4M3, saturate=True)
+        recip = _ONE / _torch_e4m3_values(scales)  # torchao: 1.0 / fp8_scale, then multiply
+        # recip first: where both are NaN, x86 keeps the first operand's payload, as torch's CPU kernel does
+        v = np.clip(expand_blocks(recip, block) * x32, -_FP4_MAX, _FP4_MAX)
+    nan = np.isnan(v)
+    codes = encode(np.where(nan, _F32(0), v), E2M1)
+    codes[nan] = _torchao_nan_codes(v[nan])
+    return codes, scales
 
 
 # -- rowwise + columnwise copies ------------------------------------------------------------

@@ -35,6 +35,9 @@ class QuantizedTensor:
       (TE NVFP4), or None.
     - ``scale_is_divisor``: the stored scales are *quantization* scales and dequantization divides
       by them (torchao: ``_data / _scale``), instead of multiplying.
+    - ``blocked_scales``: the same scales in the flat 128x4 blocked ("swizzled") layout that
+      ``torch._scaled_mm`` takes for MX/NVFP4 (:mod:`fp8sim.scaling.swizzle`), when a quantizer was asked
+      for it (``swizzle=True``), else None.
     """
 
     codes: np.ndarray
@@ -47,12 +50,17 @@ class QuantizedTensor:
     global_scale: float | np.ndarray | None = None
     scale_is_divisor: bool = False
     global_amax: float | np.ndarray | None = None
+    blocked_scales: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.codes.ndim != len(self.block) or len(self.shape) != len(self.block):
             raise ValueError(f"block {self.block} must have one entry per dim of shape {self.shape}")
         want = tuple(c // b for c, b in zip(self.codes.shape, self.block, strict=True))
-        if any(c % b for c, b in zip(self.codes.shape, self.block, strict=True)) or tuple(self.scales.shape) != want:
+        # a zero-length dim holds no blocks or one empty block (an empty tensor keeps its per-tensor scale)
+        got = tuple(self.scales.shape)
+        if len(got) == len(want):
+            got = tuple(w if s == 1 and c == 0 else s for s, c, w in zip(got, self.codes.shape, want, strict=True))
+        if any(c % b for c, b in zip(self.codes.shape, self.block, strict=True)) or got != want:
             got = tuple(self.scales.shape)
             raise ValueError(f"scales shape {got} does not match codes {self.codes.shape} in blocks {self.block}")
 

@@ -163,16 +163,27 @@ def _scaled_mm_gemm(a: _Float8, b: _Float8, out_dtype: torch.dtype, spec: _GemmS
     return out.to(out_dtype)
 
 
-def _gemm(a_hp: torch.Tensor, b_hp: torch.Tensor, cc_a: Any, cc_b: Any, spec: _GemmSpec) -> torch.Tensor:
-    """``a_hp @ b_hp`` as torchao computes it; the output dtype is ``a_hp``'s."""
+def _gemm(
+    a_hp: torch.Tensor,
+    b_hp: torch.Tensor,
+    cc_a: Any,
+    cc_b: Any,
+    spec: _GemmSpec,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``a_hp @ b_hp`` as torchao computes it; the output dtype is ``out_dtype`` (the CPU autocast dtype,
+    which torchao's autocast ``_to_copy`` writes into the float8 operand's ``_orig_dtype``), else ``a_hp``'s."""
     if cc_a.scaling_type is ScalingType.DISABLED:  # the config guarantees cc_b is DISABLED too
+        if out_dtype is not None:  # what autocast does to a plain torch.mm
+            return torch.mm(a_hp.to(out_dtype), b_hp.to(out_dtype))
         return torch.mm(a_hp, b_hp)
+    out_dtype = a_hp.dtype if out_dtype is None else out_dtype
     pow2 = spec.round_scales_to_power_of_2
     a = _cast(a_hp, cc_a.target_dtype, cc_a.scaling_granularity, -1, pow2)
     b = _cast(b_hp, cc_b.target_dtype, cc_b.scaling_granularity, 0, pow2)
     if spec.accumulator is None:
-        return torch.mm(_dequantized_like(a, a_hp), _dequantized_like(b, b_hp)).to(a_hp.dtype)
-    return _scaled_mm_gemm(a, b, a_hp.dtype, spec)
+        return torch.mm(_dequantized_like(a, a_hp), _dequantized_like(b, b_hp)).to(out_dtype)
+    return _scaled_mm_gemm(a, b, out_dtype, spec)
 
 
 class _Float8MatMul(torch.autograd.Function):
@@ -180,12 +191,21 @@ class _Float8MatMul(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, input_hp: torch.Tensor, weight_hp_t: torch.Tensor, config: Float8LinearConfig, gemms: _Gemms
+        ctx: Any,
+        input_hp: torch.Tensor,
+        weight_hp_t: torch.Tensor,
+        config: Float8LinearConfig,
+        gemms: _Gemms,
+        out_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         ctx.save_for_backward(input_hp, weight_hp_t)
         ctx.config, ctx.gemms = config, gemms
         input_2d = input_hp.reshape(-1, input_hp.shape[-1])
-        out = _gemm(input_2d, weight_hp_t, config.cast_config_input, config.cast_config_weight, gemms.output)
+        # torchao's mm runs below autocast (in __torch_dispatch__): keep fp8sim's float32 GEMMs out of it
+        with torch.autocast(input_hp.device.type, enabled=False):
+            out = _gemm(
+                input_2d, weight_hp_t, config.cast_config_input, config.cast_config_weight, gemms.output, out_dtype
+            )
         return out.reshape(*input_hp.shape[:-1], out.shape[-1])
 
     @staticmethod
@@ -203,7 +223,7 @@ class _Float8MatMul(torch.autograd.Function):
             input_2d = input_hp.reshape(-1, input_hp.shape[-1])
             cc_go, cc_i = c.cast_config_grad_output_for_grad_weight, c.cast_config_input_for_grad_weight
             grad_weight_t = _gemm(go_2d.t(), input_2d, cc_go, cc_i, gemms.grad_weight).t()
-        return grad_input, grad_weight_t, None, None
+        return grad_input, grad_weight_t, None, None, None
 
 
 class Float8Linear(nn.Linear):
@@ -239,11 +259,18 @@ class Float8Linear(nn.Linear):
         _check_accumulator(accumulator)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        """torchao's forward: CUDA autocast dtype for the input, the float8 matmul, then ``+ bias``."""
-        if torch.is_autocast_enabled():
+        """torchao's forward: under CUDA autocast the input is cast to its dtype first; under CPU autocast
+        (spec 0, "6.1") the operands are cast from their own dtype and the emulated float32 GEMM is
+        rounded to the autocast dtype; then ``+ bias.to(output.dtype)``."""
+        if input.dim() == 0:
+            raise RuntimeError("both arguments to linear need to be at least 1D, but they are 0D and 2D")
+        if torch.is_autocast_enabled():  # torch's no-argument form is CUDA autocast, as torchao reads it
             input = input.to(torch.get_autocast_dtype("cuda"))
+        out_dtype = None
+        if input.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            out_dtype = torch.get_autocast_dtype("cpu")
         gemms = _gemm_specs(self.config, self.accumulator)
-        output = _Float8MatMul.apply(input, self.weight.t(), self.config, gemms)
+        output = _Float8MatMul.apply(input, self.weight.t(), self.config, gemms, out_dtype)
         if self.bias is not None:
             output = output + self.bias.to(output.dtype)
         return output
@@ -279,6 +306,11 @@ class Float8Linear(nn.Linear):
         new_mod.weight = mod.weight
         new_mod.bias = mod.bias
         return new_mod
+
+
+# The emulated casts run in numpy, which Dynamo cannot trace: under torch.compile the forward (and so its
+# backward) runs eagerly behind a graph break, giving eager's bits; the rest of the model still compiles.
+Float8Linear.forward = torch.compiler.disable(Float8Linear.forward)  # type: ignore[method-assign]
 
 
 def swap_linear_layers(
