@@ -164,8 +164,8 @@ class WeightWithDynamicFloat8CastTensor(torch.Tensor):
 class _GatheredFloat8Weight(torch.Tensor):
     """The unsharded weight of a float8 all-gather; ``_fp8sim_float8`` holds the gathered codes and scale.
 
-    Every op returns plain tensors except ``detach`` (FSDP2 makes the Parameter through it), which
-    keeps the float8 record.
+    Every op returns plain tensors except ``torch.as_strided`` and ``detach``, through which FSDP2
+    makes the unsharded Parameter: those keep the float8 record.
     """
 
     _fp8sim_float8: _Float8
@@ -174,7 +174,7 @@ class _GatheredFloat8Weight(torch.Tensor):
     def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **(kwargs or {}))
-        if func is torch.Tensor.detach and isinstance(out, torch.Tensor):
+        if func in (torch.Tensor.detach, torch.as_strided) and isinstance(out, torch.Tensor):
             out = out.as_subclass(cls)
             out._fp8sim_float8 = args[0]._fp8sim_float8
         return out
