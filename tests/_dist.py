@@ -20,6 +20,7 @@ def ranks(
     world_size: int = 2,
     timeout: float = TIMEOUT_S,
     start_method: str = "spawn",
+    preload: tuple[str, ...] = (),
 ) -> list[Any]:
     """``function(rank, world_size, *args)`` on ``world_size`` ranks; a hung or failing rank fails the test."""
-    return run_ranks(function, args, world_size=world_size, timeout=timeout, start_method=start_method)
+    return run_ranks(function, args, world_size=world_size, timeout=timeout, start_method=start_method, preload=preload)

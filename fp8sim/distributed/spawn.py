@@ -72,13 +72,14 @@ def run_ranks(
     timeout: float = 60.0,
     threads: int = 1,
     start_method: str = "spawn",
+    preload: tuple[str, ...] = (),
 ) -> list[Any]:
     """``function(rank, world_size, *args)`` on ``world_size`` gloo ranks; results in rank order.
 
     ``function`` must be picklable (module level).  Raises :class:`RankFailure` naming the rank
     that raised or died, or the ranks still running after ``timeout`` seconds.  ``start_method``:
-    "spawn" (default, everywhere), or "forkserver" (POSIX), whose server imports torch once, so
-    that repeated runs start in a fraction of the time.
+    "spawn" (default, everywhere), or "forkserver" (POSIX), whose server imports torch and the
+    ``preload`` modules once, so that repeated runs start in a fraction of the time.
     """
     import multiprocessing as mp
 
@@ -92,7 +93,7 @@ def run_ranks(
         raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "fp8sim.distributed.spawn"])
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "fp8sim.distributed.spawn", *preload])
     with tempfile.TemporaryDirectory(prefix="fp8sim_ranks_") as tmp:
         procs = [
             ctx.Process(target=_entry, args=(r, world_size, tmp, function, args, timeout, threads), daemon=True)
@@ -127,22 +128,32 @@ def _wait(procs: list, deadline: float) -> list[int] | None:
 
 
 def _failure(ranks: list[int], procs: list, tmp: str, timeout: float) -> RankFailure:
-    errors = {}
+    errors, when = {}, {}
     for r in ranks:
         path = os.path.join(tmp, f"error_{r}.txt")
         if os.path.exists(path):
             with open(path) as f:
                 errors[r] = f.read()
-    if errors:
-        # the rank whose error is not a collective failing because a peer left is the cause
-        first = min(errors, key=lambda r: ("Connection closed by peer" in errors[r] or "Timed out" in errors[r], r))
+            when[r] = os.stat(path).st_mtime_ns
+    died = [r for r in ranks if r not in errors and procs[r].exitcode not in (None, 0)]
+    own = [r for r in errors if not _is_peer_loss(errors[r])]
+    if own or (errors and not died):
+        # the cause: a rank whose error is not a collective failing because a peer left; then the earliest
+        first = min(errors, key=lambda r: (_is_peer_loss(errors[r]), when[r], r))
         msg = f"rank {first} raised:\n{errors[first]}"
         return RankFailure(msg, [first] + [r for r in errors if r != first])
-    died = [r for r in ranks if procs[r].exitcode not in (None, 0)]
     if died:
         r = died[0]
-        return RankFailure(f"rank {r} died with exit code {procs[r].exitcode} without raising", died)
+        return RankFailure(f"rank {r} died with exit code {procs[r].exitcode} without raising", died + list(errors))
     return RankFailure(f"ranks {ranks} did not finish within {timeout} s (hung?)", ranks)
+
+
+_PEER_LOSS = ("gloo/transport", "Connection reset by peer", "Connection closed by peer", "Timed out", "timed out")
+
+
+def _is_peer_loss(error: str) -> bool:
+    """True for the error a collective raises when its peer has gone (not the peer's own error)."""
+    return any(marker in error for marker in _PEER_LOSS)
 
 
 def _stop(procs: list) -> None:
