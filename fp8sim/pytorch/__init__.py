@@ -5,8 +5,38 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("fp8sim.pytorch needs torch: pip install 'fp8sim[torch]'") from exc
 
-from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear
-from .quantization import autocast, fp8_autocast, get_recipe, is_calibrating, is_fp8_enabled
+from . import constants, utils
+from .constants import DType
+from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm, TransformerEngineBaseModule
+from .quantization import (
+    FP8GlobalStateManager,
+    autocast,
+    fp8_autocast,
+    fp8_model_init,
+    get_default_recipe,
+    get_recipe,
+    is_calibrating,
+    is_fp8_available,
+    is_fp8_block_scaling_available,
+    is_fp8_enabled,
+    is_mxfp8_available,
+    is_nvfp4_available,
+    quantized_model_init,
+)
+from .tensor import (
+    Float8BlockQuantizer,
+    Float8BlockwiseQTensor,
+    Float8CurrentScalingQuantizer,
+    Float8Quantizer,
+    Float8Tensor,
+    MXFP8Quantizer,
+    MXFP8Tensor,
+    NVFP4Quantizer,
+    NVFP4Tensor,
+    QuantizedTensor,
+    Quantizer,
+)
+from .utils import get_device_compute_capability, is_bf16_available
 
 __all__ = [
     "autocast",
@@ -18,4 +48,30 @@ __all__ = [
     "LayerNorm",
     "LayerNormLinear",
     "LayerNormMLP",
+    "RMSNorm",
+    "TransformerEngineBaseModule",
+    "FP8GlobalStateManager",
+    "quantized_model_init",
+    "fp8_model_init",
+    "get_default_recipe",
+    "is_fp8_available",
+    "is_mxfp8_available",
+    "is_nvfp4_available",
+    "is_fp8_block_scaling_available",
+    "is_bf16_available",
+    "get_device_compute_capability",
+    "utils",
+    "constants",
+    "DType",
+    "Quantizer",
+    "QuantizedTensor",
+    "Float8Quantizer",
+    "Float8CurrentScalingQuantizer",
+    "Float8Tensor",
+    "MXFP8Quantizer",
+    "MXFP8Tensor",
+    "Float8BlockQuantizer",
+    "Float8BlockwiseQTensor",
+    "NVFP4Quantizer",
+    "NVFP4Tensor",
 ]
