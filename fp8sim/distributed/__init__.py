@@ -17,6 +17,7 @@ from .collectives import (
     reduce_scatter_tensor,
     wire_view,
 )
+from .groups import PRESETS, ParallelLayout, group_ranks, new_group
 
 __all__ = [
     "BYTE_DTYPES",
@@ -27,4 +28,8 @@ __all__ = [
     "broadcast",
     "reduce_scatter_tensor",
     "all_reduce",
+    "PRESETS",
+    "ParallelLayout",
+    "group_ranks",
+    "new_group",
 ]
