@@ -24,6 +24,7 @@ added after the GEMM in the output dtype (``out + bias.to(out.dtype)``), so its 
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
@@ -32,10 +33,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..cast import decode
+from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
 from ..gemm import Accumulator, get_accumulator, scaled_mm
-from ..scaling.current import quantize_torchao
+from ..scaling.current import quantize_torchao, torchao_amax_to_scale
 from .config import Float8LinearConfig, ScalingGranularity, ScalingType
 
 __all__ = ["Float8Linear", "convert_to_float8_training", "swap_linear_layers"]
@@ -47,6 +48,8 @@ _FP8_FORMATS = {
     torch.float8_e5m2fnuz: "e5m2fnuz",
 }
 _DEVICE_ACCUMULATORS = ("hopper", "ada", "blackwell")
+# the tensor-parallel group whose ranks hold shards of the operands being cast (set by fp8sim.torchao.tp)
+_TP_AMAX_GROUP: contextvars.ContextVar[Any] = contextvars.ContextVar("fp8sim_tp_amax_group", default=None)
 _EMULATE = "torchao_emulate"
 
 
@@ -104,12 +107,28 @@ def _cast(x: torch.Tensor, target_dtype: torch.dtype, granularity: ScalingGranul
         raise ValueError(f"Unsupported float8_dtype: {target_dtype}")
     fmt = get_format(_FP8_FORMATS[target_dtype])
     axiswise = granularity is ScalingGranularity.AXISWISE
+    group = _TP_AMAX_GROUP.get()
+    if group is not None and not axiswise:  # a tensor-parallel shard: the scale of the whole tensor (fp8sim.torchao.tp)
+        return _cast_with_group_amax(x, fmt, pow2, group)
     q = quantize_torchao(
         x.detach(), fmt, granularity=granularity.value, axiswise_dim=dim, round_scales_to_power_of_2=pow2
     )
     scale = q.scales if axiswise else q.scales.reshape(())
     codes = torch.from_numpy(np.ascontiguousarray(q.codes)).to(x.device)
     return _Float8(codes, torch.from_numpy(np.ascontiguousarray(scale)).to(x.device), fmt, axiswise)
+
+
+def _cast_with_group_amax(x: torch.Tensor, fmt: FloatFormat, pow2: bool, group: Any) -> _Float8:
+    """Tensorwise cast of a shard with torchao's DTensor semantics: ``max|x|`` MAX-reduced over ``group``."""
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        amax = torch.max(x.detach().abs()).float() if x.numel() else x.new_zeros((), dtype=torch.float32)
+        amax = amax.reshape(1).clone()
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+        scale = torch.from_numpy(np.asarray(torchao_amax_to_scale(amax.numpy()[0], fmt, pow2), np.float32))
+        codes = encode(x.detach().float() * scale, fmt, saturate=True)
+    return _Float8(codes, scale.reshape(()), fmt, False)
 
 
 def _dequantized_like(t: _Float8, ref: torch.Tensor) -> torch.Tensor:
@@ -203,6 +222,7 @@ class _Float8MatMul(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.save_for_backward(input_hp, weight_hp_t)
         ctx.config, ctx.gemms, ctx.weight_fp8 = config, gemms, weight_fp8
+        ctx.tp_group = _TP_AMAX_GROUP.get()  # the backward casts reduce their amaxes over it too
         input_2d = input_hp.reshape(-1, input_hp.shape[-1])
         # torchao's mm runs below autocast (in __torch_dispatch__): keep fp8sim's float32 GEMMs out of it
         with torch.autocast(input_hp.device.type, enabled=False):
@@ -219,6 +239,14 @@ class _Float8MatMul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        token = _TP_AMAX_GROUP.set(ctx.tp_group)
+        try:
+            return _Float8MatMul._backward(ctx, grad_output)
+        finally:
+            _TP_AMAX_GROUP.reset(token)
+
+    @staticmethod
+    def _backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         input_hp, weight_hp_t = ctx.saved_tensors
         c, gemms = ctx.config, ctx.gemms
         go_2d = grad_output.reshape(-1, grad_output.shape[-1])
