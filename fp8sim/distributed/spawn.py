@@ -15,6 +15,7 @@ abort with "terminate called without an active exception".
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 import traceback
@@ -62,6 +63,8 @@ def _entry(rank: int, world: int, tmp: str, function: Callable, args: tuple, tim
         with open(os.path.join(tmp, f"error_{rank}.txt"), "w") as f:
             f.write(traceback.format_exc())
         code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(code)  # skip interpreter teardown of torch's threads (module docstring)
 
 
