@@ -17,6 +17,8 @@ the whole-tensor cast).
 
 from __future__ import annotations
 
+import io
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -159,5 +161,11 @@ def test_precompute_without_float8_weights_is_a_no_op_and_the_wrapper_keeps_the_
     assert isinstance(w, nn.Parameter) and isinstance(w, fao.WeightWithDynamicFloat8CastTensor)
     x = torch.randn(BATCH, SHAPES[0][0])
     assert torch.equal(wrapped(x), plain(x))  # without FSDP2 the wrapper is the plain weight
+    buf = io.BytesIO()
+    torch.save(wrapped.state_dict(), buf)
+    buf.seek(0)
+    state = torch.load(buf)  # weights_only=True by default (torch >= 2.6)
+    assert isinstance(state["0.weight"], fao.WeightWithDynamicFloat8CastTensor)
+    assert torch.equal(state["0.weight"]._tensor, w._tensor)
     with pytest.raises(ValueError, match="Unsupported float8_dtype"):
         fao.WeightWithDynamicFloat8CastTensor(torch.zeros(2), None, torch.float16)

@@ -57,9 +57,10 @@ _PRESERVE = {
 class WeightWithDynamicFloat8CastTensor(torch.Tensor):
     """A high-precision weight that FSDP2 all-gathers in float8 (module docstring).
 
-    ``tensor``: the weight; ``linear_mm_config``: kept for torchao's signature (fp8sim passes the
-    module's config); ``dtype``: the float8 dtype; ``precomputed_scale``: a float32 scale to use
-    instead of the amax of the next all-gather.  Every other op sees the plain ``tensor``.
+    ``tensor``: the weight; ``linear_mm_config``: kept for torchao's signature (fp8sim passes None:
+    its GEMMs take their settings from the module); ``dtype``: the float8 dtype;
+    ``precomputed_scale``: a float32 scale to use instead of the amax of the next all-gather.
+    Every other op sees the plain ``tensor``.
     """
 
     @staticmethod
@@ -217,3 +218,8 @@ def precompute_float8_dynamic_scale_for_fsdp(module: nn.Module) -> None:
     scale = scale.to(torch.float32)
     for i, m in enumerate(linears):
         _local(m.weight)._precomputed_scale = scale[i]
+
+
+# checkpoints holding these weights load with torch.load(weights_only=True), as torchao allows its own
+if hasattr(torch.serialization, "add_safe_globals"):
+    torch.serialization.add_safe_globals([WeightWithDynamicFloat8CastTensor])

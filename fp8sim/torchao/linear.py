@@ -347,7 +347,7 @@ class Float8Linear(nn.Linear):
 
             w = new_mod.weight
             target = new_mod.config.cast_config_weight.target_dtype
-            wrapped = WeightWithDynamicFloat8CastTensor(w.data, new_mod.config, target)
+            wrapped = WeightWithDynamicFloat8CastTensor(w.data, None, target)  # fp8sim needs no mm config
             new_mod.weight = nn.Parameter(wrapped, requires_grad=w.requires_grad)
         return new_mod
 
