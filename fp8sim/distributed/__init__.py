@@ -7,6 +7,11 @@ function on N local CPU ranks with a deadline, naming the rank that failed.  Nee
 
 from __future__ import annotations
 
+try:
+    import torch.distributed  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without torch
+    raise ImportError("fp8sim.distributed needs torch with torch.distributed (pip install torch)") from exc
+
 from .collectives import (
     BYTE_DTYPES,
     all_gather,
