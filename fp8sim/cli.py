@@ -57,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--steps", type=int, default=150)
     st.add_argument("--recipes", default="", help="comma-separated subset of the study's recipes (default: all)")
     st.add_argument("--no-progress", action="store_true")
+    st.add_argument(
+        "--distributed", action="store_true", help="FP8 across 2-4 gloo ranks instead (all-gather, amax groups)"
+    )
+    st.add_argument("--world-size", type=int, default=2, help="ranks for --distributed (2-4, default 2)")
+    st.add_argument("--force", action="store_true", help="overwrite an existing --distributed result")
     args = ap.parse_args(args_in)
 
     if args.command == "formats":
@@ -126,6 +131,18 @@ def main(argv: list[str] | None = None) -> int:
 
         path = build_default_report(args.out, quick=args.quick, progress=not args.no_progress, captures=args.captures)
         print(f"wrote {path}")
+        return 0
+    if args.command == "study" and args.distributed:
+        from .distributed.study import run_distributed_study, write_distributed_study
+
+        try:
+            dres = run_distributed_study(args.world_size, steps=min(args.steps, 20))
+            out = write_distributed_study(dres, args.out, force=args.force)
+        except (ValueError, ImportError, FileExistsError) as exc:
+            print(f"fp8sim study: {exc}", file=sys.stderr)
+            return 2
+        print(dres.table())
+        print(f"wrote {out}")
         return 0
     if args.command == "study":
         from .study import STUDY_RECIPES, run_study, write_study

@@ -322,6 +322,7 @@ def _module_worker(rank: int, world: int, init: str, out_dir: str) -> None:
             st = m.fp8_gemms["gemm"]
             scales.append(np.concatenate([st.fwd.scale, st.bwd.scale]))
         np.save(os.path.join(out_dir, f"rank{rank}.npy"), np.stack(scales))
+        dist.barrier()  # issue 16: no rank tears down its gloo pairs while the peer still uses them
     finally:
         dist.destroy_process_group()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -51,8 +52,14 @@ def _entry(
     try:
         result = function(*args)
         torch.save(result, os.path.join(out_dir, f"result_{rank}.pt"))
+        dist.barrier()  # no rank tears down its gloo pairs while a peer still uses them
     finally:
         dist.destroy_process_group()
+    # leave without the interpreter's teardown of torch's threads, which can abort a gloo rank with
+    # "terminate called without an active exception" (pytorch/pytorch#190489)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def cpu_launcher(

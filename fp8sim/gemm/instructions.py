@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_torch_tensor
+from .._torch import is_torch_tensor, numpy_view
 from ..cast._tables import code_values
 from ..formats import FloatFormat, get_format
 
@@ -133,7 +133,7 @@ def _decoded(fmt: FloatFormat, zero_exp: int = _ZERO_EXP) -> tuple[np.ndarray, n
 
 
 def _codes(x: Any, arg: str, fmt: FloatFormat) -> np.ndarray:
-    arr = x.detach().cpu().numpy() if is_torch_tensor(x) else np.asarray(x)
+    arr = numpy_view(x) if is_torch_tensor(x) else np.asarray(x)  # .numpy() pins the storage (FSDP2)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{arg} must hold integer codes of {fmt.name}, got dtype {arr.dtype}")
     if arr.size and (arr.min() < 0 or arr.max() >= fmt.num_codes):
@@ -164,7 +164,7 @@ def dot_add(
         raise ValueError(f"a and b must have the same shape [..., {m.k}] for {m.name}; got {ac.shape} and {bc.shape}")
     if out_dtype not in ("float32", "float16"):
         raise ValueError(f"out_dtype must be 'float32' or 'float16', got {out_dtype!r}")
-    c = np.asarray(c.detach().cpu().numpy() if is_torch_tensor(c) else c)
+    c = np.asarray(numpy_view(c) if is_torch_tensor(c) else c)
     c = np.broadcast_to(c.astype(np.float16 if out_dtype == "float16" else np.float32), ac.shape[:-1])
     sa = sb = None
     if m.scale_format is not None:

@@ -24,7 +24,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .._torch import is_torch_tensor
+from .._torch import is_torch_tensor, numpy_view
 from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
 from ..scaling.swizzle import unswizzle_mm_scales
@@ -58,7 +58,8 @@ def _operand(x: Any, fmt: str | FloatFormat | None, name: str) -> tuple[np.ndarr
             return np.asarray(unpack_fp4(x.detach().cpu().t())).T, get_format("e2m1")
         if dt not in _TORCH_FMT:
             raise ValueError(f"Expected {name} to be Float8 matrix got {dt}")
-        return x.detach().contiguous().view(__import__("torch").uint8).cpu().numpy(), get_format(_TORCH_FMT[dt])
+        # numpy_view, not .numpy(): that would pin the storage of an FP8 parameter (FSDP2 frees it)
+        return numpy_view(x.contiguous().view(__import__("torch").uint8)), get_format(_TORCH_FMT[dt])
     if fmt is None:
         raise ValueError(f"{name} is a code array: pass {'a' if name == 'mat1' else 'b'}_format= (e.g. 'e4m3')")
     f = get_format(fmt)
@@ -76,10 +77,10 @@ def _scale(x: Any) -> np.ndarray:
     if is_torch_tensor(x):
         t = x.detach().cpu()
         if str(t.dtype) in ("torch.float8_e8m0fnu", "torch.float8_e4m3fn"):
-            return t.view(__import__("torch").uint8).numpy()
+            return numpy_view(t.view(__import__("torch").uint8))
         if str(t.dtype) in ("torch.bfloat16", "torch.float16"):
-            return t.float().numpy()  # exact
-        return t.numpy()
+            return numpy_view(t.float())  # exact
+        return numpy_view(t)
     return np.asarray(x)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_torch_tensor
+from .._torch import is_torch_tensor, numpy_view
 
 __all__ = ["as_float32", "dtype_name", "amax_nan_skipping", "amax_nan_propagating"]
 
@@ -20,7 +20,7 @@ def as_float32(x: Any, arg: str = "x") -> np.ndarray:
         t = x.detach()
         if not t.is_floating_point():
             raise TypeError(f"{arg} must be a floating tensor, got {t.dtype}")
-        return t.to(torch.float32).cpu().numpy()
+        return numpy_view(t.to(torch.float32))  # not .numpy(): that pins a parameter's storage (FSDP2)
     arr = np.asarray(x)
     if arr.dtype.kind not in "fV" or arr.dtype == object:
         raise TypeError(f"{arg} must be a floating array or tensor, got {arr.dtype}")

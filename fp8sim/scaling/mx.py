@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_torch_tensor
+from .._torch import is_torch_tensor, numpy_view
 from ..cast._tables import f32_code_table
 from ..formats import E2M1, E2M3, E3M2, E4M3, E5M2, E8M0, FloatFormat, get_format
 from .quantized import QuantizedTensor
@@ -100,7 +100,7 @@ def _as_float32(x: Any, arg: str) -> tuple[np.ndarray, str]:
         if name not in ("float32", "bfloat16", "float16", "float64"):
             raise TypeError(f"{arg} must have dtype float32, bfloat16 or float16; got {x.dtype}")
         t = x.detach().cpu()
-        arr = t.numpy() if name in ("float32", "float64") else t.float().numpy()
+        arr = numpy_view(t if name in ("float32", "float64") else t.float())  # .numpy() pins the storage (FSDP2)
     else:
         if isinstance(x, (bool, np.bool_)) or x is None or isinstance(x, (str, bytes, complex)):
             raise TypeError(f"{arg} must be a float array or tensor, got {type(x).__name__}")

@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._torch import is_torch_tensor
+from .._torch import is_torch_tensor, numpy_view
 from ..cast import decode, encode
 from ..formats import E2M1, E4M3
 from ._nvfp4_torchao import _block_amax, _quantize_torchao, _quantize_torchao_single, _torch_global_amax
@@ -148,7 +148,7 @@ def _check_input(x: Any, allowed: tuple[str, ...], why: str) -> str:
 def _to_float32(x: Any) -> np.ndarray:
     """Exact float32 copy of a float32/bfloat16/float16 array or tensor."""
     if is_torch_tensor(x):
-        return x.detach().to("cpu").float().numpy()
+        return numpy_view(x.float())  # .numpy() would pin a parameter's storage (FSDP2 frees it)
     return np.asarray(x).astype(np.float32)
 
 

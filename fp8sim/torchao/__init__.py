@@ -23,6 +23,7 @@ from .config import (
     e4m3_dtype,
     e5m2_dtype,
 )
+from .fsdp import WeightWithDynamicFloat8CastTensor, precompute_float8_dynamic_scale_for_fsdp
 from .linear import Float8Linear, convert_to_float8_training, swap_linear_layers
 
 __all__ = [
@@ -37,6 +38,8 @@ __all__ = [
     "swap_linear_layers",
     "e4m3_dtype",
     "e5m2_dtype",
+    "WeightWithDynamicFloat8CastTensor",
+    "precompute_float8_dynamic_scale_for_fsdp",
 ]
 
 # MXFP8 training (torchao prototype/moe_training), issue 17

@@ -24,17 +24,19 @@ added after the GEMM in the output dtype (``out + bias.to(out.dtype)``), so its 
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 
+from ..cast import encode
 from ..formats import FloatFormat, get_format
 from ..gemm import Accumulator, get_accumulator, scaled_mm
-from ..scaling.current import quantize_torchao
+from ..scaling.current import quantize_torchao, torchao_amax_to_scale
 from .config import Float8LinearConfig, ScalingGranularity, ScalingType
 
 __all__ = ["Float8Linear", "convert_to_float8_training", "swap_linear_layers"]
@@ -46,6 +48,8 @@ _FP8_FORMATS = {
     torch.float8_e5m2fnuz: "e5m2fnuz",
 }
 _DEVICE_ACCUMULATORS = ("hopper", "ada", "blackwell")
+# the tensor-parallel group whose ranks hold shards of the operands being cast (set by fp8sim.torchao.tp)
+_TP_AMAX_GROUP: contextvars.ContextVar[Any] = contextvars.ContextVar("fp8sim_tp_amax_group", default=None)
 _EMULATE = "torchao_emulate"
 
 
@@ -103,12 +107,28 @@ def _cast(x: torch.Tensor, target_dtype: torch.dtype, granularity: ScalingGranul
         raise ValueError(f"Unsupported float8_dtype: {target_dtype}")
     fmt = get_format(_FP8_FORMATS[target_dtype])
     axiswise = granularity is ScalingGranularity.AXISWISE
+    group = _TP_AMAX_GROUP.get()
+    if group is not None and not axiswise:  # a tensor-parallel shard: the scale of the whole tensor (fp8sim.torchao.tp)
+        return _cast_with_group_amax(x, fmt, pow2, group)
     q = quantize_torchao(
         x.detach(), fmt, granularity=granularity.value, axiswise_dim=dim, round_scales_to_power_of_2=pow2
     )
     scale = q.scales if axiswise else q.scales.reshape(())
     codes = torch.from_numpy(np.ascontiguousarray(q.codes)).to(x.device)
     return _Float8(codes, torch.from_numpy(np.ascontiguousarray(scale)).to(x.device), fmt, axiswise)
+
+
+def _cast_with_group_amax(x: torch.Tensor, fmt: FloatFormat, pow2: bool, group: Any) -> _Float8:
+    """Tensorwise cast of a shard with torchao's DTensor semantics: ``max|x|`` MAX-reduced over ``group``."""
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        amax = torch.max(x.detach().abs()).float() if x.numel() else x.new_zeros((), dtype=torch.float32)
+        amax = amax.reshape(1).clone()
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+        scale = torch.from_numpy(np.asarray(torchao_amax_to_scale(amax.numpy()[0], fmt, pow2), np.float32))
+        codes = encode(x.detach().float() * scale, fmt, saturate=True)
+    return _Float8(codes, scale.reshape(()), fmt, False)
 
 
 def _dequantized_like(t: _Float8, ref: torch.Tensor) -> torch.Tensor:
@@ -172,6 +192,7 @@ def _gemm(
     cc_b: Any,
     spec: _GemmSpec,
     out_dtype: torch.dtype | None = None,
+    b_fp8: _Float8 | None = None,
 ) -> torch.Tensor:
     """``a_hp @ b_hp`` as torchao computes it; the output dtype is ``out_dtype`` (the CPU autocast dtype,
     which torchao's autocast ``_to_copy`` writes into the float8 operand's ``_orig_dtype``), else ``a_hp``'s."""
@@ -182,7 +203,8 @@ def _gemm(
     out_dtype = a_hp.dtype if out_dtype is None else out_dtype
     pow2 = spec.round_scales_to_power_of_2
     a = _cast(a_hp, cc_a.target_dtype, cc_a.scaling_granularity, -1, pow2)
-    b = _cast(b_hp, cc_b.target_dtype, cc_b.scaling_granularity, 0, pow2)
+    # b_fp8: a weight already in float8 (FSDP2 float8 all-gather), used as torchao uses a Float8TrainingTensor
+    b = b_fp8 if b_fp8 is not None else _cast(b_hp, cc_b.target_dtype, cc_b.scaling_granularity, 0, pow2)
     if spec.accumulator is None:
         return torch.mm(_dequantized_like(a, a_hp), _dequantized_like(b, b_hp)).to(out_dtype)
     return _scaled_mm_gemm(a, b, out_dtype, spec)
@@ -199,33 +221,48 @@ class _Float8MatMul(torch.autograd.Function):
         config: Float8LinearConfig,
         gemms: _Gemms,
         out_dtype: torch.dtype | None = None,
+        weight_fp8: _Float8 | None = None,
     ) -> torch.Tensor:
         ctx.save_for_backward(input_hp, weight_hp_t)
-        ctx.config, ctx.gemms = config, gemms
+        ctx.config, ctx.gemms, ctx.weight_fp8 = config, gemms, weight_fp8
+        ctx.tp_group = _TP_AMAX_GROUP.get()  # the backward casts reduce their amaxes over it too
         input_2d = input_hp.reshape(-1, input_hp.shape[-1])
         # torchao's mm runs below autocast (in __torch_dispatch__): keep fp8sim's float32 GEMMs out of it
         with torch.autocast(input_hp.device.type, enabled=False):
             out = _gemm(
-                input_2d, weight_hp_t, config.cast_config_input, config.cast_config_weight, gemms.output, out_dtype
+                input_2d,
+                weight_hp_t,
+                config.cast_config_input,
+                config.cast_config_weight,
+                gemms.output,
+                out_dtype,
+                None if weight_fp8 is None else replace(weight_fp8, codes=weight_fp8.codes.t()),
             )
         return out.reshape(*input_hp.shape[:-1], out.shape[-1])
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        token = _TP_AMAX_GROUP.set(ctx.tp_group)
+        try:
+            return _Float8MatMul._backward(ctx, grad_output)
+        finally:
+            _TP_AMAX_GROUP.reset(token)
+
+    @staticmethod
+    def _backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         input_hp, weight_hp_t = ctx.saved_tensors
         c, gemms = ctx.config, ctx.gemms
         go_2d = grad_output.reshape(-1, grad_output.shape[-1])
         grad_input = grad_weight_t = None
         if ctx.needs_input_grad[0]:
-            gi = _gemm(
-                go_2d, weight_hp_t.t(), c.cast_config_grad_output, c.cast_config_weight_for_grad_input, gemms.grad_input
-            )
+            cc_go, cc_w = c.cast_config_grad_output, c.cast_config_weight_for_grad_input
+            gi = _gemm(go_2d, weight_hp_t.t(), cc_go, cc_w, gemms.grad_input, b_fp8=ctx.weight_fp8)
             grad_input = gi.reshape(*grad_output.shape[:-1], gi.shape[-1])
         if ctx.needs_input_grad[1]:
             input_2d = input_hp.reshape(-1, input_hp.shape[-1])
             cc_go, cc_i = c.cast_config_grad_output_for_grad_weight, c.cast_config_input_for_grad_weight
             grad_weight_t = _gemm(go_2d.t(), input_2d, cc_go, cc_i, gemms.grad_weight).t()
-        return grad_input, grad_weight_t, None, None, None
+        return grad_input, grad_weight_t, None, None, None, None
 
 
 class Float8Linear(nn.Linear):
@@ -272,7 +309,8 @@ class Float8Linear(nn.Linear):
         if input.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
             out_dtype = torch.get_autocast_dtype("cpu")
         gemms = _gemm_specs(self.config, self.accumulator)
-        output = _Float8MatMul.apply(input, self.weight.t(), self.config, gemms, out_dtype)
+        weight_fp8 = getattr(self.weight, "_fp8sim_float8", None)  # set by the FSDP2 float8 all-gather
+        output = _Float8MatMul.apply(input, self.weight.t(), self.config, gemms, out_dtype, weight_fp8)
         if self.bias is not None:
             output = output + self.bias.to(output.dtype)
         return output
@@ -307,6 +345,13 @@ class Float8Linear(nn.Linear):
             new_mod = cls(mod.in_features, mod.out_features, bias=False, config=config, accumulator=accumulator)
         new_mod.weight = mod.weight
         new_mod.bias = mod.bias
+        if new_mod.config.enable_fsdp_float8_all_gather:  # last, as torchao: FSDP2 gathers this weight in float8
+            from .fsdp import WeightWithDynamicFloat8CastTensor
+
+            w = new_mod.weight
+            target = new_mod.config.cast_config_weight.target_dtype
+            wrapped = WeightWithDynamicFloat8CastTensor(w.data, None, target)  # fp8sim needs no mm config
+            new_mod.weight = nn.Parameter(wrapped, requires_grad=w.requires_grad)
         return new_mod
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..._torch import numpy_view
 from ...cast import decode, encode
 from ...formats import FloatFormat
 from ...recipe import (
@@ -130,7 +131,7 @@ def quantize_operand(
             np.float32(nan_skipping_amax(x)), fmt.max, pow2=qp.power_2_scale, eps=qp.amax_epsilon
         )
         return _per_tensor(x, fmt, float(scale), stats)
-    xn = x.detach().float().cpu().numpy()
+    xn = numpy_view(x.float())  # not .numpy(): that pins a parameter's storage (FSDP2 frees it)
     if isinstance(recipe, MXFP8BlockScaling):
         from ...scaling.mx import quantize_mx
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..._torch import numpy_view
 from ...formats import get_format
 from ...scaling.block import quantize_block_scaling
 from ..constants import DType, TE_DType_To_Torch
@@ -86,7 +87,7 @@ class Float8BlockQuantizer(Quantizer):
         shape = tuple(tensor.shape)
         m, k = flatten_2d(shape)
         x = tensor.detach().to(device="cpu").reshape(m, k)
-        x = x.float().numpy() if tensor.dtype == torch.float32 else _as_ml_dtypes(x)
+        x = numpy_view(x) if tensor.dtype == torch.float32 else _as_ml_dtypes(x)  # .numpy() pins the storage
         fmt, pow2, dim = _FORMATS[self.dtype], self.force_pow_2_scales, self.block_scaling_dim
         rd = rs = cd = cs = None
         if dim == 2:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..._torch import numpy_view
 from ...cast.numpy_backend import encode_scaled_with_amax
 from ...formats import get_format
 from ...scaling.amax import amax_nan_skipping
@@ -38,7 +39,7 @@ def _fp8_dtype(fp8_dtype: Any) -> DType:
 
 
 def _to_numpy32(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+    return numpy_view(tensor.to(dtype=torch.float32).contiguous())  # .numpy() pins a parameter's storage (FSDP2)
 
 
 def _columnwise(data: torch.Tensor) -> torch.Tensor:

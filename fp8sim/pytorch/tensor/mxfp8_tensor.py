@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..._torch import numpy_view
 from ...formats import get_format
 from ...scaling.mx import quantize_mx
 from ..constants import MXFP8_BLOCK_SCALING_SIZE, DType, TE_DType_To_Torch
@@ -81,7 +82,7 @@ class MXFP8Quantizer(Quantizer):
                 f"are multiples of {_B}; got shape {tuple(tensor.shape)}"
             )
         m, k = flatten_2d(tensor.shape)
-        x = tensor.detach().to(device="cpu", dtype=torch.float32).reshape(m, k).numpy()
+        x = numpy_view(tensor.to(dtype=torch.float32).reshape(m, k))  # .numpy() pins the storage (FSDP2)
         fmt = _FORMATS[self.dtype]
         if self.with_2d_quantization:
             row_codes, row_scales, col_codes, col_scales = self._quantize_2d(x, fmt)

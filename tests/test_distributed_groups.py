@@ -1,0 +1,48 @@
+"""Amax-reduction group presets in Megatron-LM's rank layout (tp fastest, then cp, dp, pp;
+``megatron/core/parallel_state.py``: ``order="tp-cp-ep-dp-pp"``, ``get_amax_reduction_group``).
+Expected memberships are written out by hand for small layouts."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from fp8sim.distributed import PRESETS, ParallelLayout, group_ranks  # noqa: E402
+
+
+def test_tp2_dp2_groups() -> None:
+    layout = ParallelLayout(tp=2, dp=2)
+    assert group_ranks(layout, "tp") == [[0, 1], [2, 3]]
+    assert group_ranks(layout, "dp") == [[0, 2], [1, 3]]
+    assert group_ranks(layout, "tp_dp") == [[0, 1, 2, 3]]
+
+
+def test_tp2_cp2_dp2_groups() -> None:
+    layout = ParallelLayout(tp=2, cp=2, dp=2)
+    assert group_ranks(layout, "tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert group_ranks(layout, "cp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert group_ranks(layout, "dp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert group_ranks(layout, "tp_dp") == [[0, 1, 4, 5], [2, 3, 6, 7]]  # without cp: one per cp index
+    assert group_ranks(layout, "tp_dp_cp") == [list(range(8))]
+
+
+def test_pipeline_stages_never_share_an_amax_group() -> None:
+    layout = ParallelLayout(tp=2, dp=2, pp=2)
+    assert group_ranks(layout, "tp_dp_cp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_partitions_the_world(preset: str) -> None:
+    layout = ParallelLayout(tp=2, cp=3, dp=2, pp=2)
+    flat = sorted(r for g in group_ranks(layout, preset) for r in g)
+    assert flat == list(range(layout.world_size))
+    for r in range(layout.world_size):
+        assert layout.rank(layout.coords(r)) == r
+
+
+def test_bad_presets_and_sizes_name_the_allowed_values() -> None:
+    with pytest.raises(ValueError, match="unknown group preset 'tpdp'; known: tp, dp, cp"):
+        group_ranks(ParallelLayout(), "tpdp")
+    with pytest.raises(ValueError, match="tp must be a positive int, got 0"):
+        ParallelLayout(tp=0)
