@@ -30,7 +30,8 @@ with ``exp`` of ``s - rowmax``; the softmax backward uses the unquantized P and
 ``D = rowsum(dO * O)`` on the dequantized dO and the O that the backward receives (FP8 under delayed
 scaling); amaxes are taken of exactly the tensor each quantizer casts; rows with every key masked give
 0 (cuDNN zero-fills them).  ``NVTE_FP8_DPA_BWD=0`` runs the backward in high precision from the
-unquantized Q, K, V and the returned O.
+unquantized Q, K, V, the returned O and the FP8 forward's softmax statistics (log-sum-exp), which TE
+hands to the F16 backward kernel.
 """
 
 from __future__ import annotations
@@ -200,6 +201,19 @@ def _scores(q: _Q, k: _Q, cfg: AttentionConfig) -> torch.Tensor:
     return s + cfg.bias if cfg.bias is not None else s
 
 
+def _recompute_p(
+    q: torch.Tensor, k: torch.Tensor, cfg: AttentionConfig, groups: int, lse: torch.Tensor
+) -> torch.Tensor:
+    """cuDNN's F16 backward after an FP8 forward (``NVTE_FP8_DPA_BWD=0``): it recomputes the scores from
+    the high-precision Q, K and exponentiates them against the forward kernel's softmax statistics
+    (TE passes the FP8 forward's ``aux_ctx_tensors`` to the F16 ``fused_attn_bwd``)."""
+    s = _scores(_hp(q), _expand(_hp(k), groups), cfg)
+    if cfg.mask is not None:
+        s = s.masked_fill(cfg.mask, float("-inf"))
+    p = torch.exp(s - lse)
+    return p if cfg.mask is None else p.masked_fill(cfg.mask.all(dim=-1, keepdim=True), 0.0)
+
+
 class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: AttentionConfig) -> torch.Tensor:
@@ -211,7 +225,11 @@ class _Attention(torch.autograd.Function):
             (vq,) = cfg.qkv(v, axis=-2)
         else:
             qq, kq, vq = cfg.qkv(q, k, v)
-        p = _softmax(_scores(qq, _expand(kq, groups), cfg), cfg.mask)
+        scores = _scores(qq, _expand(kq, groups), cfg)
+        p = _softmax(scores, cfg.mask)
+        if cfg.qkv is not None and not cfg.bwd_fp8:  # the softmax statistics the high-precision backward reuses
+            masked = scores if cfg.mask is None else scores.masked_fill(cfg.mask, float("-inf"))
+            ctx.lse = torch.logsumexp(masked, dim=-1, keepdim=True)
         keep = None
         if cfg.dropout_p > 0:
             keep = torch.rand_like(p) >= cfg.dropout_p
@@ -250,6 +268,9 @@ class _Attention(torch.autograd.Function):
             kq_col = _hp(k)
             vq_row = _hp(v)
             do_row = do_col = _hp(d_out)
+            if cfg.qkv is not None:  # FP8 forward, F16 backward: P = exp(S - LSE) with the forward's LSE
+                p = _recompute_p(q, k, cfg, g, ctx.lse)
+                pd = p if ctx.keep is None else p * ctx.keep / (1.0 - cfg.dropout_p)
             pq = _hp(pd)
         acc = cfg.accumulator
         dv = _mm(pq.t(), do_col, acc)

@@ -1,0 +1,253 @@
+"""FP8 DotProductAttention, bit for bit against a reference written here from TE's quantization points.
+
+Points and slots (TE ``attention/dot_product_attention/backends.py`` ``FusedAttnFunc`` and
+``utils.py`` ``get_attention_quantizers``/``combine_and_quantize``; slot numbers from
+``cpp_extensions/fused_attn.py`` META_QKV = GEMM1_OUTPUT = 2, META_O = GEMM2_INPUT = 3,
+META_S = GEMM3_OUTPUT = 8, META_DQKV = GRAD_OUTPUT1 = 0, META_DO = GRAD_INPUT2 = 3,
+META_DP = GRAD_INPUT3 = 5): Q, K, V share one scale; P (after softmax) uses S; O uses O (delayed
+scaling only); dO; dS (gradient of the scaled scores) uses dP; dQ, dK, dV share dQKV (delayed only).
+Current scaling: S/dP keep a delayed state with history 1 and ``most_recent``
+(``dot_product_attention.py`` ``init_fp8_metadata``, ``NVTE_DPA_FP8DS_*`` defaults).
+Casts are ``ml_dtypes`` of the clamped, scaled float32 values; MX scales are TE's RCEIL rule written
+here with numpy bit operations (spec section 3).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fp8sim.pytorch as te  # noqa: E402
+from fp8sim.pytorch.attention import DotProductAttention  # noqa: E402
+from fp8sim.recipe import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling  # noqa: E402
+
+torch.set_num_threads(1)
+E4, E5 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
+MAX = {E4: 448.0, E5: 57344.0}
+
+
+def q8(x: torch.Tensor, scale: float, dt) -> tuple[torch.Tensor, np.float32]:
+    """satfinite(RN(fl32(x) * scale)) decoded, and scale_inv = fl32(1 / scale)."""
+    y = (x.detach().float() * torch.tensor(scale, dtype=torch.float32)).numpy()
+    y = np.clip(y, -MAX[dt], MAX[dt]).astype(dt).astype(np.float32)
+    return torch.from_numpy(y), np.float32(1) / np.float32(scale)
+
+
+def mx(x: torch.Tensor, dt, axis: int) -> torch.Tensor:
+    """MXFP8 (TE flavour) dequantized: blocks of 32 along ``axis``, E8M0 by RCEIL of amax/max."""
+    a = np.moveaxis(x.detach().float().numpy(), axis, -1)
+    blocks = a.reshape(*a.shape[:-1], -1, 32)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True).astype(np.float32)
+    d = (amax * np.float32(np.float32(1) / np.float32(MAX[dt]))).astype(np.float32)
+    bits = d.view(np.uint32)
+    exp, man = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    e = np.where(exp == 0, (man > 0x400000).astype(np.uint32), exp + (man != 0)).astype(np.int64)
+    e = np.minimum(e, 254)
+    inv = np.ldexp(np.float32(1), 127 - e).astype(np.float32)
+    elem = np.clip(blocks * inv, -MAX[dt], MAX[dt]).astype(dt).astype(np.float32)
+    out = (elem * np.ldexp(np.float32(1), e - 127).astype(np.float32)).reshape(a.shape)
+    return torch.from_numpy(np.ascontiguousarray(np.moveaxis(out, -1, axis)))
+
+
+def mm(a, b, sa=None, sb=None):
+    out = torch.matmul(a, b)
+    return out if sa is None else out * torch.tensor(np.float32(sa) * np.float32(sb), dtype=torch.float32)
+
+
+def reference(q, k, v, do, scale, causal, kind, scales=None):
+    """Forward and backward at the documented quantization points; bhsd float32, no GQA."""
+    s = q.shape[-2]
+    mask = torch.ones(s, s, dtype=torch.bool).triu(1) if causal else None
+    if kind == "mxfp8":
+        qv, kv, vv = mx(q, E4, -1), mx(k, E4, -1), mx(v, E4, -2)
+        sc = mm(qv, kv.transpose(-1, -2)) * scale
+    else:
+        amax_qkv = max(float(t.abs().max()) for t in (q, k, v))
+        s_qkv = scales["qkv"] if kind == "delayed" else np.float32(448) / np.float32(amax_qkv)
+        (qv, si), (kv, _), (vv, _) = (q8(t, s_qkv, E4) for t in (q, k, v))
+        sc = mm(qv, kv.transpose(-1, -2), si, si) * scale
+    if mask is not None:
+        sc = sc.masked_fill(mask, float("-inf"))
+    p = torch.softmax(sc, dim=-1)
+    if kind == "mxfp8":
+        pv, sp = p, None
+        o = mm(pv, vv)
+        out = o
+    else:
+        pv, sp = q8(p, scales["s"], E4)
+        o = mm(pv, vv, sp, si)
+        if kind == "delayed":
+            ov, so = q8(o, scales["o"], E4)
+            out = ov * torch.tensor(so)
+        else:
+            out = o
+    # backward
+    if kind == "mxfp8":
+        do_r, do_c = mx(do, E4, -1), mx(do, E4, -2)  # MXFP8BlockScaling defaults to E4M3 for gradients too
+        dv = mm(pv.transpose(-1, -2), do_c)
+        dp = mm(do_r, mx(v, E4, -1).transpose(-1, -2))
+        ds = p * (dp - (do_r * out).sum(-1, keepdim=True))
+        dq = mm(ds, mx(k, E4, -2)) * scale
+        dk = mm(ds.transpose(-1, -2), mx(q, E4, -2)) * scale
+        return out, (dq, dk, dv)
+    s_do = scales["do"] if kind == "delayed" else np.float32(57344) / np.float32(float(do.abs().max()))
+    dov, sdo = q8(do, s_do, E5)
+    dv = mm(pv.transpose(-1, -2), dov, sp, sdo)
+    dp = mm(dov, vv.transpose(-1, -2), sdo, si)
+    ds = p * (dp - (dov * torch.tensor(sdo) * out).sum(-1, keepdim=True))
+    dsv, sds = q8(ds, scales["dp"], E5)
+    dq = mm(dsv, kv, sds, si) * scale
+    dk = mm(dsv.transpose(-1, -2), qv, sds, si) * scale
+    if kind == "delayed":
+        dq, dk, dv = (q8(t, scales["dqkv"], E5) for t in (dq, dk, dv))
+        dq, dk, dv = (t * torch.tensor(sinv) for t, sinv in (dq, dk, dv))
+    return out, (dq, dk, dv)
+
+
+def _data(b, s, h, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, s, h, d, generator=g) * c for c in (1.5, 0.7, 2.0, 1e-3)]
+
+
+def _bhsd(x):
+    return x.permute(0, 2, 1, 3)
+
+
+def _assert_bits(got, want, what):
+    got, want = got.detach().contiguous(), want.detach().contiguous()
+    eq = got.view(torch.int32) == want.view(torch.int32)
+    if not bool(eq.all()):
+        i = int((~eq).flatten().nonzero()[0])
+        g, w = got.flatten()[i], want.flatten()[i]
+        raise AssertionError(
+            f"{what}: first difference at flat index {i}: got {float(g)!r} "
+            f"(0x{int(g.view(torch.int32)) & 0xFFFFFFFF:08x}), want {float(w)!r} "
+            f"(0x{int(w.view(torch.int32)) & 0xFFFFFFFF:08x})"
+        )
+
+
+def _run(dpa, recipe, q, k, v, do):
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    with te.autocast(recipe=recipe):
+        out = dpa(q, k, v)
+    out.backward(do.reshape(out.shape))
+    return out, (q.grad, k.grad, v.grad)
+
+
+SCALES = {"qkv": 64.0, "s": 256.0, "o": 32.0, "do": 2.0**20, "dp": 2.0**14, "dqkv": 1024.0}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_delayed_scaling_forward_backward_bit_exact(causal):
+    b, s, h, d = 2, 16, 2, 16
+    q, k, v, do = _data(b, s, h, d, seed=1)
+    dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal" if causal else "no_mask")
+    recipe = DelayedScaling(fp8_dpa=True, amax_history_len=4)
+    # hand-chosen scales in TE's slots (fwd QKV=2, O=3, S=8; bwd dQKV=0, dO=3, dP=5)
+    fwd, bwd = torch.ones(9), torch.ones(6)
+    fwd[2], fwd[3], fwd[8] = SCALES["qkv"], SCALES["o"], SCALES["s"]
+    bwd[0], bwd[3], bwd[5] = SCALES["dqkv"], SCALES["do"], SCALES["dp"]
+    dpa.set_extra_state(
+        {
+            "fwd_scale": fwd,
+            "fwd_amax_history": torch.zeros(4, 9),
+            "bwd_scale": bwd,
+            "bwd_amax_history": torch.zeros(4, 6),
+        }
+    )
+    out, grads = _run(dpa, recipe, q, k, v, do)
+    ref_out, ref_grads = reference(*(_bhsd(t) for t in (q, k, v, do)), d**-0.5, causal, "delayed", SCALES)
+    _assert_bits(_bhsd(out.reshape(b, s, h, d)), ref_out, "O")
+    for name, g, r in zip("QKV", grads, ref_grads, strict=True):
+        _assert_bits(_bhsd(g), r, f"d{name}")
+
+
+def test_current_scaling_forward_backward_bit_exact():
+    b, s, h, d = 1, 16, 2, 16
+    q, k, v, do = _data(b, s, h, d, seed=2)
+    dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal")
+    out, grads = _run(dpa, Float8CurrentScaling(fp8_dpa=True), q, k, v, do)
+    # S and dP: TE's delayed-scaling state for current scaling starts at scale 1
+    ref_out, ref_grads = reference(*(_bhsd(t) for t in (q, k, v, do)), d**-0.5, True, "current", {"s": 1.0, "dp": 1.0})
+    _assert_bits(_bhsd(out.reshape(b, s, h, d)), ref_out, "O")
+    for name, g, r in zip("QKV", grads, ref_grads, strict=True):
+        _assert_bits(_bhsd(g), r, f"d{name}")
+    # after the step: S/dP history 1, most_recent -> scale = max / amax of this step
+    assert dpa.fwd.amax_history.shape == (1, 9)
+
+
+def test_mxfp8_forward_backward_bit_exact():
+    b, s, h, d = 1, 128, 1, 32
+    q, k, v, do = _data(b, s, h, d, seed=3)
+    dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal")
+    out, grads = _run(dpa, MXFP8BlockScaling(fp8_dpa=True), q, k, v, do)
+    ref_out, ref_grads = reference(*(_bhsd(t) for t in (q, k, v, do)), d**-0.5, True, "mxfp8")
+    _assert_bits(_bhsd(out.reshape(b, s, h, d)), ref_out, "O")
+    for name, g, r in zip("QKV", grads, ref_grads, strict=True):
+        _assert_bits(_bhsd(g), r, f"d{name}")
+
+
+def test_delayed_scaling_slots_follow_hand_computed_trajectory():
+    """Two steps: amaxes land in TE's slots, scales update at autocast exit (forward) and at the end of
+    the backward (backward): scale = fp8_max / max(history) (spec 4.5, IEEE float32 division)."""
+    b, s, h, d = 1, 8, 2, 16
+    dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal")
+    recipe = DelayedScaling(fp8_dpa=True, amax_history_len=2)
+    amaxes = []
+    for step in range(2):
+        q, k, v, do = _data(b, s, h, d, seed=10 + step)
+        _run(dpa, recipe, q, k, v, do)
+        amaxes.append(max(float(t.abs().max()) for t in (q, k, v)))
+        hist = dpa.fwd.amax_history
+        assert hist[0, 2] == 0 and hist[1, 2] == np.float32(amaxes[-1])  # rolled: newest at row L-1
+        want = np.float32(448) / np.float32(max(amaxes))
+        assert dpa.fwd.scale[2] == want, (step, dpa.fwd.scale[2], want)
+        assert dpa.bwd.amax_history[1, 3] == np.float32(float(do.abs().max()))  # dO slot
+        assert dpa.bwd.scale[3] != 1.0 and dpa.fwd.scale[8] != 1.0  # dO and S moved off 1
+    # the S slot saw P's amax (<= 1): step 1 quantized P with scale 1
+    assert 0 < dpa.fwd.amax_history[1, 8] <= 1
+
+
+def test_nvte_fp8_dpa_bwd_0_runs_backward_in_high_precision(monkeypatch):
+    b, s, h, d = 1, 8, 2, 16
+    q, k, v, do = _data(b, s, h, d, seed=4)
+    monkeypatch.setenv("NVTE_FP8_DPA_BWD", "0")
+    dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal")
+    out, grads = _run(dpa, DelayedScaling(fp8_dpa=True), q, k, v, do)
+    # high-precision backward from the unquantized inputs, the returned O and the FP8 forward's
+    # softmax statistics (TE passes the FP8 forward's aux_ctx_tensors to the F16 fused_attn_bwd)
+    qb, kb, vb, dob = (_bhsd(t) for t in (q, k, v, do))
+    causal = torch.ones(s, s, dtype=torch.bool).triu(1)
+    (q8v, si), (k8v, _) = q8(qb, 1.0, E4), q8(kb, 1.0, E4)  # step 1: delayed scale 1
+    lse = torch.logsumexp(
+        (mm(q8v, k8v.transpose(-1, -2), si, si) * d**-0.5).masked_fill(causal, float("-inf")), -1, keepdim=True
+    )
+    sc = mm(qb, kb.transpose(-1, -2)) * d**-0.5
+    p = torch.exp(sc.masked_fill(causal, float("-inf")) - lse)
+    o = _bhsd(out.reshape(b, s, h, d))
+    dv = mm(p.transpose(-1, -2), dob)
+    ds = p * (mm(dob, vb.transpose(-1, -2)) - (dob * o).sum(-1, keepdim=True))
+    dq, dk = mm(ds, kb) * d**-0.5, mm(ds.transpose(-1, -2), qb) * d**-0.5
+    for name, g, r in zip("QKV", grads, (dq, dk, dv), strict=True):
+        _assert_bits(_bhsd(g), r, f"d{name}")
+
+
+def test_fp8_dpa_off_is_high_precision():
+    b, s, h, d = 1, 8, 2, 16
+    q, k, v, _ = _data(b, s, h, d, seed=5)
+    dpa = DotProductAttention(h, d, qkv_format="bshd")
+    with te.autocast(recipe=DelayedScaling()):
+        a = dpa(q, k, v)
+    _assert_bits(a, dpa(q, k, v), "O")
+    assert dpa.fwd is None
+
+
+def test_mxfp8_shape_requirement_has_te_message():
+    dpa = DotProductAttention(2, 16, qkv_format="bshd")
+    x = torch.randn(1, 8, 2, 16)
+    with pytest.raises(AssertionError, match="MXFP8 quantization requires s_q % 128 == 0"):
+        with te.autocast(recipe=MXFP8BlockScaling(fp8_dpa=True)):
+            dpa(x, x, x)
