@@ -40,11 +40,6 @@ def _not_emulated(feature: str) -> Any:
     return fail
 
 
-class TransformerLayer:  # noqa: D101 - isinstance target for accelerate's has_transformer_engine_layers
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError("transformer_engine.pytorch.TransformerLayer is not emulated by fp8sim")
-
-
 def _build(name: str) -> types.ModuleType:
     from . import __version__
     from . import pytorch as fp8_pt
@@ -60,8 +55,7 @@ def _build(name: str) -> types.ModuleType:
         for attr in fp8_pt.__all__:
             setattr(mod, attr, getattr(fp8_pt, attr))
         mod.fp8_model_init = _fp8_model_init
-        mod.TransformerLayer = TransformerLayer
-        for feature in ("DotProductAttention", "MultiheadAttention", "GroupedLinear", "Fp8Padding", "Fp8Unpadding"):
+        for feature in ("GroupedLinear", "Fp8Padding", "Fp8Unpadding"):
             setattr(mod, feature, _not_emulated(f"pytorch.{feature}"))
     elif name == "transformer_engine.pytorch.fp8":
         mod.fp8_autocast = fp8_pt.fp8_autocast
