@@ -1,24 +1,28 @@
 """TransformerEngine's recipe classes, constructible with no GPU and without TE installed.
 
-Same class and field names, defaults, environment variables and validation messages as
-``transformer_engine.common.recipe`` (TE 2.x; spec sections 4.1, 4.8, 5.1-5.4).  Environment-derived
-defaults are read once, at import time, as TE does.  TE's ``assert``-based checks raise
-:class:`RecipeError`, which is both an ``AssertionError`` (what TE raises) and a ``ValueError``.
+Same class and field names, defaults, environment variables, validation messages and ``repr`` as
+``transformer_engine.common.recipe`` (TE 2.x at d0067d0; spec sections 4.1, 4.8, 5.1-5.4).
+Environment-derived defaults are read once, at import time, as TE does.
 
-Legacy fields still load: ``DelayedScaling(interval=...)`` (TE 1.8-2.1) warns that it is deprecated
-and unused, and ``override_linear_precision`` (TE <= 1.13) accepts ``(False, False, False)`` and
-``(False, False, True)`` (wgrad in high precision), with a DeprecationWarning since TE 2.0 removed it.
+TE's recipes are pydantic dataclasses, so fields are coerced as pydantic's lax mode does
+(``margin="2"`` -> 2, ``amax_history_len=16.0`` -> 16, ``reduce_amax=1`` -> True) and a value it
+cannot coerce raises :class:`RecipeValidationError` (a ``ValueError``, as pydantic's
+``ValidationError`` is).  TE's ``assert``-based checks raise :class:`RecipeError`, both an
+``AssertionError`` (what TE raises) and a ``ValueError``.  Keyword arguments that are not fields are
+ignored, as pydantic ignores them, with an ``UpstreamQuirkWarning``: the legacy ``interval``
+(TE 1.8-2.1) and ``override_linear_precision`` (TE <= 1.13) are accepted by every recipe and have
+no effect (spec section 0, 4.8).  fp8sim refuses more than TE where TE would fail later: a
+``margin`` outside [-127, 63] and ``amax_history_len < 1``.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
+from ._recipe_fields import RecipeValidationError, te_dataclass, validate_fields
 from .formats import FloatFormat, get_format
 
 __all__ = [
@@ -27,18 +31,25 @@ __all__ = [
     "QParams",
     "Recipe",
     "RecipeError",
+    "RecipeValidationError",
     "DelayedScaling",
     "Float8CurrentScaling",
     "MXFP8BlockScaling",
     "Float8BlockScaling",
     "NVFP4BlockScaling",
+    "CustomRecipe",
     "tensor_format",
+    "MARGIN_RANGE",
 ]
 
 _BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
 _4OVER6_SCOPES = ("none", "weights", "activations", "all")
 _4OVER6_ERR_MODES = ("MAE", "MSE")
 _ENV_BACKWARD_OVERRIDE = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
+MARGIN_RANGE = (-127, 63)
+"""Margins fp8sim accepts.  TE's fused update computes ``fp8_max * powf(2, -margin)``: 0 for huge margins
+(scale 0, NaN outputs), Inf below -127; its unfused update divides a tensor by the Python int
+``2**margin``, which torch 2.13 refuses (OverflowError) from margin 64 on."""
 
 
 class RecipeError(AssertionError, ValueError):
@@ -76,14 +87,24 @@ def tensor_format(fp8_format: Format, forward: bool) -> FloatFormat:
     return get_format("e5m2")
 
 
-@dataclass(frozen=True)
+def _fmt_name(fmt: Format) -> str:
+    return str(fmt).split(".")[1]
+
+
+@te_dataclass(frozen=True)
 class MMParams:
     """GEMM options: ``use_split_accumulator=False`` is cuBLASLt FAST_ACCUM=1 (spec 4.7)."""
 
     use_split_accumulator: bool = True
 
+    def __post_init__(self) -> None:
+        validate_fields(self)
 
-@dataclass(frozen=True)
+    def __repr__(self) -> str:
+        return f"MMParams(use_split_accumulator={self.use_split_accumulator})"
+
+
+@te_dataclass(frozen=True)
 class QParams:
     """Quantization parameters of one tensor role."""
 
@@ -93,15 +114,29 @@ class QParams:
     stochastic_rounding: bool = False
     fp4_2d_quantization: bool = False
 
+    def __post_init__(self) -> None:
+        validate_fields(self)
 
-class _OverrideLinearPrecision(NamedTuple):
-    fprop: bool = False
-    dgrad: bool = False
-    wgrad: bool = False
+    def __repr__(self) -> str:  # TE's spelling, "Qparams" and one field per line
+        return (
+            f"Qparams(\npower_2_scale={self.power_2_scale},\namax_epsilon={self.amax_epsilon},\n"
+            f"random_hadamard_transform={self.random_hadamard_transform},\n"
+            f"stochastic_rounding={self.stochastic_rounding},\nfp4_2d_quantization={self.fp4_2d_quantization}\n)"
+        )
+
+
+_TYPES = {"Format": Format, "MMParams": MMParams}
 
 
 class Recipe:
-    """Base class; the classmethods say which family a recipe belongs to, as TE's do."""
+    """Base class; the classmethods say which family a recipe belongs to, as TE's do.  ``repr`` is
+    TE's: ``recipe_type=<class>, <field>=<value>, ...``."""
+
+    def _make_repr(self) -> str:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self._make_repr()
 
     @classmethod
     def nvfp4(cls) -> bool:
@@ -129,26 +164,30 @@ class Recipe:
 
     @classmethod
     def custom(cls) -> bool:
-        return False
+        return issubclass(cls, CustomRecipe)
 
 
-def _check_common(fp8_format: Any, backward_override: Any) -> None:
-    if not isinstance(fp8_format, Format):
-        raise TypeError(f"fp8_format must be one of Format.E4M3, Format.HYBRID; got {fp8_format!r}")
-    _check(fp8_format != Format.E5M2, "Pure E5M2 training is not supported.")
+def _check_common(recipe: Any) -> None:
+    """Field coercion (pydantic), then TE's shared assertions."""
+    validate_fields(recipe, _TYPES)
+    _check(recipe.fp8_format != Format.E5M2, "Pure E5M2 training is not supported.")
+    _check_backward_override(recipe)
+
+
+def _check_backward_override(recipe: Any) -> None:
     _check(
-        backward_override in _BACKWARD_OVERRIDES,
+        recipe.backward_override in _BACKWARD_OVERRIDES,
         "NVTE_BACKWARD_OVERRIDE must be unset or one of: 'high_precision', 'dequantized'.",
     )
 
 
-def _check_bool(obj: Any, *names: str) -> None:
-    for n in names:
-        if not isinstance(getattr(obj, n), bool):
-            raise TypeError(f"{n} must be a bool, got {getattr(obj, n)!r}")
+class _OverrideLinearPrecision(NamedTuple):
+    fprop: bool = False
+    dgrad: bool = False
+    wgrad: bool = False
 
 
-@dataclass
+@te_dataclass
 class DelayedScaling(Recipe):
     """Delayed scaling: each tensor is cast with the scale computed from the amax history of
     previous steps; ``new_scale = (FP8_MAX / amax) / 2^margin`` (see fp8sim.scaling.delayed)."""
@@ -162,52 +201,37 @@ class DelayedScaling(Recipe):
     fp8_dpa: bool = False
     fp8_mha: bool = False
     backward_override: str | None = _ENV_BACKWARD_OVERRIDE
-    # Legacy (TE <= 2.1 / <= 1.13); accepted so that old configs load.
-    interval: int = -1
-    override_linear_precision: tuple[bool, bool, bool] = field(default_factory=_OverrideLinearPrecision)
+
+    # Not a field (TE 2.x has none): always "no override", for code that still reads it.
+    override_linear_precision = _OverrideLinearPrecision()
 
     def __post_init__(self) -> None:
-        _check_common(self.fp8_format, self.backward_override)
+        _check_common(self)
         _check(self.backward_override is None, "Delayed scaling only supports backward_override=None.")
-        if isinstance(self.margin, bool) or not isinstance(self.margin, int):
-            raise TypeError(f"margin must be an int, got {self.margin!r}")
-        if isinstance(self.amax_history_len, bool) or not isinstance(self.amax_history_len, int):
-            raise TypeError(f"amax_history_len must be an int, got {self.amax_history_len!r}")
+        lo, hi = MARGIN_RANGE
+        if not lo <= self.margin <= hi:
+            raise RecipeValidationError(
+                f"margin must be an int in [{lo}, {hi}] (TE's scale update fails outside it), got {self.margin}"
+            )
         if self.amax_history_len < 1:
-            raise ValueError(f"amax_history_len must be >= 1, got {self.amax_history_len}")
-        algo = self.amax_compute_algo
-        if not (callable(algo) or algo in ("max", "most_recent")):
-            raise ValueError(f"amax_compute_algo must be 'max', 'most_recent' or a callable; got {algo!r}")
-        sf = self.scaling_factor_compute_algo
-        if sf is not None and not callable(sf):
-            raise ValueError(f"scaling_factor_compute_algo must be None or a callable; got {sf!r}")
-        _check_bool(self, "reduce_amax", "fp8_dpa", "fp8_mha")
-        olp = _OverrideLinearPrecision(*self.override_linear_precision)
-        _check(olp in ((False, False, False), (False, False, True)), "Only wgrad GEMM override is currently supported.")
-        self.override_linear_precision = olp
-        if olp.wgrad:
-            warnings.warn(
-                "`override_linear_precision` was removed in TransformerEngine 2.0; fp8sim honours "
-                "(False, False, True) by running the wgrad GEMM in high precision, as TE 1.x did.",
-                DeprecationWarning,
-                stacklevel=3,
-            )
-        if self.interval >= 0:
-            warnings.warn(
-                "`interval` argument is deprecated and unused. It will be removed in an upcoming release.",
-                DeprecationWarning,
-                stacklevel=3,
-            )
+            raise RecipeValidationError(f"amax_history_len must be >= 1, got {self.amax_history_len}")
 
     def fp8_max(self, forward: bool) -> float:
         """FP8_MAX of the forward or backward tensors (448 or 57344)."""
         return tensor_format(self.fp8_format, forward).max
 
+    def _make_repr(self) -> str:
+        return (
+            f"recipe_type={type(self).__name__}, margin={self.margin}, format={_fmt_name(self.fp8_format)}, "
+            f"amax_history_len={self.amax_history_len}, reduce_amax={self.reduce_amax}, "
+            f"fp8_dpa={self.fp8_dpa}, fp8_mha={self.fp8_mha}, backward_override={self.backward_override}"
+        )
+
 
 _CS_POW2 = os.getenv("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "0") == "1"
 
 
-@dataclass
+@te_dataclass
 class Float8CurrentScaling(Recipe):
     """Per-tensor current scaling: each tensor's own amax gives its scale (spec 5.1).  The
     ``fp8_quant_*`` QParams are class attributes fixed from the environment at import, as in TE."""
@@ -226,29 +250,45 @@ class Float8CurrentScaling(Recipe):
     fp8_quant_bwd_grad = QParams(power_2_scale=_CS_POW2, amax_epsilon=0.0)
 
     def __post_init__(self) -> None:
-        _check_common(self.fp8_format, self.backward_override)
-        _check_bool(self, "use_power_2_scales", "fp8_dpa", "fp8_mha")
+        _check_common(self)
+
+    def _make_repr(self) -> str:
+        return (
+            f"recipe_type={type(self).__name__}, format={_fmt_name(self.fp8_format)}, "
+            f"fp8_quant_fwd_inp={self.fp8_quant_fwd_inp}, fp8_quant_fwd_weight={self.fp8_quant_fwd_weight}, "
+            f"fp8_quant_bwd_grad={self.fp8_quant_bwd_grad}, fp8_gemm_fprop={self.fp8_gemm_fprop}, "
+            f"fp8_gemm_dgrad={self.fp8_gemm_dgrad}, fp8_gemm_wgrad={self.fp8_gemm_wgrad}, "
+            f"fp8_dpa={self.fp8_dpa}, fp8_mha={self.fp8_mha}, backward_override={self.backward_override}"
+        )
 
 
-@dataclass
+@te_dataclass
 class MXFP8BlockScaling(Recipe):
     """MXFP8: blocks of 32 with E8M0 scales (RCEIL), rowwise and columnwise copies each from the
-    high-precision input (spec 5.2).  ``margin`` exists and is unused, as in TE."""
+    high-precision input (spec 5.2).  ``margin`` exists and is unused, as in TE.
+    ``enable_2d_quantization``: weights get one scale per 32x32 tile."""
 
     margin: int = 0
     fp8_format: Format = Format.E4M3
     fp8_dpa: bool = False
     fp8_mha: bool = False
     backward_override: str | None = _ENV_BACKWARD_OVERRIDE
+    enable_2d_quantization: bool = False
 
     def __post_init__(self) -> None:
-        _check_common(self.fp8_format, self.backward_override)
+        _check_common(self)
+
+    def _make_repr(self) -> str:
+        return (
+            f"recipe_type={type(self).__name__}, margin={self.margin}, format={_fmt_name(self.fp8_format)}, "
+            f"backward_override={self.backward_override}, enable_2d_quantization={self.enable_2d_quantization}"
+        )
 
 
 _BS_F32 = os.getenv("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "0") == "1"
 
 
-@dataclass
+@te_dataclass
 class Float8BlockScaling(Recipe):
     """FP8 block scaling (DeepSeek-style): 1x128 (dim 1) or 128x128 (dim 2) blocks, pow2 scales
     unless NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1 at import (spec 5.3: the ``use_f32_scales`` field
@@ -271,6 +311,7 @@ class Float8BlockScaling(Recipe):
     fp8_quant_bwd_grad = QParams(power_2_scale=not _BS_F32, amax_epsilon=0.0)
 
     def __post_init__(self) -> None:
+        validate_fields(self, _TYPES)
         for name in ("x", "w", "grad"):
             _check(getattr(self, f"{name}_block_scaling_dim") in (1, 2), f"Only 1D or 2D blocks supported for {name}")
         dims = (self.x_block_scaling_dim, self.w_block_scaling_dim, self.grad_block_scaling_dim)
@@ -280,14 +321,25 @@ class Float8BlockScaling(Recipe):
         for gemm in ("fprop", "dgrad", "wgrad"):
             _check(getattr(self, f"fp8_gemm_{gemm}").use_split_accumulator, f"Split accumulator required for {gemm}.")
         _check(not self.fp8_dpa and not self.fp8_mha, "FP8 attention is not supported for Float8BlockScaling.")
-        _check_common(self.fp8_format, self.backward_override)
+        _check_common(self)
+
+    def _make_repr(self) -> str:
+        return (
+            f"recipe_type={type(self).__name__}, format={_fmt_name(self.fp8_format)}, "
+            f"fp8_quant_fwd_inp={self.fp8_quant_fwd_inp}, fp8_quant_fwd_weight={self.fp8_quant_fwd_weight}, "
+            f"fp8_quant_bwd_grad={self.fp8_quant_bwd_grad}, x_block_scaling_dim={self.x_block_scaling_dim}, "
+            f"w_block_scaling_dim={self.w_block_scaling_dim}, grad_block_scaling_dim={self.grad_block_scaling_dim}, "
+            f"fp8_gemm_fprop={self.fp8_gemm_fprop}, fp8_gemm_dgrad={self.fp8_gemm_dgrad}, "
+            f"fp8_gemm_wgrad={self.fp8_gemm_wgrad}, fp8_dpa={self.fp8_dpa}, fp8_mha={self.fp8_mha}, "
+            f"backward_override={self.backward_override}"
+        )
 
 
 def _env_flag(name: str) -> bool:
     return os.getenv(name, "0") == "1"
 
 
-@dataclass
+@te_dataclass
 class NVFP4BlockScaling(Recipe):
     """NVFP4: E2M1 elements, E4M3 scales per 16, an fp32 global scale; RHT for inputs and grads,
     stochastic rounding for grads, 16x16 weight tiles (spec 5.4).  Per-role QParams are set in
@@ -307,12 +359,10 @@ class NVFP4BlockScaling(Recipe):
     backward_override: str | None = _ENV_BACKWARD_OVERRIDE
 
     def __post_init__(self) -> None:
+        validate_fields(self, _TYPES)
         _check(self.fp4_format == Format.E2M1, "Only E2M1 is supported for NVFP4 scaling")
         _check(self.fp8_format == Format.E4M3, "Only E4M3 is supported for NVFP4 scaling")
-        _check(
-            self.backward_override in _BACKWARD_OVERRIDES,
-            "NVTE_BACKWARD_OVERRIDE must be unset or one of: 'high_precision', 'dequantized'.",
-        )
+        _check_backward_override(self)
         _check(
             self.nvfp4_4over6 in _4OVER6_SCOPES,
             "NVTE_NVFP4_4OVER6 must be one of: 'none', 'weights', 'activations', 'all'.",
@@ -329,4 +379,41 @@ class NVFP4BlockScaling(Recipe):
         self.fp4_quant_bwd_grad = QParams(
             random_hadamard_transform=not self.disable_rht,
             stochastic_rounding=not self.disable_stochastic_rounding,
+        )
+
+    def _make_repr(self) -> str:  # TE's ends with ", "
+        return (
+            f"recipe_type={type(self).__name__}, fp4_format={_fmt_name(self.fp4_format)}, "
+            f"fp8_format={_fmt_name(self.fp8_format)}, fp8_dpa={self.fp8_dpa}, fp8_mha={self.fp8_mha}, "
+            f"backward_override={self.backward_override}, row_scaled_activation={self.row_scaled_activation}, "
+            f"nvfp4_4over6={self.nvfp4_4over6}, nvfp4_4over6_e4m3_use_256={self.nvfp4_4over6_e4m3_use_256}, "
+            f"nvfp4_4over6_err_mode={self.nvfp4_4over6_err_mode}, fp4_quant_fwd_inp={self.fp4_quant_fwd_inp}, "
+            f"fp4_quant_fwd_weight={self.fp4_quant_fwd_weight}, fp4_quant_bwd_grad={self.fp4_quant_bwd_grad}, "
+        )
+
+
+@te_dataclass
+class CustomRecipe(Recipe):
+    """A recipe whose quantizers come from ``qfactory(role) -> Quantizer | QuantizerRequest``, called
+    once per tensor slot with a ``QuantizerRole(module_type, tensor_type, name)`` (TE's contract;
+    see ``fp8sim.pytorch.tensor.custom_recipe_quantizers``).  ``fp8_format`` only names the dtypes TE
+    internals read; ``quantization_alignment`` must be positive."""
+
+    qfactory: Callable[..., Any]
+    fp8_format: Format = Format.HYBRID
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: str | None = _ENV_BACKWARD_OVERRIDE
+    quantization_alignment: int = 128
+
+    def __post_init__(self) -> None:
+        validate_fields(self, _TYPES)
+        _check_backward_override(self)
+        if self.quantization_alignment <= 0:
+            raise ValueError("CustomRecipe quantization_alignment must be positive.")
+
+    def _make_repr(self) -> str:
+        return (
+            f"recipe_type={type(self).__name__}, qfactory={self.qfactory}, "
+            f"backward_override={self.backward_override}, quantization_alignment={self.quantization_alignment}"
         )

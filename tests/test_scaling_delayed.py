@@ -220,3 +220,154 @@ def test_quantize_records_the_nan_skipping_amax_and_casts_with_the_current_scale
     s2 = DelayedScaler(DelayedScaling(amax_history_len=1, reduce_amax=False))
     s2.quantize(0, np.array([np.nan, -7.0], np.float32))
     assert s2.amax_history[0, 0] == 7.0
+
+
+# -- TE's unfused update, written in torch from NVIDIA/TransformerEngine:transformer_engine/pytorch/
+# quantization.py at d0067d0: _update_amax_history (lines 1067-1074), _default_get_amax_and_update_history
+# (1077-1089), _default_sf_compute (1092-1116), _compute_amax_and_update_history (1119-1132),
+# _compute_scaling_factor (1135-1150), _amax_and_scale_update (1153-1166); get_fp8_max (306-312).
+
+
+def _te_unfused_update(hist, scale, fp8_max, recipe) -> None:  # noqa: ANN001 - torch tensors
+    import torch
+
+    algo = recipe.amax_compute_algo
+    if callable(algo):
+        amax = algo(hist)
+    elif algo == "max":
+        amax = torch.max(hist, dim=0).values
+    else:
+        amax = hist[0].clone()
+    if hist.shape[0] > 1:
+        hist.copy_(torch.roll(hist, -1, 0))
+    hist[0].fill_(0.0)
+    if recipe.scaling_factor_compute_algo is not None:
+        new = recipe.scaling_factor_compute_algo(amax, scale, fp8_max, recipe)
+    else:
+        sf = (fp8_max / amax) / (2**recipe.margin)
+        sf = torch.where(amax > 0.0, sf, scale)
+        sf = torch.where(torch.isfinite(amax), sf, scale)
+        new = torch.where(torch.isinf(sf), torch.full_like(sf, torch.finfo(torch.float32).max), sf)
+    scale.copy_(new)
+
+
+def _hard_amaxes() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    mant = np.float32(1) + rng.integers(0, 2**23, 300).astype(np.float32) * np.float32(2**-23)
+    exps = rng.integers(-140, 128, 300).astype(np.float32)
+    vals = (mant * np.exp2(exps)).astype(np.float32)
+    special = np.array([0, INF, NAN, 3, 1e-38, 1e-45, 2.2e-36, FLT_MAX, 1.0], np.float32)
+    return np.concatenate([vals[np.isfinite(vals)], special])
+
+
+@pytest.mark.parametrize("margin", [0, 3, -3, -20, 63, -127])
+@pytest.mark.parametrize("forward", [True, False])
+def test_unfused_update_is_tes_eager_torch_code_bit_for_bit(margin: int, forward: bool) -> None:
+    """Issue 13 point 8 / spec 0 (4.6): reciprocal then multiply, Inf -> FLT_MAX including after the
+    margin divides, non-finite or zero amax keeps the old scale."""
+    import torch
+
+    amaxes = _hard_amaxes()
+    recipe = DelayedScaling(margin=margin, amax_history_len=2, reduce_amax=False)
+    s = DelayedScaler(recipe, n=amaxes.size, forward=forward, fused=False)
+    s.scale[:] = np.float32(7.0)
+    s.amax_history[0] = amaxes
+    hist, scale = torch.zeros(2, amaxes.size), torch.full((amaxes.size,), 7.0)
+    hist[0] = torch.from_numpy(amaxes)
+    _te_unfused_update(hist, scale, 448 if forward else 57344, recipe)
+    s.update()
+    got, want = s.scale.view(np.uint32), scale.numpy().view(np.uint32)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"amax {amaxes[bad[0]]!r}: fp8sim {got[bad[0]]:#010x}, TE {want[bad[0]]:#010x}"
+    assert np.array_equal(s.amax_history.view(np.uint32), hist.numpy().view(np.uint32))
+
+
+def test_unfused_amax_3_is_the_reciprocal_multiply_value() -> None:
+    """Spec 0: amax 3 gives 149.33334351 (reciprocal * 448), not the division's 149.33332825."""
+    s = DelayedScaler(DelayedScaling(amax_history_len=1, reduce_amax=False), fused=False)
+    s.record(0, np.array([3.0], np.float32))
+    s.update()
+    assert s.scale[0] == np.float32(149.33334351) != np.float32(448) / np.float32(3)
+
+
+def test_callables_get_the_live_history_and_fp8_max_as_a_python_number() -> None:
+    """TE hands ``amax_compute_algo`` the history tensor itself and rolls it afterwards, so a callable
+    returning a view of row 0 sees zeros by the time the scale is computed (the scale is kept);
+    ``fp8_max`` is ``get_fp8_max``'s Python int (57344 for HYBRID backward)."""
+    import torch
+
+    seen = []
+
+    def sf(amax, old, fp8_max, recipe):  # noqa: ANN001, ANN202
+        seen.append((type(fp8_max), fp8_max, amax.tolist()))
+        return (fp8_max / amax) / (2**recipe.margin)
+
+    for algo in (lambda h: h[0], lambda h: h.max(dim=0).values):
+        recipe = DelayedScaling(amax_history_len=3, amax_compute_algo=algo, reduce_amax=False)
+        ours = DelayedScaler(recipe, n=2, forward=False)
+        hist, scale = torch.zeros(3, 2), torch.ones(2)
+        for step in (np.array([4.0, 2.0], np.float32), np.array([8.0, 0.0], np.float32)):
+            ours.amax_history[0] = step
+            hist[0] = torch.from_numpy(step)
+            ours.update()
+            _te_unfused_update(hist, scale, 57344, recipe)
+            assert np.array_equal(ours.scale, scale.numpy()) and np.array_equal(ours.amax_history, hist.numpy())
+    assert DelayedScaler(DelayedScaling(amax_compute_algo=lambda h: h[0])).scale[0] == 1.0
+
+    s = DelayedScaler(
+        DelayedScaling(amax_history_len=2, scaling_factor_compute_algo=sf, reduce_amax=False), forward=False
+    )
+    s.record(0, np.array([2.0], np.float32))
+    s.update()
+    assert seen == [(int, 57344, [2.0])]
+
+
+def test_update_is_in_place_so_views_stay_live() -> None:
+    """Issue 13 point 14: TE's fp8_meta ``scale``/``amax_history`` are updated in place."""
+    import torch
+
+    for fused in (True, False):
+        s = DelayedScaler(DelayedScaling(amax_history_len=4, reduce_amax=False), n=2, fused=fused)
+        scale, hist = s.scale, s.amax_history
+        scale_t, hist_t = torch.from_numpy(s.scale), torch.from_numpy(s.amax_history)
+        s.record(0, np.array([2.0], np.float32))
+        s.update()
+        assert s.scale is scale and s.amax_history is hist
+        assert float(scale_t[0]) == 224.0 and float(hist_t[:, 0].max()) == 2.0
+        s.load_state_dict({"scale": np.array([3.0, 5.0]), "amax_history": np.ones((4, 2))})
+        assert s.scale is scale and float(scale_t[1]) == 5.0
+
+
+def test_reduce_and_update_rolls_every_registered_unfused_module_not_only_those_that_ran() -> None:
+    """Spec 0 (4.6): TE's unfused path walks every history in the global buffer; the fused kernel
+    skips a module whose staging amax is 0 ("avoid roll for non-run modules")."""
+    from fp8sim.scaling.delayed import reduce_and_update
+
+    for fused, want_idle in ((False, [0.0, 1.0, 0.0]), (True, [0.0, 0.0, 1.0])):
+        recipe = DelayedScaling(amax_history_len=3, reduce_amax=False)
+        ran, idle = DelayedScaler(recipe, fused=fused), DelayedScaler(recipe, fused=fused)
+        idle.amax_history[2, 0] = 1.0  # an earlier step's amax
+        ran.record(0, np.array([2.0], np.float32))
+        reduce_and_update([ran, idle])
+        assert idle.amax_history[:, 0].tolist() == want_idle
+        assert ran.amax_history[:, 0].tolist() == ([0, 0, 2] if fused else [0, 0, 2])
+        assert ran.scale[0] == 224.0
+
+
+@pytest.mark.parametrize(("old_len", "new_len"), [(4, 2), (2, 5), (3, 3)])
+def test_changing_amax_history_len_keeps_the_scale_and_cuts_or_pads_as_te(old_len: int, new_len: int) -> None:
+    """Issue 13 point 9: TE ``module/base.py`` ``adjust_amax_history_length`` (lines 1049-1080):
+    ``amax_history[:length].clone()`` or ``F.pad(amax_history, (0, 0, 0, extra_rows))``; the scale
+    is not touched."""
+    import torch
+    import torch.nn.functional as F
+
+    s = DelayedScaler(DelayedScaling(amax_history_len=old_len, reduce_amax=False), n=2)
+    s.amax_history[:] = np.arange(old_len * 2, dtype=np.float32).reshape(old_len, 2) + 1
+    s.scale[:] = [3.0, 5.0]
+    ref = torch.from_numpy(s.amax_history.copy())
+    ref = ref[:new_len].clone() if new_len < old_len else F.pad(ref, pad=(0, 0, 0, new_len - old_len))
+    s.set_recipe(DelayedScaling(amax_history_len=new_len, margin=1, reduce_amax=False))
+    assert np.array_equal(s.amax_history, ref.numpy()) and s.scale.tolist() == [3.0, 5.0]
+    s.update()  # the new recipe's margin applies from now on
+    assert s.scale[0] == np.float32(448 / 2) / np.float32(ref[:, 0].max().item())

@@ -40,7 +40,10 @@ def test_install_and_uninstall_are_explicit_and_reversible(capsys: pytest.Captur
         shim.install()  # idempotent, announced once
         te = importlib.import_module("transformer_engine.pytorch")
         recipe = importlib.import_module("transformer_engine.common.recipe")
-        assert te.Linear.__module__ == "fp8sim.pytorch.module" and recipe.DelayedScaling.__module__ == "fp8sim.recipe"
+        assert (
+            te.Linear.__module__ == "fp8sim.pytorch.module.linear"
+            and recipe.DelayedScaling.__module__ == "fp8sim.recipe"
+        )
         assert importlib.metadata.version("transformer-engine") == shim.EMULATED_TE_VERSION
         from accelerate.utils import is_transformer_engine_available
 
@@ -86,7 +89,7 @@ def test_accelerate_te_script_runs_unchanged_with_upstream_quirks() -> None:
     proc = _run("accelerate_te_script.py")
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
-    assert lines["TE_LINEARS"] == "2 fp8sim.pytorch.module"  # accelerate's convert_model made fp8sim modules
+    assert lines["TE_LINEARS"] == "2 fp8sim.pytorch.module.linear"  # accelerate's convert_model made fp8sim modules
     first, last = map(float, lines["LOSS"].split())
     assert last < first
     # accelerate forwards amax_history_len=4 but never forwards amax_compute_algo="most_recent"

@@ -13,6 +13,8 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .._upstream_quirk import UpstreamQuirkWarning  # one class for every upstream fp8sim emulates
+
 __all__ = ["UpstreamQuirkWarning", "QUIRKS", "settings", "documented_semantics"]
 
 QUIRKS: dict[str, str] = {
@@ -41,10 +43,6 @@ QUIRKS: dict[str, str] = {
         "TypeError; documented: convert back with dtype=."
     ),
 }
-
-
-class UpstreamQuirkWarning(UserWarning):
-    """fp8sim reproduced an accelerate behaviour that differs from accelerate's documentation."""
 
 
 @dataclass

@@ -5,10 +5,26 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("fp8sim.pytorch needs torch: pip install 'fp8sim[torch]'") from exc
 
+from . import utils
 from .attention import DotProductAttention, MultiheadAttention, RotaryPositionEmbedding, apply_rotary_pos_emb
-from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear
-from .quantization import autocast, fp8_autocast, get_recipe, is_calibrating, is_fp8_enabled
+from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm, TransformerEngineBaseModule
+from .quantization import (
+    FP8GlobalStateManager,
+    autocast,
+    fp8_autocast,
+    fp8_model_init,
+    get_default_recipe,
+    get_recipe,
+    is_calibrating,
+    is_fp8_available,
+    is_fp8_block_scaling_available,
+    is_fp8_enabled,
+    is_mxfp8_available,
+    is_nvfp4_available,
+    quantized_model_init,
+)
 from .transformer import TransformerLayer
+from .utils import get_device_compute_capability, is_bf16_available
 
 __all__ = [
     "autocast",
@@ -20,6 +36,19 @@ __all__ = [
     "LayerNorm",
     "LayerNormLinear",
     "LayerNormMLP",
+    "RMSNorm",
+    "TransformerEngineBaseModule",
+    "FP8GlobalStateManager",
+    "quantized_model_init",
+    "fp8_model_init",
+    "get_default_recipe",
+    "is_fp8_available",
+    "is_mxfp8_available",
+    "is_nvfp4_available",
+    "is_fp8_block_scaling_available",
+    "is_bf16_available",
+    "get_device_compute_capability",
+    "utils",
     "DotProductAttention",
     "MultiheadAttention",
     "TransformerLayer",

@@ -17,7 +17,27 @@ from typing import Any
 
 from ..recipe import DelayedScaling, Recipe
 
-__all__ = ["autocast", "fp8_autocast", "is_fp8_enabled", "is_calibrating", "get_recipe", "FP8State"]
+__all__ = [
+    "autocast",
+    "fp8_autocast",
+    "is_fp8_enabled",
+    "is_calibrating",
+    "get_recipe",
+    "FP8State",
+    "FP8GlobalStateManager",
+    "quantized_model_init",
+    "fp8_model_init",
+    "get_default_recipe",
+    "get_default_fp8_recipe",
+    "check_fp8_support",
+    "check_mxfp8_support",
+    "check_nvfp4_support",
+    "check_fp8_block_scaling_support",
+    "is_fp8_available",
+    "is_mxfp8_available",
+    "is_nvfp4_available",
+    "is_fp8_block_scaling_available",
+]
 
 
 @dataclass
@@ -30,6 +50,10 @@ class FP8State:
     depth: int = 0
     modules: list[Any] = field(default_factory=list)  # modules that ran in the outermost region
     first_module: Any = None
+    graph: bool = False
+    fp8_parameters: bool = False  # inside quantized_model_init
+    parameters_recipe: Recipe | None = None
+    high_precision_init_val: bool = False
 
 
 _STATE = FP8State()
@@ -45,20 +69,22 @@ def is_calibrating() -> bool:
 
 
 def get_recipe() -> Recipe:
-    """The active recipe (TE's default when none was given: DelayedScaling on this hardware)."""
-    return _STATE.recipe if _STATE.recipe is not None else DelayedScaling()
+    """The active recipe (TE's default for the emulated device when none was given:
+    DelayedScaling on the default hopper; see :func:`get_default_recipe`)."""
+    return _STATE.recipe if _STATE.recipe is not None else get_default_recipe()
 
 
 def current_state() -> FP8State:
     return _STATE
 
 
-def _register(module: Any) -> bool:
-    """Record that ``module`` ran in this region; True only for the region's very first FP8 GEMM,
-    whose backward runs last and so triggers the backward scale updates."""
+def _register(module: Any, trainable: bool = True) -> bool:
+    """Record that ``module`` ran in this region; True only for the region's first FP8 GEMM whose
+    input, weight or bias requires grad (TE ``linear.py``: a frozen module never takes the role):
+    its backward runs last and so triggers the backward scale updates."""
     if not any(m is module for m in _STATE.modules):
         _STATE.modules.append(module)
-    if _STATE.first_module is None:
+    if trainable and _STATE.first_module is None:
         _STATE.first_module = module
         return True
     return False
@@ -96,6 +122,7 @@ def autocast(
     _STATE.recipe = recipe
     _STATE.group = amax_reduction_group
     _STATE.accumulator = accumulator if accumulator is not None else saved[4]  # fp8sim's knob is inherited
+    saved_graph, _STATE.graph = _STATE.graph, bool(_graph)
     _STATE.depth += 1
     try:
         yield
@@ -103,6 +130,7 @@ def autocast(
         _STATE.depth -= 1
         modules = list(_STATE.modules)
         _STATE.enabled, _STATE.calibrating, _STATE.recipe, _STATE.group, _STATE.accumulator = saved
+        _STATE.graph = saved_graph
         if _STATE.depth == 0:
             if enabled and not _graph and torch.is_grad_enabled():
                 for m in modules:
@@ -128,3 +156,179 @@ def fp8_autocast(
     return autocast(
         enabled=enabled, calibrating=calibrating, recipe=fp8_recipe, amax_reduction_group=fp8_group, _graph=_graph
     )
+
+
+# -- device support (TE quantization.py), answered for the emulated device (fp8sim.pytorch.utils) --
+def check_fp8_support() -> tuple[bool, str]:
+    """TE: FP8 needs compute capability 8.9 or higher."""
+    from .utils import get_device_compute_capability
+
+    if get_device_compute_capability() >= (8, 9):
+        return True, ""
+    return False, "Device compute capability 8.9 or higher required for FP8 execution."
+
+
+def check_mxfp8_support() -> tuple[bool, str]:
+    """TE: MXFP8 needs compute capability [10.0, 12.0)."""
+    from .utils import get_device_compute_capability
+
+    cc = get_device_compute_capability()
+    if cc >= (12, 0):
+        return False, "MXFP8 (for all gemm layouts) is not supported on 12.0+ architectures yet."
+    if cc >= (10, 0):
+        return True, ""
+    return False, "Device compute capability 10.0 or higher required for MXFP8 execution."
+
+
+def check_nvfp4_support() -> tuple[bool, str]:
+    """TE: NVFP4 needs compute capability 10.0 or higher."""
+    from .utils import get_device_compute_capability
+
+    if get_device_compute_capability() >= (10, 0):
+        return True, ""
+    return False, "Device compute capability 10.0 or higher required for NVFP4 execution."
+
+
+def check_fp8_block_scaling_support() -> tuple[bool, str]:
+    """TE: FP8 block scaling needs compute capability 9.0 or higher (and CUDA >= 12.9)."""
+    from .utils import get_device_compute_capability
+
+    if get_device_compute_capability() >= (9, 0):
+        return True, ""
+    return False, "FP8 block scaled GEMM requires compute capability 9.0 or higher and CUDA >= 12.9."
+
+
+def _probe(check: Any, return_reason: bool) -> bool | tuple[bool, str]:
+    return check() if return_reason else check()[0]
+
+
+def is_fp8_available(return_reason: bool = False) -> bool | tuple[bool, str]:
+    """TE ``is_fp8_available`` (delayed and current scaling) on the emulated device."""
+    return _probe(check_fp8_support, return_reason)
+
+
+def is_mxfp8_available(return_reason: bool = False) -> bool | tuple[bool, str]:
+    """TE ``is_mxfp8_available`` on the emulated device."""
+    return _probe(check_mxfp8_support, return_reason)
+
+
+def is_nvfp4_available(return_reason: bool = False) -> bool | tuple[bool, str]:
+    """TE ``is_nvfp4_available`` on the emulated device."""
+    return _probe(check_nvfp4_support, return_reason)
+
+
+def is_fp8_block_scaling_available(return_reason: bool = False) -> bool | tuple[bool, str]:
+    """TE ``is_fp8_block_scaling_available`` on the emulated device."""
+    return _probe(check_fp8_block_scaling_support, return_reason)
+
+
+def get_default_fp8_recipe() -> Recipe:
+    """TE's default recipe for the emulated device: MXFP8 where supported, current scaling on 12.0+,
+    else delayed scaling."""
+    from ..recipe import Float8CurrentScaling, MXFP8BlockScaling
+    from .utils import get_device_compute_capability
+
+    if check_mxfp8_support()[0]:
+        return MXFP8BlockScaling()
+    if get_device_compute_capability() >= (12, 0):
+        return Float8CurrentScaling()
+    return DelayedScaling()
+
+
+def get_default_recipe() -> Recipe:
+    """TE ``get_default_recipe``: :func:`get_default_fp8_recipe`."""
+    return get_default_fp8_recipe()
+
+
+class FP8GlobalStateManager:
+    """TE's ``FP8GlobalStateManager``: class methods over the process-global FP8 state."""
+
+    @classmethod
+    def reset(cls) -> None:
+        """Reset the global state (TE: a fresh ``FP8GlobalState``)."""
+        fresh = FP8State()
+        for name in fresh.__dataclass_fields__:
+            setattr(_STATE, name, getattr(fresh, name))
+
+    @classmethod
+    def is_fp8_enabled(cls) -> bool:
+        return _STATE.enabled
+
+    @classmethod
+    def is_fp8_calibration(cls) -> bool:
+        return _STATE.calibrating
+
+    @classmethod
+    def with_fp8_parameters(cls) -> bool:
+        return _STATE.fp8_parameters
+
+    @classmethod
+    def with_high_precision_init_val(cls) -> bool:
+        return _STATE.high_precision_init_val
+
+    @classmethod
+    def fp8_graph_capturing(cls) -> bool:
+        return _STATE.graph
+
+    @classmethod
+    def get_fp8_recipe(cls) -> Recipe:
+        """The active recipe, else the one of ``quantized_model_init``, else TE's default."""
+        if _STATE.recipe is not None:
+            return _STATE.recipe
+        if _STATE.parameters_recipe is not None:
+            return _STATE.parameters_recipe
+        return get_default_fp8_recipe()
+
+    @classmethod
+    def get_fp8_group(cls) -> Any:
+        return _STATE.group
+
+    @classmethod
+    def get_autocast_state(cls) -> tuple:
+        return (_STATE.enabled, _STATE.calibrating, _STATE.recipe, _STATE.group, _STATE.graph)
+
+    @classmethod
+    def set_autocast_state(cls, state: tuple) -> None:
+        _STATE.enabled, _STATE.calibrating, _STATE.recipe, _STATE.group, _STATE.graph = state
+
+    @classmethod
+    def is_first_fp8_module(cls) -> bool:
+        """True when no trainable FP8 module has run yet in the current outermost region."""
+        return _STATE.first_module is None
+
+    is_fp8_available = staticmethod(check_fp8_support)
+    is_mxfp8_available = staticmethod(check_mxfp8_support)
+    is_nvfp4_available = staticmethod(check_nvfp4_support)
+    is_fp8_block_scaling_available = staticmethod(check_fp8_block_scaling_support)
+
+
+@contextlib.contextmanager
+def quantized_model_init(
+    enabled: bool = True, recipe: Recipe | None = None, preserve_high_precision_init_val: bool = False
+) -> Iterator[None]:
+    """TE ``quantized_model_init``: modules built inside hold quantized primary weights (see
+    ``fp8sim.pytorch.module.base``); ``preserve_high_precision_init_val`` keeps the initial values
+    (``weight.get_high_precision_init_val()`` / ``clear_high_precision_init_val()``)."""
+    saved = (_STATE.fp8_parameters, _STATE.parameters_recipe, _STATE.high_precision_init_val)
+    _STATE.fp8_parameters = bool(enabled)
+    _STATE.parameters_recipe = get_default_fp8_recipe() if recipe is None else recipe
+    _STATE.high_precision_init_val = bool(preserve_high_precision_init_val)
+    try:
+        yield
+    finally:
+        _STATE.fp8_parameters, _STATE.parameters_recipe, _STATE.high_precision_init_val = saved
+
+
+@contextlib.contextmanager
+def fp8_model_init(
+    enabled: bool = True, recipe: Recipe | None = None, preserve_high_precision_init_val: bool = False
+) -> Iterator[None]:
+    """Deprecated TE name for :func:`quantized_model_init`."""
+    warnings.warn(
+        "fp8_model_init is deprecated and will be removed in a future release. "
+        "Use quantized_model_init(enabled=..., recipe=..., preserve_high_precision_init_val=...) instead.",
+        category=DeprecationWarning,
+        stacklevel=3,
+    )
+    with quantized_model_init(enabled, recipe, preserve_high_precision_init_val):
+        yield

@@ -18,7 +18,7 @@ from torch import nn
 
 from . import module as _module
 from .attention.dot_product_attention.utils import AttnMaskTypes
-from .attention.multi_head_attention import MultiheadAttention, _init, _norm_kwargs
+from .attention.multi_head_attention import MultiheadAttention
 
 __all__ = ["TransformerLayer"]
 
@@ -121,8 +121,6 @@ class TransformerLayer(nn.Module):
                 "Gradient accumulation fusion (fuse_wgrad_accumulation=True) "
                 "requires fuse_qkv_params=True, but fuse_qkv_params is False."
             )
-        if activation_params is not None:
-            raise NotImplementedError("fp8sim's TransformerLayer does not emulate activation_params")
         self.layer_type, self.output_layernorm = layer_type, output_layernorm
         self.apply_residual_connection_post_layernorm = apply_residual_connection_post_layernorm
         self.self_attn_mask_type, self.window_size = self_attn_mask_type, window_size
@@ -173,25 +171,23 @@ class TransformerLayer(nn.Module):
                 name=None if name is None else name + ".inter_attention",
                 **common,
             )
-        mlp_cls = _module.LayerNormMLP
-        self.layernorm_mlp = mlp_cls(
+        self.layernorm_mlp = _module.LayerNormMLP(
             hidden_size,
             ffn_hidden_size,
             eps=layernorm_epsilon,
             bias=bias,
+            init_method=init_method,
+            output_layer_init_method=output_layer_init_method,
             activation=activation,
+            activation_params=activation_params,
+            normalization=normalization,
             return_layernorm_output=apply_residual_connection_post_layernorm,
             zero_centered_gamma=zero_centered_gamma,
             params_dtype=params_dtype,
             device=device,
-            **_norm_kwargs(mlp_cls, normalization),
         )
-        _init(self.layernorm_mlp, init_method, ("fc1_weight",))
-        _init(self.layernorm_mlp, output_layer_init_method, ("fc2_weight",))
         if output_layernorm:
-            norm_cls = getattr(_module, normalization, None)
-            if norm_cls is None:
-                raise NotImplementedError(f"normalization={normalization!r} needs fp8sim.pytorch.{normalization}")
+            norm_cls = {"LayerNorm": _module.LayerNorm, "RMSNorm": _module.RMSNorm}[normalization]
             self.layernorm = norm_cls(
                 hidden_size,
                 eps=layernorm_epsilon,

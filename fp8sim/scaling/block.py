@@ -25,9 +25,10 @@ from .amax import amax_nan_skipping, as_float32, dtype_name
 from .current import compute_scale_from_amax
 from .quantized import QuantizedTensor
 
-__all__ = ["quantize_block_scaling", "BLOCK_SIZE", "input_dtype_max"]
+__all__ = ["quantize_block_scaling", "BLOCK_SIZE", "MAX_BLOCK_SIZE", "input_dtype_max"]
 
 BLOCK_SIZE = 128
+MAX_BLOCK_SIZE = 1 << 16  # codes are padded to whole blocks: a larger block would only allocate padding
 _DTYPE_MAX = {"float32": float(np.finfo(np.float32).max), "bfloat16": 3.3895313892515355e38, "float16": 65504.0}
 
 
@@ -52,10 +53,13 @@ def quantize_block_scaling(
     or ``block_size``x``block_size`` (``block_dim=2``) blocks.  1-D blocks along the last dim accept
     any rank; the columnwise and 2-D layouts need a 2-D tensor."""
     f = get_format(fmt)
-    if block_dim not in (1, 2):
+    if isinstance(block_dim, bool) or block_dim not in (1, 2):
         raise ValueError(f"block_dim must be 1 (1x{block_size}) or 2 ({block_size}x{block_size}); got {block_dim!r}")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise ValueError(f"block_size must be an int in [1, {MAX_BLOCK_SIZE}] (TE uses 128), got {block_size!r}")
+    for name, flag in (("pow2", pow2), ("columnwise", columnwise)):
+        if not isinstance(flag, bool | np.bool_):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
     dtype = dtype_name(x)
     value_for_inf = input_dtype_max(dtype if dtype in _DTYPE_MAX else "float32")
     x32 = as_float32(x)

@@ -6,24 +6,36 @@ INPUT, WEIGHT, OUTPUT): ``scale`` (float32, starts at 1), ``amax_history`` (floa
 cast kernel writes it).  Row 0 of the history is the live staging slot: quantizing (or
 :meth:`record`) folds the tensor's amax into it, and :meth:`update` runs TE's update (spec 4.5, or
 4.6 for callables).  So step 1 casts with scale 1, and step t with the amaxes up to step t-1.
+
+``update`` writes ``scale`` and ``amax_history`` in place (TE's ``fp8_meta`` tensors are updated in
+place and quantizers hold views of them): ``torch.from_numpy(scaler.scale)`` stays live.  TE updates
+every module registered in its global amax buffer at once: :func:`reduce_and_update` is that step.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .._torch import is_torch_tensor
 from ..cast.numpy_backend import encode_scaled_with_amax
-from ..recipe import DelayedScaling, tensor_format
+from ..recipe import DelayedScaling, Format, tensor_format
 from .amax import amax_nan_skipping, as_float32, dtype_name
 from .quantized import QuantizedTensor
 
-__all__ = ["DelayedScaler", "FLT_MAX"]
+__all__ = ["DelayedScaler", "FLT_MAX", "reduce_and_update"]
 
 FLT_MAX = np.float32(np.finfo(np.float32).max)
+
+
+def _te_fp8_max(recipe: DelayedScaling, forward: bool) -> int:
+    """TE's ``get_fp8_max``: the Python number (448 or 57344) the unfused path and callables get."""
+    if recipe.fp8_format == Format.E4M3 or (recipe.fp8_format == Format.HYBRID and forward):
+        return Format.E4M3.value.max_fwd
+    return Format.E5M2.value.max_fwd
 
 
 class DelayedScaler:
@@ -31,8 +43,8 @@ class DelayedScaler:
 
     ``fused=None`` picks TE's choice: the fused kernel unless an algorithm is a callable or
     ``NVTE_UNFUSED_FP8_UPDATE=1``.  ``eager_division`` (unfused path only) computes
-    ``fp8_max / amax`` as ``amax.reciprocal() * fp8_max`` like eager torch; the default is one IEEE
-    division, as under TE's default ``torch.compile`` (spec 4.6, open question in section 10).
+    ``fp8_max / amax`` as ``amax.reciprocal() * fp8_max``, as eager torch does and as
+    ``torch.compile`` gives on a CPU (spec 0, 4.6); ``False`` divides once in IEEE.
     """
 
     def __init__(
@@ -42,7 +54,7 @@ class DelayedScaler:
         *,
         forward: bool = True,
         fused: bool | None = None,
-        eager_division: bool = False,
+        eager_division: bool = True,
     ) -> None:
         self.recipe = recipe if recipe is not None else DelayedScaling()
         if not isinstance(self.recipe, DelayedScaling):
@@ -51,23 +63,48 @@ class DelayedScaler:
             raise ValueError(f"n (number of quantizers) must be an int >= 1, got {n!r}")
         self.n = n
         self.forward = forward
+        # The quantization dtype is fixed when the state is created (TE's RecipeState.dtype).
         self.fmt = tensor_format(self.recipe.fp8_format, forward)
-        self.fp8_max = np.float32(self.fmt.max)
-        if fused is None:
-            callable_algo = callable(self.recipe.amax_compute_algo) or self.recipe.scaling_factor_compute_algo
-            fused = not callable_algo and os.getenv("NVTE_UNFUSED_FP8_UPDATE", "0") != "1"
-        elif fused and (callable(self.recipe.amax_compute_algo) or self.recipe.scaling_factor_compute_algo):
-            raise ValueError("fused=True cannot run a callable amax_compute_algo or scaling_factor_compute_algo")
-        self.fused = fused
+        self._fused_arg = fused
+        self.fused = self._pick_fused(fused)
         self.eager_division = eager_division
         self.scale = np.ones(n, np.float32)
         self.amax_history = np.zeros((self.recipe.amax_history_len, n), np.float32)
+
+    def _pick_fused(self, fused: bool | None) -> bool:
+        callable_algo = callable(self.recipe.amax_compute_algo) or callable(self.recipe.scaling_factor_compute_algo)
+        if fused is None:
+            return not callable_algo and os.getenv("NVTE_UNFUSED_FP8_UPDATE", "0") != "1"
+        if fused and callable_algo:
+            raise ValueError("fused=True cannot run a callable amax_compute_algo or scaling_factor_compute_algo")
+        return fused
+
+    @property
+    def fp8_max(self) -> np.float32:
+        """FP8_MAX of the current recipe, as the update uses it."""
+        return np.float32(tensor_format(self.recipe.fp8_format, self.forward).max)
 
     @property
     def scale_inv(self) -> np.ndarray:
         """``__frcp_rn(scale)``: the float32 reciprocal, rounded once."""
         with np.errstate(divide="ignore"):
             return np.float32(1) / self.scale
+
+    def set_recipe(self, recipe: DelayedScaling) -> None:
+        """Continue with another DelayedScaling recipe, as TE's ``set_meta_tensor`` does mid-training
+        (``module/base.py``): the scale is kept, the history is cut to its first ``amax_history_len``
+        rows or padded with zero rows at the end (``adjust_amax_history_length``; a new array then),
+        the quantization dtype stays the one the state was created with, and later updates use the
+        new recipe's margin, algorithms and FP8_MAX."""
+        if not isinstance(recipe, DelayedScaling):
+            raise TypeError(f"recipe must be a DelayedScaling, got {type(recipe).__name__}")
+        length, cur = recipe.amax_history_len, self.amax_history.shape[0]
+        if length < cur:
+            self.amax_history = self.amax_history[:length].copy()
+        elif length > cur:
+            self.amax_history = np.pad(self.amax_history, ((0, length - cur), (0, 0)))
+        self.recipe = recipe
+        self.fused = self._pick_fused(self._fused_arg)
 
     def _check_index(self, index: int) -> None:
         if not 0 <= index < self.n:
@@ -94,9 +131,10 @@ class DelayedScaler:
         return QuantizedTensor(codes, scales, self.fmt, block, x32.shape, dtype_name(x))
 
     def update(self, reduced_amax: np.ndarray | None = None, group: Any = None) -> None:
-        """TE's scale update.  With ``recipe.reduce_amax`` and an initialised ``torch.distributed``
-        group of more than one process, the staging row is first all-reduced with MAX (``group``:
-        the process group, default WORLD).  ``reduced_amax`` passes an already reduced row."""
+        """TE's scale update, in place.  With ``recipe.reduce_amax`` and an initialised
+        ``torch.distributed`` group of more than one process, the staging row is first all-reduced
+        with MAX (``group``: the process group, default WORLD).  ``reduced_amax`` passes an already
+        reduced row."""
         if reduced_amax is None and self.recipe.reduce_amax:
             reduced_amax = _all_reduce_max(self.amax_history[0], group)
         if self.fused:
@@ -119,47 +157,80 @@ class DelayedScaler:
         amax = np.where(run, amax, np.float32(0))
         if self.recipe.amax_compute_algo == "most_recent":
             amax = last
-        self.scale = self._scale_from_amax(amax, division="ieee")
-
-    def _update_unfused(self, reduced: np.ndarray | None) -> None:
-        hist = self.amax_history
-        if reduced is not None:
-            hist[0] = np.asarray(reduced, np.float32)
-        algo = self.recipe.amax_compute_algo
-        if algo == "max":
-            amax = np.max(hist, axis=0)  # torch.max: NaN propagates
-        elif algo == "most_recent":
-            amax = hist[0].copy()
-        else:
-            amax = _to_numpy(algo(_framework(hist.copy()))).astype(np.float32).reshape(self.n)
-        sf_algo = self.recipe.scaling_factor_compute_algo
-        if sf_algo is None:
-            scale = self._scale_from_amax(amax, division="eager" if self.eager_division else "ieee")
-        else:
-            out = sf_algo(_framework(amax), _framework(self.scale.copy()), _framework(self.fp8_max), self.recipe)
-            scale = _to_numpy(out).astype(np.float32).reshape(self.n)
-        self.amax_history = np.roll(hist, -1, axis=0)
-        self.amax_history[0] = 0
-        self.scale = scale
-
-    def _scale_from_amax(self, amax: np.ndarray, division: str) -> np.ndarray:
+        # scaled_max = fp8_max * powf(2, -margin), then one IEEE division (common/recipe/delayed_scaling.cu)
         scaled_max = np.float32(self.fp8_max * np.float32(2.0**-self.recipe.margin))
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            if division == "eager":  # (fp8_max / amax) / 2^margin with / as reciprocal-multiply
-                sf = (np.float32(1) / amax) * self.fp8_max
-                sf = sf / np.float32(2.0**self.recipe.margin)
-            else:
-                sf = scaled_max / amax
+            sf = scaled_max / amax
+        self.scale[...] = self._finish(amax, sf)
+
+    def _finish(self, amax: np.ndarray, sf: np.ndarray) -> np.ndarray:
         ok = np.isfinite(amax) & (amax > 0)
         sf = np.where(ok, sf, self.scale)
         return np.where(np.isinf(sf), FLT_MAX, sf).astype(np.float32)
+
+    def _update_unfused(self, reduced: np.ndarray | None) -> None:
+        if reduced is not None:
+            self.amax_history[0] = np.asarray(reduced, np.float32)
+        try:
+            import torch
+        except ImportError:
+            return self._update_unfused_numpy()
+        # TE's _amax_and_scale_update (pytorch/quantization.py) on torch views of the state, so a
+        # callable sees (and may alias) the live history and scale exactly as under TE.
+        hist, scale = torch.from_numpy(self.amax_history), torch.from_numpy(self.scale)
+        algo, sf_algo = self.recipe.amax_compute_algo, self.recipe.scaling_factor_compute_algo
+        if algo == "max":
+            amax = torch.max(hist, dim=0).values  # NaN propagates
+        elif algo == "most_recent":
+            amax = hist[0].clone()
+        else:
+            amax = algo(hist)
+        if hist.shape[0] > 1:  # the history rolls before the scale is computed (amax may be a view)
+            hist.copy_(torch.roll(hist, -1, 0))
+        hist[0].fill_(0.0)
+        fp8_max = _te_fp8_max(self.recipe, self.forward)
+        if sf_algo is not None:
+            sf = sf_algo(amax, scale, fp8_max, self.recipe)
+        else:
+            if self.eager_division:
+                sf = (fp8_max / amax) / (2**self.recipe.margin)  # torch: amax.reciprocal() * fp8_max
+            else:
+                sf = torch.full_like(amax, fp8_max).div(amax) / (2**self.recipe.margin)
+            sf = torch.where(amax > 0.0, sf, scale)
+            sf = torch.where(torch.isfinite(amax), sf, scale)
+            sf = torch.where(torch.isinf(sf), torch.full_like(sf, float(FLT_MAX)), sf)
+        scale.copy_(sf)
+        return None
+
+    def _update_unfused_numpy(self) -> None:
+        """Without torch: the same steps on numpy arrays (callables get numpy arrays)."""
+        hist = self.amax_history
+        algo, sf_algo = self.recipe.amax_compute_algo, self.recipe.scaling_factor_compute_algo
+        if algo == "max":
+            amax = np.max(hist, axis=0)
+        elif algo == "most_recent":
+            amax = hist[0].copy()
+        else:
+            amax = np.asarray(algo(hist))
+        hist[...] = np.roll(hist, -1, axis=0)
+        hist[0] = 0
+        fp8_max = _te_fp8_max(self.recipe, self.forward)
+        if sf_algo is not None:
+            self.scale[...] = np.asarray(sf_algo(amax, self.scale, fp8_max, self.recipe), np.float32)
+            return
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            a = amax.astype(np.float32)
+            sf = (np.float32(1) / a) * np.float32(fp8_max) if self.eager_division else np.float32(fp8_max) / a
+            sf = sf / np.float32(2.0**self.recipe.margin)
+        self.scale[...] = self._finish(a, sf)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {"scale": self.scale.copy(), "amax_history": self.amax_history.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        scale = np.asarray(state["scale"], np.float32)
-        hist = np.asarray(state["amax_history"], np.float32)
+        """Copy a saved state into this one, in place."""
+        scale = np.asarray(_to_numpy(state["scale"]), np.float32)
+        hist = np.asarray(_to_numpy(state["amax_history"]), np.float32)
         if scale.shape != self.scale.shape or hist.shape != self.amax_history.shape:
             raise ValueError(
                 f"state shapes scale {scale.shape}, amax_history {hist.shape} do not match "
@@ -167,7 +238,7 @@ class DelayedScaler:
             )
         if not np.isfinite(scale).all() or (scale <= 0).any():
             raise ValueError(f"scale must be finite and positive, got {scale}")
-        self.scale, self.amax_history = scale.copy(), hist.copy()
+        self.scale[...], self.amax_history[...] = scale, hist
 
     def __repr__(self) -> str:
         return (
@@ -176,13 +247,25 @@ class DelayedScaler:
         )
 
 
-def _framework(a: np.ndarray) -> Any:
-    """What TE hands user callables: a torch tensor when torch is installed, else numpy."""
-    try:
-        import torch
-    except ImportError:
-        return a
-    return torch.from_numpy(np.ascontiguousarray(a))
+def reduce_and_update(scalers: Sequence[DelayedScaler], group: Any = None) -> None:
+    """TE's ``FP8GlobalStateManager.reduce_and_update_fp8_tensors`` for the scalers of one
+    direction and recipe: every registered module, whether or not it ran this step.  The staging
+    rows are concatenated and all-reduced once (``reduce_amax``, more than one process), then each
+    scaler updates; the fused kernel leaves a scaler whose amax is 0 alone, the unfused path rolls
+    every history."""
+    scalers = list(scalers)
+    if not scalers:
+        return
+    rows = np.concatenate([s.amax_history[0] for s in scalers])
+    reduced = _all_reduce_max(rows, group) if scalers[0].recipe.reduce_amax else None
+    start = 0
+    for s in scalers:
+        part = None if reduced is None else reduced[start : start + s.n]
+        start += s.n
+        if s.fused:
+            s._update_fused(part)
+        else:
+            s._update_unfused(part)
 
 
 def _to_numpy(a: Any) -> np.ndarray:

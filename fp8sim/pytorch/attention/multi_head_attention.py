@@ -16,7 +16,6 @@ trip through high precision (the values agree whenever the two scales agree).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -28,28 +27,6 @@ from .dot_product_attention import DotProductAttention
 from .rope import apply_rotary_pos_emb
 
 __all__ = ["MultiheadAttention"]
-
-
-def _norm_kwargs(cls: type, normalization: str) -> dict[str, Any]:
-    """``normalization=`` for the LayerNorm+Linear module, where that module takes it."""
-    if "normalization" in inspect.signature(cls.__init__).parameters:
-        return {"normalization": normalization}
-    if normalization != "LayerNorm":
-        raise NotImplementedError(f"normalization={normalization!r} needs fp8sim's LayerNormLinear(normalization=...)")
-    return {}
-
-
-def default_init_method(weight: torch.Tensor) -> torch.Tensor:
-    """TE's ``get_default_init_method``: ``normal_(mean=0.0, std=0.023)``."""
-    return nn.init.normal_(weight, mean=0.0, std=0.023)
-
-
-def _init(lin: nn.Module, init_method: Callable | None, names: tuple[str, ...] = ("weight",)) -> nn.Module:
-    init_method = default_init_method if init_method is None else init_method
-    with torch.no_grad():
-        for n in names:
-            init_method(getattr(lin, n))
-    return lin
 
 
 class MultiheadAttention(nn.Module):
@@ -135,32 +112,32 @@ class MultiheadAttention(nn.Module):
         self.hidden_size_per_attention_head = kv_channels
         self.hidden_size_q = kv_channels * num_attention_heads
         self.hidden_size_kv = kv_channels * self.num_gqa_groups
-        kw = {"params_dtype": self.params_dtype, "device": device}
-        ln_kw = {**kw, "zero_centered_gamma": zero_centered_gamma, "return_layernorm_output": return_layernorm_output}
+        kw = {"params_dtype": self.params_dtype, "device": device, "bias": bias, "init_method": init_method}
+        ln_kw = {
+            **kw,
+            "eps": layernorm_epsilon,
+            "zero_centered_gamma": zero_centered_gamma,
+            "return_layernorm_output": return_layernorm_output,
+            "normalization": normalization,
+        }
         LNL, Lin = _module.LayerNormLinear, _module.Linear
         if attention_type == "self":
             out = self.hidden_size_q + 2 * self.hidden_size_kv
+            split = None  # TE: separate query/key/value parameters unless fuse_qkv_params
+            if not fuse_qkv_params:
+                split = {"query": self.hidden_size_q, "key": self.hidden_size_kv, "value": self.hidden_size_kv}
             if input_layernorm:
-                self.layernorm_qkv = LNL(
-                    hidden_size, out, eps=layernorm_epsilon, bias=bias, **ln_kw, **_norm_kwargs(LNL, normalization)
-                )
-                _init(self.layernorm_qkv, init_method)
+                self.layernorm_qkv = LNL(hidden_size, out, parameters_split=split, **ln_kw)
             else:
-                self.qkv = _init(Lin(hidden_size, out, bias=bias, **kw), init_method)
+                self.qkv = Lin(hidden_size, out, parameters_split=split, **kw)
         else:
             if input_layernorm:
-                self.layernorm_query = LNL(
-                    hidden_size,
-                    self.hidden_size_q,
-                    eps=layernorm_epsilon,
-                    bias=bias,
-                    **ln_kw,
-                    **_norm_kwargs(LNL, normalization),
-                )
-                _init(self.layernorm_query, init_method)
+                q_split = None if fuse_qkv_params else ("query",)
+                self.layernorm_query = LNL(hidden_size, self.hidden_size_q, parameters_split=q_split, **ln_kw)
             else:
-                self.query_layer = _init(Lin(hidden_size, self.hidden_size_q, bias=bias, **kw), init_method)
-            self.key_value = _init(Lin(hidden_size, 2 * self.hidden_size_kv, bias=bias, **kw), init_method)
+                self.query_layer = Lin(hidden_size, self.hidden_size_q, **kw)
+            kv_split = None if fuse_qkv_params else ("key", "value")
+            self.key_value = Lin(hidden_size, 2 * self.hidden_size_kv, parameters_split=kv_split, **kw)
         self.core_attention = DotProductAttention(
             num_attention_heads,
             kv_channels,
@@ -172,7 +149,7 @@ class MultiheadAttention(nn.Module):
             softmax_type=softmax_type,
             name=None if name is None else name + ".core_attention",
         )
-        self.proj = _init(Lin(self.hidden_size_q, hidden_size, bias=bias, **kw), output_layer_init_method)
+        self.proj = Lin(self.hidden_size_q, hidden_size, **{**kw, "init_method": output_layer_init_method})
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         if self.qkv_format == "thd":

@@ -1,0 +1,182 @@
+"""The FP8 linear autograd function: fprop, dgrad and wgrad GEMMs on quantized operands.
+
+Backward as TE's ``module/linear.py`` does it: ``recipe.backward_override`` "high_precision" runs
+dgrad and wgrad on the unquantized weight and input, "dequantized" on the dequantized forward
+operands, both with an unquantized gradient in the activation dtype and without updating backward
+scales; ``fuse_wgrad_accumulation`` adds wgrad into ``weight.main_grad`` (float32 GEMM output);
+``delay_wgrad_compute`` defers wgrad to ``backward_dw()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...recipe import Recipe
+from ..quantization import current_state
+from ._gemm import gemm
+
+__all__ = ["fp8_linear", "hp_linear", "LinearOptions"]
+
+
+@dataclass
+class LinearOptions:
+    """Per-call options of the FP8 linear function (what TE passes in ``LinearFwdArgs``)."""
+
+    weight_param: Any = None  # the parameter object: ``main_grad`` lives there
+    fuse_wgrad_accumulation: bool = False
+    wgrad_store: list | None = None  # delay_wgrad_compute: (callable) entries for backward_dw
+    save_original_input: bool = False
+    # the output rounded to the activation dtype but held in float32, so that the consumer's gradient
+    # reaches the GEMM unrounded (TE's fused dact+quantize under delayed scaling)
+    output_fp32: bool = False
+
+
+def _hp_gemm(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A high-precision GEMM as cuBLAS runs it for bf16/fp16/fp32 operands: float32 accumulation,
+    one rounding to ``dtype``."""
+    return torch.matmul(a.to(dtype).float(), b.to(dtype).float())
+
+
+class _FP8Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        inp: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        module: Any,
+        recipe: Recipe,
+        accumulator: str | None,
+        is_first_microbatch: bool | None,
+        first: bool,
+        act_dtype: torch.dtype,
+        opts: LinearOptions | None = None,
+    ) -> torch.Tensor:
+        opts = opts or LinearOptions()
+        override = getattr(recipe, "backward_override", None)
+        x = inp.reshape(-1, inp.shape[-1])
+        per_tensor = module._per_tensor(recipe)
+        x_row = module._quantize(x, recipe, "input", 1)
+        w_row, w_col = module._weight_operands(weight, recipe, is_first_microbatch)
+        out = gemm(x_row, w_row.t(), recipe, "fprop", accumulator)
+        if bias is not None:  # cuBLAS's epilogue: float32 sum with the (already cast) bias, one rounding
+            out = out + bias.float()
+        ctx.override = override
+        if override is None:
+            ctx.x_col = x_row if per_tensor else module._quantize(x, recipe, "input", 0)
+            ctx.w_col = w_col
+        elif override == "dequantized":
+            ctx.x_col, ctx.w_col = x_row.dequant().to(act_dtype), w_row.dequant().to(act_dtype)
+        else:  # high_precision: the original input and weight
+            ctx.x_col, ctx.w_col = x.detach().to(act_dtype), weight.detach().to(act_dtype)
+        ctx.module, ctx.recipe, ctx.accumulator = module, recipe, accumulator
+        ctx.first = first and override is None  # TE: no backward scale update with an override
+        ctx.opts, ctx.is_first_microbatch = opts, is_first_microbatch
+        ctx.has_bias, ctx.inp_shape, ctx.dtypes = bias is not None, inp.shape, (act_dtype, weight.dtype, inp.dtype)
+        ctx.region = _region_modules() if ctx.first else []  # the live list: later modules join it
+        out = out.to(act_dtype)
+        if opts.output_fp32:
+            out = out.float()
+        return out.reshape(*inp.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
+        if torch.is_grad_enabled():  # create_graph=True: our GEMMs run outside autograd
+            raise RuntimeError(
+                "fp8sim.pytorch: create_graph=True (double backward) through an FP8 GEMM is not supported: "
+                "the quantized GEMMs are not differentiable twice (neither are TransformerEngine's)"
+            )
+        with torch.autocast(grad_out.device.type, enabled=False):
+            return _FP8Linear._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
+        module, recipe, acc, act = ctx.module, ctx.recipe, ctx.accumulator, ctx.dtypes[0]
+        dy = grad_out.reshape(-1, grad_out.shape[-1])
+        if ctx.override is None:
+            dy_row = module._quantize(dy, recipe, "grad", 1)
+            dgrad = gemm(dy_row, ctx.w_col, recipe, "dgrad", acc)
+            dy_col = dy_row if module._per_tensor(recipe) else module._quantize(dy, recipe, "grad", 0)
+            if module._wgrad_high_precision(recipe):
+                x_col = ctx.x_col
+
+                def wgrad_fn() -> torch.Tensor:
+                    return torch.matmul(dy.float().t(), x_col.dequant())
+            else:
+                x_col = ctx.x_col
+
+                def wgrad_fn() -> torch.Tensor:
+                    return gemm(dy_col.t(), x_col, recipe, "wgrad", acc)
+        else:
+            dyh = dy.to(act)
+            dgrad = _hp_gemm(dyh, ctx.w_col, act)
+            x_col = ctx.x_col
+
+            def wgrad_fn() -> torch.Tensor:
+                return _hp_gemm(dyh.t(), x_col, act)
+
+        dbias = dy.float().sum(0).to(ctx.dtypes[1]) if ctx.has_bias else None
+        wgrad = _wgrad(ctx, wgrad_fn)
+        if ctx.first:  # the first FP8 module's backward runs last: update every backward scale (spec 4.4)
+            for m in ctx.region:
+                m._update_backward_scales()
+        return (dgrad.to(act).reshape(ctx.inp_shape), wgrad, dbias, None, None, None, None, None, None, None)
+
+
+def _wgrad(ctx: Any, wgrad_fn: Any) -> torch.Tensor | None:
+    """wgrad now, into ``main_grad``, or deferred to ``backward_dw`` (TE ``linear.py`` backward)."""
+    opts: LinearOptions = ctx.opts
+    w = opts.weight_param
+    if not ctx.needs_input_grad[1] and not opts.fuse_wgrad_accumulation:
+        return None
+    if opts.wgrad_store is not None:
+        opts.wgrad_store.append((wgrad_fn, ctx.dtypes[1]))
+        return None
+    if opts.fuse_wgrad_accumulation:
+        main_grad = w.main_grad
+        dw = wgrad_fn()
+        overwrite = ctx.is_first_microbatch is True or getattr(w, "overwrite_main_grad", False)
+        if overwrite:
+            main_grad.copy_(dw.to(main_grad.dtype))
+        else:  # the GEMM accumulates into main_grad (beta = 1) in float32
+            main_grad.copy_((main_grad.float() + dw.float()).to(main_grad.dtype))
+        if hasattr(w, "grad_added_to_main_grad"):  # Megatron-style DDP: a dummy gradient
+            w.grad_added_to_main_grad = True
+            return torch.zeros(w.shape, dtype=w.dtype, device=w.device)
+        return None
+    return wgrad_fn().to(ctx.dtypes[0])
+
+
+class _HPLinear(torch.autograd.Function):
+    """The high-precision linear with TE's wgrad options (``main_grad``, ``delay_wgrad_compute``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, opts: LinearOptions, first_mb: Any):  # noqa: ANN205
+        ctx.save_for_backward(x, w)
+        ctx.opts, ctx.is_first_microbatch, ctx.has_bias = opts, first_mb, b is not None
+        ctx.dtypes = (x.dtype, w.dtype, x.dtype)
+        return torch.nn.functional.linear(x, w, b)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple:
+        x, w = ctx.saved_tensors
+        dgrad = dy @ w
+        x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+        wgrad = _wgrad(ctx, lambda: dy2.t() @ x2)
+        dbias = dy2.sum(0) if ctx.has_bias else None
+        return dgrad, wgrad, dbias, None, None
+
+
+hp_linear = _HPLinear.apply
+
+
+def _region_modules() -> list:
+    return current_state().modules
+
+
+# fp8_linear(inp, weight, bias, gemm_state, recipe, accumulator, is_first_microbatch, first, act_dtype, opts)
+# (``act_dtype``: output and dgrad dtype; the input may be a float32 producer output)
+fp8_linear = _FP8Linear.apply

@@ -1,0 +1,174 @@
+"""Quantize one GEMM operand per recipe (torch tensors in, dequantized float32 tensors out).
+
+Per-tensor recipes (delayed, current) keep the decoded element values and the float32
+``scale_inv`` apart, so the GEMM can apply ``scale_inv_a * scale_inv_b`` in its epilogue as cuBLAS
+does; block recipes (MXFP8, 1x128/128x128, NVFP4) dequantize per block.  ``k_axis`` names the
+operand's reduction axis in its GEMM: block scales run along it, and TE computes a separate
+columnwise copy from the high-precision tensor where the GEMM needs the other axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...cast import decode, encode
+from ...formats import FloatFormat
+from ...recipe import (
+    DelayedScaling,
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    MXFP8BlockScaling,
+    NVFP4BlockScaling,
+    Recipe,
+    tensor_format,
+)
+from ...scaling.current import compute_scale_from_amax
+
+__all__ = ["Operand", "quantize_operand", "PER_TENSOR", "nan_skipping_amax"]
+
+PER_TENSOR = (DelayedScaling, Float8CurrentScaling)
+
+
+@dataclass
+class Operand:
+    """A quantized operand: ``dq`` (float32 dequantized values, the operand's shape; None for
+    per-tensor recipes until :meth:`dequant` asks) and, for per-tensor recipes, ``vals`` (decoded
+    codes), ``codes`` (uint8), ``scale_inv`` (float32) and ``fmt``."""
+
+    dq: torch.Tensor | None
+    fmt: FloatFormat
+    vals: torch.Tensor | None = None
+    codes: torch.Tensor | None = None
+    scale_inv: float | None = None
+    qt: Any = None  # block recipes: the QuantizedTensor (codes and block scales)
+    transposed: bool = False  # ``qt`` holds the transpose of this operand
+
+    def dequant(self) -> torch.Tensor:
+        """float32 dequantized values: ``fl32(vals * scale_inv)`` for per-tensor recipes."""
+        if self.dq is None:
+            return self.vals * torch.tensor(self.scale_inv, dtype=torch.float32)
+        return self.dq
+
+    def t(self) -> Operand:
+        return Operand(
+            None if self.dq is None else self.dq.t(),
+            self.fmt,
+            None if self.vals is None else self.vals.t(),
+            None if self.codes is None else self.codes.t(),
+            self.scale_inv,
+            self.qt,
+            not self.transposed,
+        )
+
+
+def nan_skipping_amax(x: torch.Tensor) -> float:
+    """max|x| as TE's ``fmaxf`` reduction computes it: NaN skipped, Inf kept, 0 when empty."""
+    if x.numel() == 0:
+        return 0.0
+    lo, hi = torch.aminmax(x.detach())
+    amax = max(float(hi), -float(lo))  # one pass; any NaN makes it NaN
+    if amax == amax:
+        return amax
+    a = x.detach().abs()  # rare: skip the NaNs
+    return float(torch.where(torch.isnan(a), torch.zeros((), dtype=a.dtype), a).max())
+
+
+def _per_tensor(x: torch.Tensor, fmt: FloatFormat, scale: float, stats: dict | None) -> Operand:
+    s = torch.tensor(scale, dtype=torch.float32)
+    scaled = x.detach().float() * s
+    codes = encode(scaled, fmt, saturate=True)
+    vals = decode(codes, fmt)
+    sinv = float(np.float32(1) / np.float32(scale))
+    if stats is not None:
+        _count(stats, x, scaled, vals, fmt)
+    return Operand(None, fmt, vals, codes, sinv)  # dequantized on demand: the GEMMs use vals and sinv
+
+
+def _count(stats: dict, x: torch.Tensor, scaled: torch.Tensor, vals: torch.Tensor, fmt: FloatFormat) -> None:
+    with torch.no_grad():
+        stats["elements"] = stats.get("elements", 0) + x.numel()
+        stats["overflow"] = stats.get("overflow", 0) + int((scaled.abs() > fmt.max).sum())
+        stats["underflow"] = stats.get("underflow", 0) + int(((x != 0) & (vals == 0)).sum())
+
+
+def _role_qparams(recipe: Recipe, kind: str) -> Any:
+    return {
+        "input": recipe.fp8_quant_fwd_inp,
+        "weight": recipe.fp8_quant_fwd_weight,
+        "grad": recipe.fp8_quant_bwd_grad,
+    }[kind]
+
+
+def quantize_operand(
+    x: torch.Tensor,
+    recipe: Recipe,
+    kind: str,
+    k_axis: int,
+    *,
+    scaler: Any = None,
+    index: int = 0,
+    seed: int = 0,
+    stats: dict | None = None,
+) -> Operand:
+    """Quantize a 2-D operand (``kind``: "input", "weight" or "grad") for a GEMM reducing over
+    ``k_axis``; delayed scaling reads ``scaler.scale[index]`` and folds the amax into its staging row."""
+    forward = kind != "grad"
+    if isinstance(recipe, NVFP4BlockScaling):
+        return _nvfp4(x, recipe, kind, k_axis, seed)
+    fmt = tensor_format(recipe.fp8_format, forward)
+    if isinstance(recipe, DelayedScaling):
+        amax = np.float32(nan_skipping_amax(x))
+        scaler.amax_history[0, index] = np.fmax(scaler.amax_history[0, index], amax)
+        return _per_tensor(x, fmt, float(scaler.scale[index]), stats)
+    if isinstance(recipe, Float8CurrentScaling):
+        qp = _role_qparams(recipe, kind)
+        scale = compute_scale_from_amax(
+            np.float32(nan_skipping_amax(x)), fmt.max, pow2=qp.power_2_scale, eps=qp.amax_epsilon
+        )
+        return _per_tensor(x, fmt, float(scale), stats)
+    xn = x.detach().float().cpu().numpy()
+    if isinstance(recipe, MXFP8BlockScaling):
+        from ...scaling.mx import quantize_mx
+
+        q = quantize_mx(xn, fmt, axis=k_axis, scale_rule="rceil", flavor="te")
+        return Operand(torch.from_numpy(q.dequantize()), fmt, qt=q)
+    if isinstance(recipe, Float8BlockScaling):
+        from ...scaling.block import quantize_block_scaling
+
+        dim = {"input": recipe.x_block_scaling_dim, "weight": recipe.w_block_scaling_dim}.get(
+            kind, recipe.grad_block_scaling_dim
+        )
+        qp = _role_qparams(recipe, kind)
+        q = quantize_block_scaling(xn, fmt, block_dim=dim, columnwise=(dim == 1 and k_axis == 0), pow2=qp.power_2_scale)
+        return Operand(torch.from_numpy(q.dequantize()), fmt, qt=q)
+    raise NotImplementedError(f"fp8sim does not emulate the recipe {type(recipe).__name__}")
+
+
+def _nvfp4(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, k_axis: int, seed: int) -> Operand:
+    from ...formats import E2M1
+    from ...scaling.nvfp4 import quantize_nvfp4
+
+    qp = {"input": recipe.fp4_quant_fwd_inp, "weight": recipe.fp4_quant_fwd_weight}.get(kind, recipe.fp4_quant_bwd_grad)
+    columnwise = k_axis == 0
+    rht = qp.random_hadamard_transform and columnwise  # RHT: wgrad (columnwise) operands only
+    xt = x.detach()
+    if rht and xt.dtype != torch.bfloat16:
+        # TE's RHT kernel takes bf16 only (csrc/quantizer.cpp: "RHT is only supported for bfloat16
+        # input"); fp8sim rounds other dtypes to bf16 instead of refusing
+        xt = xt.to(torch.bfloat16)
+    elif not rht:
+        xt = xt.float()
+    xt = xt.t().contiguous() if columnwise else xt.contiguous()
+    q = quantize_nvfp4(
+        xt,
+        rht=rht,  # the Hadamard transform in bf16, as TE computes it
+        stochastic=qp.stochastic_rounding,
+        seed=seed if qp.stochastic_rounding else None,
+        block_2d=qp.fp4_2d_quantization,
+    )
+    dq = torch.from_numpy(q.dequantize())
+    return Operand(dq.t() if columnwise else dq, E2M1, qt=q, transposed=columnwise)

@@ -1,0 +1,415 @@
+"""``TransformerEngineBaseModule``: FP8 state, registration with autocast and ``_extra_state`` I/O.
+
+Each GEMM of a module owns TE's delayed-scaling state (forward slots INPUT=0, WEIGHT=1, OUTPUT=2,
+backward slots GRAD_OUTPUT=0, GRAD_INPUT=1), its weight cache and its statistics.  Modules
+register their parameters with an ``init_fn`` (TE's ``register_parameter``) so that
+``reset_parameters()`` re-initialises them as TE does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ...recipe import DelayedScaling, Recipe
+from ...scaling.delayed import DelayedScaler
+from ..quantization import _register, current_state, get_recipe
+from ._linear_function import LinearOptions, fp8_linear, hp_linear
+from ._operands import PER_TENSOR, Operand, nan_skipping_amax, quantize_operand
+
+__all__ = ["TransformerEngineBaseModule", "assert_dim_for_fp8_exec", "get_default_init_method", "init_method_constant"]
+
+
+def get_default_init_method() -> Callable[[torch.Tensor], Any]:
+    """TE's default weight initialisation: ``N(0, 0.023)`` (``utils.get_default_init_method``)."""
+    return init_method_normal(0.023)
+
+
+def init_method_normal(sigma: float) -> Callable[[torch.Tensor], Any]:
+    """TE ``utils.init_method_normal``: ``init_(t)`` fills ``t`` from ``N(0, sigma)``."""
+
+    def init_(tensor: torch.Tensor) -> Any:
+        return nn.init.normal_(tensor, mean=0.0, std=sigma)
+
+    return init_
+
+
+def init_method_constant(val: float) -> Callable[[torch.Tensor], Any]:
+    """TE ``utils.init_method_constant``: fills with ``val``."""
+
+    def init_(tensor: torch.Tensor) -> Any:
+        return nn.init.constant_(tensor, val)
+
+    return init_
+
+
+def assert_dim_for_fp8_exec(*tensors: torch.Tensor) -> None:
+    """TE ``utils.assert_dim_for_fp8_exec``: FP8 TN GEMMs need every tensor's leading dimensions to
+    multiply to a multiple of 8 and its last dimension to be a multiple of 16 (the weight too)."""
+    for t in tensors:
+        lead = math.prod(t.shape[:-1])
+        if lead % 8 != 0 or t.shape[-1] % 16 != 0:
+            raise ValueError(
+                "FP8 execution requires the product of all dimensions except the last to be"
+                " divisible by 8 and the last dimension to be divisible by 16, but got tensor"
+                f" with dims={list(t.size())} (product of leading dims = {lead}, last dim = {t.shape[-1]})"
+            )
+
+
+class _GemmState:
+    """FP8 state of one GEMM: delayed-scaling scalers, the weight cache, statistics."""
+
+    def __init__(self) -> None:
+        self.fwd: DelayedScaler | None = None
+        self.bwd: DelayedScaler | None = None
+        self.weight_cache: tuple[Operand, Operand] | None = None
+        self.group: Any = None
+        self.calls = 0
+        self.stats: dict | None = None
+
+    def ensure(self, recipe: Recipe) -> None:
+        if not isinstance(recipe, DelayedScaling):
+            return
+        if self.fwd is None or self.fwd.recipe != recipe:
+            old = (self.fwd, self.bwd)
+            self.fwd = DelayedScaler(recipe, n=3, forward=True)
+            self.bwd = DelayedScaler(recipe, n=2, forward=False)
+            for new, prev in zip((self.fwd, self.bwd), old, strict=True):
+                if prev is not None and prev.amax_history.shape == new.amax_history.shape:
+                    new.scale, new.amax_history = prev.scale, prev.amax_history
+
+    @staticmethod
+    def _per_tensor(recipe: Recipe) -> bool:
+        return isinstance(recipe, PER_TENSOR)
+
+    @staticmethod
+    def _wgrad_high_precision(recipe: Recipe) -> bool:
+        olp = getattr(recipe, "override_linear_precision", None)
+        return isinstance(recipe, DelayedScaling) and olp is not None and bool(olp.wgrad)
+
+    def _quantize(self, x: torch.Tensor, recipe: Recipe, kind: str, k_axis: int) -> Operand:
+        self.calls += 1
+        scaler = self.bwd if kind == "grad" else self.fwd
+        index = {"input": 0, "weight": 1, "grad": 0}[kind]
+        return quantize_operand(x, recipe, kind, k_axis, scaler=scaler, index=index, seed=self.calls, stats=self.stats)
+
+    def _weight_operands(self, w: torch.Tensor, recipe: Recipe, is_first_microbatch: bool | None) -> tuple:
+        if is_first_microbatch is False and self.weight_cache is not None:
+            return self.weight_cache  # TE reuses the cached FP8 weight and its old scale_inv
+        row = self._quantize(w, recipe, "weight", 1)
+        col = row if self._per_tensor(recipe) else self._quantize(w, recipe, "weight", 0)
+        if is_first_microbatch is not None:
+            self.weight_cache = (row, col)
+        return row, col
+
+    def _update_forward_scales(self) -> None:
+        if self.fwd is not None:
+            self.fwd.update(group=self.group)
+
+    def _update_backward_scales(self) -> None:
+        if self.bwd is not None:
+            self.bwd.update(group=self.group)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        if self.fwd is None:
+            return {}
+        return {
+            "fwd_scale": torch.from_numpy(self.fwd.scale.copy()),
+            "fwd_amax_history": torch.from_numpy(self.fwd.amax_history.copy()),
+            "bwd_scale": torch.from_numpy(self.bwd.scale.copy()),
+            "bwd_amax_history": torch.from_numpy(self.bwd.amax_history.copy()),
+        }
+
+    def load(self, st: dict[str, torch.Tensor]) -> None:
+        if not st:
+            return
+        hist_len = st["fwd_amax_history"].shape[0]
+        recipe = self.fwd.recipe if self.fwd is not None else DelayedScaling(amax_history_len=hist_len)
+        self.ensure(recipe)
+        self.fwd.load_state_dict({"scale": st["fwd_scale"].numpy(), "amax_history": st["fwd_amax_history"].numpy()})
+        self.bwd.load_state_dict({"scale": st["bwd_scale"].numpy(), "amax_history": st["bwd_amax_history"].numpy()})
+
+
+def no_torch_dynamo(fn: Callable) -> Callable:
+    """TE ``jit.no_torch_dynamo``: the module's forward runs eagerly under ``torch.compile`` (a graph
+    break around it), as TE decorates its module forwards.  ``torch._dynamo`` is looked up only
+    while compiling, so importing fp8sim does not import it."""
+    import functools
+    import sys
+
+    cache: dict[str, Callable] = {}
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            disabled = cache.get("fn")
+            if disabled is None:
+                disabled = cache["fn"] = sys.modules["torch._dynamo"].disable(fn, recursive=True)
+            return disabled(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _requires_grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+class TransformerEngineBaseModule(nn.Module):
+    """Shared FP8 plumbing: named GEMM states, registration with autocast, ``_extra_state``, parameter
+    registration with TE's ``init_fn`` and ``reset_parameters``."""
+
+    _gemm_names: tuple[str, ...] = ("gemm",)
+
+    def __init__(self, accumulator: str | None = None, name: str | None = None) -> None:
+        super().__init__()
+        self.accumulator = accumulator
+        self.name = name
+        self.fp8_gemms = {n: _GemmState() for n in self._gemm_names}
+        self._init_fns: dict[str, Callable[[torch.Tensor], Any]] = {}
+
+    def _init_common(
+        self,
+        *,
+        sequence_parallel: bool = False,
+        fuse_wgrad_accumulation: bool = False,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        parallel_mode: str | None = None,
+        bias: bool = True,
+        return_bias: bool = False,
+        delay_wgrad_compute: bool = False,
+        save_original_input: bool = False,
+    ) -> None:
+        """The options every TE GEMM module shares (single-process semantics for the parallel ones)."""
+        if parallel_mode not in (None, "column", "row"):
+            raise ValueError(f"parallel_mode {parallel_mode!r} not supported; known: None, 'column', 'row'")
+        if tp_group is not None:
+            import torch.distributed as dist
+
+            tp_size = dist.get_world_size(tp_group) if dist.is_initialized() else 1
+        if tp_size != 1:
+            raise NotImplementedError(
+                f"fp8sim.pytorch modules emulate one process: tp_size={tp_size} needs the distributed emulation"
+            )
+        self.sequence_parallel, self.tp_group, self.tp_size = sequence_parallel, tp_group, tp_size
+        self.parallel_mode = parallel_mode
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.use_bias, self.return_bias = bool(bias), bool(return_bias)
+        self.apply_bias = self.use_bias and not self.return_bias
+        self.save_original_input = save_original_input
+        self.wgrad_store: list | None = [] if delay_wgrad_compute else None
+
+    def need_backward_dw(self) -> bool:
+        """True when wgrad is deferred to :meth:`backward_dw` (``delay_wgrad_compute=True``)."""
+        return self.wgrad_store is not None
+
+    def backward_dw(self) -> None:
+        """Run the deferred wgrad GEMMs and set the weight gradients (TE ``base.py``: ``weight.grad = wgrad``;
+        with ``fuse_wgrad_accumulation`` wgrad is added into ``main_grad``)."""
+        if not self.need_backward_dw():
+            return
+        entries, self.wgrad_store[:] = list(self.wgrad_store), []
+        for (fn, _dtype), wname in zip(entries, self._deferred_weight_names(), strict=False):
+            w = getattr(self, wname)
+            dw = fn()
+            if self.fuse_wgrad_accumulation:
+                w.main_grad.copy_((w.main_grad.float() + dw.float()).to(w.main_grad.dtype))
+            else:
+                w.grad = dw.to(w.dtype)
+
+    def _deferred_weight_names(self) -> list[str]:
+        return ["weight"]
+
+    # -- parameters ------------------------------------------------------------------------------
+    def register_parameter(self, name: str, param: nn.Parameter | None, **kwargs: Any) -> None:
+        """``nn.Module.register_parameter`` plus TE's ``init_fn`` (used by :meth:`reset_parameters`)."""
+        init_fn = kwargs.pop("init_fn", None)
+        kwargs.pop("get_rng_state_tracker", None)
+        kwargs.pop("fp8_meta_index", None)
+        if kwargs:
+            raise TypeError(f"register_parameter got unexpected keyword arguments {sorted(kwargs)}")
+        super().register_parameter(name, param)
+        if init_fn is not None:
+            self._init_fns[name] = init_fn
+
+    def reset_parameters(self, defer_init: bool | None = False) -> None:
+        """Re-initialise every registered parameter with its ``init_fn`` (TE ``base.py``)."""
+        if defer_init:
+            return
+        with torch.no_grad():
+            for name, fn in self._init_fns.items():
+                p = getattr(self, name, None)
+                if p is not None and p.device.type != "meta":
+                    fn(p)
+
+    # -- statistics ------------------------------------------------------------------------------
+    def collect_stats(self, enabled: bool = True) -> None:
+        """Count overflowing and underflowing elements of every quantized operand (see ``fp8_stats``)."""
+        for g in self.fp8_gemms.values():
+            g.stats = {} if enabled else None
+
+    @property
+    def fp8_stats(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for g in self.fp8_gemms.values():
+            for k, v in (g.stats or {}).items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    # -- scale updates ---------------------------------------------------------------------------
+    def _update_forward_scales(self) -> None:
+        for g in self.fp8_gemms.values():
+            g._update_forward_scales()
+
+    def _update_backward_scales(self) -> None:
+        for g in self.fp8_gemms.values():
+            g._update_backward_scales()
+
+    # -- the GEMM --------------------------------------------------------------------------------
+    def _check_input_dtype(self, inp: torch.Tensor) -> None:
+        """TE ``set_activation_dtype``: outside ``torch.autocast`` the input dtype must match the parameters'."""
+        if torch.is_autocast_enabled(inp.device.type):
+            return
+        for pname, p in self.named_parameters():
+            if p.dtype != inp.dtype:
+                raise TypeError(
+                    "Data types for parameters must match when outside of autocasted "
+                    f"region. Found input dtype: {inp.dtype} and {pname!r} dtype: {p.dtype}"
+                )
+
+    @staticmethod
+    def _activation_dtype(inp: torch.Tensor) -> torch.dtype:
+        dev = inp.device.type
+        return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else inp.dtype
+
+    @staticmethod
+    def _fp8_compute() -> bool:
+        return current_state().enabled
+
+    def _linear(
+        self,
+        name: str,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        b: torch.Tensor | None,
+        is_first_microbatch: bool | None,
+        act_dtype: torch.dtype | None = None,
+        weight_param: Any = None,
+        output_fp32: bool = False,
+    ) -> torch.Tensor:
+        """``x w^T + b`` for GEMM ``name``; FP8 inside autocast.  ``act_dtype``: the activation dtype
+        when ``x`` is a float32 producer output quantized straight to FP8 (TE's fused kernels);
+        ``output_fp32``: the FP8 output rounded to the activation dtype, held in float32."""
+        st = current_state()
+        g = self.fp8_gemms[name]
+        act = act_dtype or self._activation_dtype(x)
+        if st.enabled:  # TE computes in FP8 whenever enabled, calibrating or not
+            recipe = get_recipe()
+            assert_dim_for_fp8_exec(x, w)
+            g.ensure(recipe)
+            g.group = st.group
+            first = _register(self, _requires_grad(x, w, b))
+            acc = st.accumulator if st.accumulator is not None else self.accumulator
+            if act_dtype is None:
+                x = x.to(act)
+            w = w.to(act)
+            if b is not None:  # TE: cuBLAS takes no FP32 bias in an FP8 GEMM, so an FP32 bias goes through BF16
+                b = b.to(torch.bfloat16 if act == torch.float32 else act)
+            opts = LinearOptions(
+                weight_param=weight_param,
+                fuse_wgrad_accumulation=getattr(self, "fuse_wgrad_accumulation", False),
+                wgrad_store=getattr(self, "wgrad_store", None),
+                output_fp32=output_fp32,
+            )
+            with torch.autocast(x.device.type, enabled=False):  # our float32 GEMMs must not run in bf16
+                return fp8_linear(x, w, b, g, recipe, acc, is_first_microbatch, first, act, opts)
+        if st.calibrating:  # only where FP8 compute is off (TE linear.py: ``if not fp8 and fp8_calibration``)
+            recipe = get_recipe()
+            if isinstance(recipe, DelayedScaling):
+                g.ensure(recipe)
+                g.group = st.group
+                _register(self, False)
+                for idx, t in ((0, x), (1, w)):  # TE overwrites the staging amax (a NaN passes)
+                    g.fwd.amax_history[0, idx] = np.float32(_calibration_amax(t))
+        x, w, b = x.to(act), w.to(act), None if b is None else b.to(act)
+        if getattr(self, "fuse_wgrad_accumulation", False) or getattr(self, "wgrad_store", None) is not None:
+            opts = LinearOptions(weight_param, self.fuse_wgrad_accumulation, self.wgrad_store)
+            return hp_linear(x, w, b, opts, is_first_microbatch)
+        return torch.nn.functional.linear(x, w, b)
+
+    # -- TE's fp8_meta --------------------------------------------------------------------------------
+    @property
+    def fp8_meta(self) -> dict[str, Any]:
+        """TE's ``fp8_meta``: ``recipe``, ``num_gemms`` and, once delayed scaling ran, ``scaling_fwd`` /
+        ``scaling_bwd`` with ``scale`` and ``amax_history`` in TE's layout (GEMM ``i`` at slots
+        ``3i..3i+2`` forward, ``2i..2i+1`` backward).  Single-GEMM modules give live views of the
+        state (in-place updates show); multi-GEMM modules give a snapshot."""
+        gemms = list(self.fp8_gemms.values())
+        meta: dict[str, Any] = {"num_gemms": len(gemms), "recipe": gemms[0].fwd.recipe if gemms[0].fwd else None}
+        if all(g.fwd is not None for g in gemms):
+            for key, attr in (("scaling_fwd", "fwd"), ("scaling_bwd", "bwd")):
+                scalers = [getattr(g, attr) for g in gemms]
+                if len(scalers) == 1:
+                    scale, hist = torch.from_numpy(scalers[0].scale), torch.from_numpy(scalers[0].amax_history)
+                else:
+                    scale = torch.from_numpy(np.concatenate([sc.scale for sc in scalers]))
+                    hist = torch.from_numpy(np.concatenate([sc.amax_history for sc in scalers], axis=1))
+                meta[key] = _ScalingMeta(scale, hist)
+        return meta
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def get_extra_state(self) -> dict[str, Any]:
+        return {n: g.state() for n, g in self.fp8_gemms.items()}
+
+    def set_extra_state(self, state: Any) -> None:
+        if state is None or (isinstance(state, dict) and not state):
+            return
+        if not isinstance(state, dict) or not all(isinstance(v, dict) for v in state.values()):
+            raise RuntimeError(
+                f"{type(self).__name__}: unreadable _extra_state ({type(state).__name__}); expected fp8sim's "
+                "per-GEMM dict or TransformerEngine's pickled uint8 tensor"
+            )
+        unknown = sorted(set(state) - set(self.fp8_gemms))
+        if unknown:
+            raise RuntimeError(
+                f"{type(self).__name__}: _extra_state holds FP8 state of GEMMs {unknown}, but this module has "
+                f"{sorted(self.fp8_gemms)}: the checkpoint comes from another module type"
+            )
+        keys = {"fwd_scale", "fwd_amax_history", "bwd_scale", "bwd_amax_history"}
+        for n, st in state.items():
+            if st and set(st) != keys:
+                raise RuntimeError(
+                    f"{type(self).__name__}: _extra_state of GEMM {n!r} has keys {sorted(st)}; expected {sorted(keys)}"
+                )
+            self.fp8_gemms[n].load(st)
+
+
+class _ScalingMeta:
+    """``fp8_meta["scaling_fwd"]``: ``scale``, ``amax_history`` and ``scale_inv`` (float32 tensors)."""
+
+    def __init__(self, scale: torch.Tensor, amax_history: torch.Tensor) -> None:
+        self.scale, self.amax_history = scale, amax_history
+
+    @property
+    def scale_inv(self) -> torch.Tensor:
+        return torch.reciprocal(self.scale)
+
+
+def _calibration_amax(t: torch.Tensor) -> float:
+    """TE's calibration amax: ``max(-amin, amax)`` of the tensor, NaN propagating (``torch.aminmax``)."""
+    if t.numel() == 0:
+        return 0.0
+    lo, hi = torch.aminmax(t.detach().float())
+    return float(torch.maximum(-lo, hi))
+
+
+# the name the pre-restructure module used
+_FP8Base = TransformerEngineBaseModule
+_check_dims = assert_dim_for_fp8_exec
+nan_skipping_amax = nan_skipping_amax

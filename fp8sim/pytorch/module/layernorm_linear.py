@@ -1,0 +1,124 @@
+"""TE ``LayerNormLinear``: LayerNorm or RMSNorm, then an FP8 linear (``module/layernorm_linear.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._norm_gemm import norm_for_gemm
+from ._normalization import check_normalization
+from ._params import cat_params, make_linear_params, make_norm_params
+from .base import TransformerEngineBaseModule, no_torch_dynamo
+
+__all__ = ["LayerNormLinear"]
+
+
+class LayerNormLinear(TransformerEngineBaseModule):
+    """TE ``LayerNormLinear(in_features, out_features, eps=1e-5, sequence_parallel=False,
+    fuse_wgrad_accumulation=False, tp_group=None, tp_size=1, get_rng_state_tracker=None,
+    init_method=None, bias=True, normalization="LayerNorm", return_bias=False, params_dtype=None,
+    parallel_mode=None, return_layernorm_output=False, return_layernorm_output_gathered=False,
+    parameters_split=None, zero_centered_gamma=False, device="cpu", ...)``.
+
+    The normalization runs in float32 (TE's kernels); under delayed scaling its float32 output is
+    quantized straight to FP8 unless it is returned.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        eps: float = 1e-5,
+        sequence_parallel: bool = False,
+        fuse_wgrad_accumulation: bool = False,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        get_rng_state_tracker: Callable | None = None,
+        init_method: Callable | None = None,
+        bias: bool = True,
+        normalization: str = "LayerNorm",
+        return_bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        parallel_mode: str | None = None,
+        return_layernorm_output: bool = False,
+        return_layernorm_output_gathered: bool = False,
+        parameters_split: tuple[str, ...] | dict[str, int] | None = None,
+        zero_centered_gamma: bool = False,
+        device: torch.device | str = "cpu",
+        ub_overlap_ag: bool = False,
+        ub_overlap_rs: bool = False,
+        ub_overlap_rs_dgrad: bool = False,
+        ub_bulk_wgrad: bool = False,
+        ub_bulk_dgrad: bool = False,
+        ub_name: str | None = None,
+        delay_wgrad_compute: bool = False,
+        symmetric_ar_type: str | None = None,
+        name: str | None = None,
+        *,
+        accumulator: str | None = None,
+    ) -> None:
+        super().__init__(accumulator, name)
+        check_normalization(normalization)
+        if any((ub_overlap_ag, ub_overlap_rs, ub_overlap_rs_dgrad, ub_bulk_wgrad, ub_bulk_dgrad)):
+            raise NotImplementedError(
+                "transformer_engine.pytorch.LayerNormLinear: Userbuffers overlap is not emulated by fp8sim"
+            )
+        self._init_common(
+            sequence_parallel=sequence_parallel,
+            fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+            tp_group=tp_group,
+            tp_size=tp_size,
+            parallel_mode=parallel_mode,
+            bias=bias,
+            return_bias=return_bias,
+            delay_wgrad_compute=delay_wgrad_compute,
+        )
+        dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
+        self.in_features, self.out_features, self.eps = in_features, out_features, eps
+        self.normalization, self.zero_centered_gamma = normalization, zero_centered_gamma
+        self.return_layernorm_output = return_layernorm_output
+        self.return_layernorm_output_gathered = return_layernorm_output_gathered if return_layernorm_output else False
+        make_norm_params(
+            self,
+            in_features,
+            normalization=normalization,
+            zero_centered_gamma=zero_centered_gamma,
+            dtype=dtype,
+            device=device,
+        )
+        self.weight_names, self.bias_names = make_linear_params(
+            self,
+            out_features,
+            in_features,
+            bias=bias,
+            init_method=init_method,
+            parameters_split=parameters_split,
+            dtype=dtype,
+            device=device,
+        )
+        self.reset_parameters(defer_init=torch.device(device).type == "meta")
+
+    def _deferred_weight_names(self) -> list[str]:
+        return self.weight_names[:1]
+
+    @no_torch_dynamo
+    def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None, fp8_output: bool = False) -> Any:
+        """``norm(inp) W^T + b``; with ``return_bias`` the bias comes back apart, with
+        ``return_layernorm_output`` the norm output too: ``out``, ``(out, bias)``, ``(out, ln_out)`` or
+        ``(out, bias, ln_out)`` (TE's order)."""
+        self._check_input_dtype(inp)
+        x, ln, act, fused = norm_for_gemm(self, inp, self.return_layernorm_output)
+        weight = cat_params(self, self.weight_names)
+        bias = cat_params(self, self.bias_names) if self.use_bias else None
+        wparam = weight if len(self.weight_names) == 1 else None
+        out = self._linear(
+            "gemm", x, weight, bias if self.apply_bias else None, is_first_microbatch, act if fused else None, wparam
+        )
+        outs: tuple = (out,)
+        if self.return_bias:
+            outs += (bias.to(act),)
+        if self.return_layernorm_output:
+            outs += (ln,)
+        return outs if len(outs) > 1 else out

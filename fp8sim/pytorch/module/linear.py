@@ -1,0 +1,108 @@
+"""TE ``Linear``: ``y = x W^T + b``, FP8 inside ``autocast`` (``transformer_engine/pytorch/module/linear.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._params import cat_params, make_linear_params
+from .base import TransformerEngineBaseModule, no_torch_dynamo
+
+__all__ = ["Linear"]
+
+
+class Linear(TransformerEngineBaseModule):
+    """TE ``Linear(in_features, out_features, sequence_parallel=False, fuse_wgrad_accumulation=False,
+    tp_group=None, tp_size=1, get_rng_state_tracker=None, rng_tracker_name=None, init_method=None,
+    bias=True, return_bias=False, params_dtype=None, parallel_mode=None, parameters_split=None,
+    device="cpu", ...)``, TE's positional order and defaults (weights ``N(0, 0.023)``, biases zero; without
+    bias ``self.bias`` is an empty tensor).  ``device`` defaults to "cpu" (TE: "cuda"; see
+    ``fp8sim run --device-map``).  ``accumulator`` (fp8sim, keyword only): the GEMM model when autocast
+    names none (None: exact products summed in float32; "hopper", "ada", "blackwell" or a preset).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        sequence_parallel: bool = False,
+        fuse_wgrad_accumulation: bool = False,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        get_rng_state_tracker: Callable | None = None,
+        rng_tracker_name: str | None = None,
+        init_method: Callable | None = None,
+        bias: bool = True,
+        return_bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        parallel_mode: str | None = None,
+        parameters_split: tuple[str, ...] | dict[str, int] | None = None,
+        device: torch.device | str = "cpu",
+        ub_overlap_ag: bool = False,
+        ub_overlap_rs: bool = False,
+        ub_overlap_rs_dgrad: bool = False,
+        ub_bulk_dgrad: bool = False,
+        ub_bulk_wgrad: bool = False,
+        ub_name: str | None = None,
+        delay_wgrad_compute: bool = False,
+        symmetric_ar_type: str | None = None,
+        save_original_input: bool = False,
+        name: str | None = None,
+        *,
+        accumulator: str | None = None,
+    ) -> None:
+        super().__init__(accumulator, name)
+        if any((ub_overlap_ag, ub_overlap_rs, ub_overlap_rs_dgrad, ub_bulk_dgrad, ub_bulk_wgrad)):
+            raise NotImplementedError(
+                "transformer_engine.pytorch.Linear: Userbuffers overlap is not emulated by fp8sim"
+            )
+        self._init_common(
+            sequence_parallel=sequence_parallel,
+            fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+            tp_group=tp_group,
+            tp_size=tp_size,
+            parallel_mode=parallel_mode,
+            bias=bias,
+            return_bias=return_bias,
+            delay_wgrad_compute=delay_wgrad_compute,
+            save_original_input=save_original_input,
+        )
+        dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight_names, self.bias_names = make_linear_params(
+            self,
+            out_features,
+            in_features,
+            bias=bias,
+            init_method=init_method,
+            parameters_split=parameters_split,
+            dtype=dtype,
+            device=device,
+        )
+        self.reset_parameters(defer_init=torch.device(device).type == "meta")
+
+    def _deferred_weight_names(self) -> list[str]:
+        return self.weight_names[:1]
+
+    @no_torch_dynamo
+    def forward(
+        self,
+        inp: torch.Tensor,
+        is_first_microbatch: bool | None = None,
+        fp8_output: bool | None = False,
+        fp8_grad: bool | None = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``inp W^T + b`` (``return_bias=True``: ``(inp W^T, b)``, the bias in the activation dtype)."""
+        self._check_input_dtype(inp)
+        weight = cat_params(self, self.weight_names)
+        bias = cat_params(self, self.bias_names) if self.use_bias else None
+        wparam = weight if len(self.weight_names) == 1 else None
+        out = self._linear("gemm", inp, weight, bias if self.apply_bias else None, is_first_microbatch, None, wparam)
+        if self.return_bias:
+            return out, bias.to(self._activation_dtype(inp))
+        return out
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.use_bias}"

@@ -1,0 +1,54 @@
+"""TE ``transformer_engine/pytorch/utils.py``: initialisers and the device probes, answered for the
+emulated device.
+
+The emulated device is picked by ``FP8SIM_TE_DEVICE`` ("hopper": compute capability 9.0, the
+default; "ada": 8.9; "blackwell": 10.0), read at each call; the probes apply TE's own rules to its
+compute capability (the CUDA and cuBLASLt versions are taken as new enough).  fp8sim runs every
+recipe on any emulated device; the probes only say what TE would say there.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .module.base import get_default_init_method, init_method_constant, init_method_normal
+
+__all__ = [
+    "init_method_normal",
+    "init_method_constant",
+    "get_default_init_method",
+    "get_device_compute_capability",
+    "is_bf16_available",
+    "is_bf16_compatible",
+    "is_non_tn_fp8_gemm_supported",
+    "EMULATED_DEVICES",
+]
+
+EMULATED_DEVICES = {"ada": (8, 9), "hopper": (9, 0), "blackwell": (10, 0)}
+
+
+def get_device_compute_capability() -> tuple[int, int]:
+    """The compute capability of the emulated device (``FP8SIM_TE_DEVICE``, default hopper: (9, 0))."""
+    name = os.getenv("FP8SIM_TE_DEVICE", "hopper").strip().lower()
+    if name not in EMULATED_DEVICES:
+        raise ValueError(f"FP8SIM_TE_DEVICE={name!r} is not an emulated device; known: {', '.join(EMULATED_DEVICES)}")
+    return EMULATED_DEVICES[name]
+
+
+def is_bf16_compatible() -> bool:
+    """TE: compute capability 8.0 or higher."""
+    return get_device_compute_capability()[0] >= 8
+
+
+def is_bf16_available(return_reason: bool = False) -> bool | tuple[bool, str]:
+    """TE ``is_bf16_available``: ``(available, reason)`` with ``return_reason``."""
+    available = is_bf16_compatible()
+    if not return_reason:
+        return available
+    return available, "" if available else "BF16 support requires a GPU with compute capability 8.0 or higher."
+
+
+def is_non_tn_fp8_gemm_supported() -> bool:
+    """TE: FP8 GEMMs take non-TN layouts on capability [10.0, 12.0) and >= 13.0."""
+    cc = get_device_compute_capability()
+    return (10, 0) <= cc < (12, 0) or cc >= (13, 0)

@@ -1,0 +1,233 @@
+"""fp8sim.pytorch: the TE module API real code passes (issue 13 "API to add", issue 18 item 11).
+
+References are TE's code at NVIDIA/TransformerEngine d0067d0 (files and functions cited per test).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+
+import fp8sim.pytorch as te  # noqa: E402
+from fp8sim.recipe import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def test_return_bias_returns_the_unadded_bias_in_the_activation_dtype() -> None:
+    """TE linear.py Linear.forward: ``return out, cast_if_needed(bias_tensor, self.activation_dtype)``
+    with ``apply_bias = bias and not return_bias``."""
+    torch.manual_seed(1)
+    m = te.Linear(16, 8, return_bias=True)
+    with torch.no_grad():
+        m.bias.normal_()
+    x = torch.randn(4, 16)
+    out, b = m(x)
+    assert torch.equal(out, F.linear(x, m.weight)) and torch.equal(b, m.bias)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, b = m(x)
+    assert b.dtype == torch.bfloat16
+    mlp = te.LayerNormMLP(16, 32, return_bias=True, return_layernorm_output=True)
+    out, b, ln = mlp(x)  # TE layernorm_mlp.py forward: (out, fc2_bias, ln_out)
+    assert b is not None and torch.equal(b, mlp.fc2_bias) and ln.shape == x.shape
+
+
+def test_parameters_split_names_and_sizes_as_te() -> None:
+    """TE linear.py Linear.__init__: dict splits name ``{name}_weight``/``{name}_bias`` with the given
+    sizes; a tuple splits evenly; the sizes must add up to out_features."""
+    torch.manual_seed(2)
+    m = te.Linear(16, 48, parameters_split={"query_": 16, "key": 8, "value": 24})
+    assert [n for n, _ in m.named_parameters()] == [
+        "query_weight",
+        "key_weight",
+        "value_weight",
+        "query_bias",
+        "key_bias",
+        "value_bias",
+    ]
+    assert m.key_weight.shape == (8, 16)
+    x = torch.randn(8, 16)
+    w = torch.cat([m.query_weight, m.key_weight, m.value_weight])
+    b = torch.cat([m.query_bias, m.key_bias, m.value_bias])
+    assert torch.equal(m(x), F.linear(x, w, b))
+    assert [n for n, _ in te.Linear(16, 32, parameters_split=("a", "b")).named_parameters()][:2] == [
+        "a_weight",
+        "b_weight",
+    ]
+    with pytest.raises(ValueError, match="Trying to split weight buffer"):
+        te.Linear(16, 32, parameters_split={"a": 8, "b": 8})
+
+
+def test_init_method_output_layer_init_method_and_reset_parameters() -> None:
+    """TE base.py reset_parameters: each parameter's ``init_fn``; biases ``init_method_constant(0.0)``;
+    LayerNormMLP's fc2 weight uses ``output_layer_init_method``."""
+    m = te.LayerNormMLP(
+        16, 32, init_method=lambda t: torch.nn.init.constant_(t, 0.5), output_layer_init_method=torch.nn.init.ones_
+    )
+    assert bool((m.fc1_weight == 0.5).all()) and bool((m.fc2_weight == 1).all()) and bool((m.fc1_bias == 0).all())
+    with torch.no_grad():
+        m.fc1_weight.zero_()
+        m.layer_norm_weight.zero_()
+    m.reset_parameters()
+    assert bool((m.fc1_weight == 0.5).all()) and bool((m.layer_norm_weight == 1).all())
+    assert te.utils.init_method_normal(0.1) is not None
+
+
+@pytest.mark.parametrize("first_microbatch", [None, True, False])
+def test_fuse_wgrad_accumulation_adds_into_main_grad(first_microbatch: bool | None) -> None:
+    """TE linear.py backward: wgrad goes into ``weight.main_grad`` (accumulate unless
+    ``is_first_microbatch`` is True); no ``weight.grad`` is produced."""
+    torch.manual_seed(3)
+    m = te.Linear(16, 16, fuse_wgrad_accumulation=True)
+    m.weight.main_grad = torch.ones(16, 16)
+    x, g = torch.randn(16, 16), torch.randn(16, 16)
+    with te.autocast(recipe=Float8CurrentScaling()):
+        y = m(x, is_first_microbatch=first_microbatch)
+    y.backward(g)
+    ref = te.Linear(16, 16)
+    with torch.no_grad():
+        ref.weight.copy_(m.weight)
+    with te.autocast(recipe=Float8CurrentScaling()):
+        ref(x).backward(g)
+    want = ref.weight.grad if first_microbatch else 1 + ref.weight.grad
+    assert m.weight.grad is None and torch.equal(m.weight.main_grad, want)
+
+
+def test_delay_wgrad_compute_defers_wgrad_to_backward_dw() -> None:
+    """TE base.py backward_dw: the stored wgrad GEMM runs and sets ``weight.grad``."""
+    torch.manual_seed(4)
+    for recipe in (None, Float8CurrentScaling()):
+        m, ref = te.Linear(16, 16, delay_wgrad_compute=True), te.Linear(16, 16)
+        with torch.no_grad():
+            ref.weight.copy_(m.weight)
+        x, g = torch.randn(16, 16), torch.randn(16, 16)
+        for mod in (m, ref):
+            with te.autocast(enabled=recipe is not None, recipe=recipe):
+                y = mod(x)
+            y.backward(g)
+        assert m.need_backward_dw() and m.weight.grad is None and torch.equal(m.bias.grad, ref.bias.grad)
+        m.backward_dw()
+        assert torch.equal(m.weight.grad, ref.weight.grad)
+
+
+def test_parallel_arguments_take_single_process_semantics() -> None:
+    m = te.Linear(16, 16, tp_size=1, parallel_mode="column", sequence_parallel=True, name="qkv")
+    assert m.name == "qkv" and m.parallel_mode == "column"
+    with pytest.raises(NotImplementedError, match="tp_size=2"):
+        te.Linear(16, 16, tp_size=2)
+    with pytest.raises(ValueError, match="parallel_mode 'diag'"):
+        te.Linear(16, 16, parallel_mode="diag")
+
+
+def test_outside_autocast_the_input_dtype_must_match_the_parameters() -> None:
+    """TE base.py set_activation_dtype: TypeError naming both dtypes."""
+    with pytest.raises(TypeError, match="Data types for parameters must match when outside of autocasted region"):
+        te.Linear(16, 16)(torch.randn(4, 16, dtype=torch.bfloat16))
+
+
+def test_norms_under_torch_autocast_return_the_autocast_dtype() -> None:
+    """TE ops/basic/layer_norm.py: ``dtype = maybe_autocast_dtype(default_dtype=weight.dtype)``."""
+    x = torch.randn(4, 16)
+    for cls in (te.LayerNorm, te.RMSNorm):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert cls(16)(x).dtype == torch.bfloat16
+        assert cls(16, params_dtype=torch.bfloat16)(x).dtype == torch.bfloat16
+
+
+def test_capability_probes_answer_for_the_emulated_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TE quantization.py _compute_*_support and utils.py is_non_tn_fp8_gemm_supported."""
+    monkeypatch.setenv("FP8SIM_TE_DEVICE", "hopper")
+    assert te.get_device_compute_capability() == (9, 0) and te.is_fp8_available()
+    assert te.is_mxfp8_available(return_reason=True) == (
+        False,
+        "Device compute capability 10.0 or higher required for MXFP8 execution.",
+    )
+    assert te.is_fp8_block_scaling_available() and not te.is_nvfp4_available()
+    assert not te.utils.is_non_tn_fp8_gemm_supported() and te.is_bf16_available(return_reason=True) == (True, "")
+    assert isinstance(te.get_default_recipe(), DelayedScaling)
+    monkeypatch.setenv("FP8SIM_TE_DEVICE", "blackwell")
+    assert te.is_mxfp8_available() and te.is_nvfp4_available() and te.utils.is_non_tn_fp8_gemm_supported()
+    assert isinstance(te.get_default_recipe(), MXFP8BlockScaling)  # TE: MXFP8 where supported
+    monkeypatch.setenv("FP8SIM_TE_DEVICE", "ada")
+    assert te.is_fp8_available() and not te.is_fp8_block_scaling_available()
+    monkeypatch.setenv("FP8SIM_TE_DEVICE", "volta")
+    with pytest.raises(ValueError, match="known: ada, hopper, blackwell"):
+        te.get_device_compute_capability()
+
+
+def test_fp8_global_state_manager_reports_and_resets_the_state() -> None:
+    mgr = te.FP8GlobalStateManager
+    r = Float8CurrentScaling()
+    assert not mgr.is_fp8_enabled()
+    with te.autocast(recipe=r, calibrating=True):
+        assert mgr.is_fp8_enabled() and mgr.is_fp8_calibration() and mgr.get_fp8_recipe() is r
+        assert mgr.is_first_fp8_module()
+    with te.quantized_model_init(recipe=r):
+        assert mgr.with_fp8_parameters() and mgr.get_fp8_recipe() is r
+    assert not mgr.with_fp8_parameters()
+    with te.autocast():
+        mgr.reset()
+        assert not mgr.is_fp8_enabled()
+    mgr.reset()
+
+
+def test_fp8_meta_views_the_delayed_scaling_state_in_tes_layout() -> None:
+    m = te.Linear(16, 16)
+    assert "scaling_fwd" not in m.fp8_meta
+    with te.autocast(recipe=DelayedScaling(amax_history_len=4)):
+        m(torch.randn(16, 16))
+    meta = m.fp8_meta
+    assert meta["num_gemms"] == 1 and meta["scaling_fwd"].scale.shape == (3,)
+    assert meta["scaling_fwd"].amax_history.shape == (4, 3) and meta["scaling_bwd"].scale.shape == (2,)
+    assert torch.equal(meta["scaling_fwd"].scale, torch.from_numpy(m.fp8_gemms["gemm"].fwd.scale))
+    mlp = te.LayerNormMLP(16, 16)
+    with te.autocast(recipe=DelayedScaling()):
+        mlp(torch.randn(16, 16))
+    assert mlp.fp8_meta["scaling_fwd"].scale.shape == (6,) and mlp.fp8_meta["num_gemms"] == 2
+
+
+# -- issue 18 item 11 --------------------------------------------------------------------------------
+def test_loading_another_module_types_state_dict_is_a_clear_error() -> None:
+    mlp = te.LayerNormMLP(16, 16)
+    with te.autocast(recipe=DelayedScaling()):
+        mlp(torch.randn(16, 16))
+    with pytest.raises(RuntimeError, match="another module type"):
+        te.Linear(16, 16).load_state_dict(mlp.state_dict(), strict=True)
+    lin = te.Linear(16, 16)
+    sd = lin.state_dict()
+    sd["_extra_state"] = {"gemm": {"scale": 1}}
+    with pytest.raises(RuntimeError, match="_extra_state of GEMM 'gemm' has keys"):
+        lin.load_state_dict(sd)
+    sd["_extra_state"] = "garbage"
+    with pytest.raises(RuntimeError, match="unreadable _extra_state"):
+        lin.load_state_dict(sd)
+
+
+def test_create_graph_through_an_fp8_gemm_raises_at_once() -> None:
+    m = te.Linear(16, 16)
+    x = torch.randn(16, 16, requires_grad=True)
+    with te.autocast(recipe=Float8CurrentScaling()):
+        y = m(x)
+    with pytest.raises(RuntimeError, match="create_graph=True"):
+        torch.autograd.grad(y.sum(), x, create_graph=True)
+    y2 = te.Linear(16, 16)(x)  # outside autocast: plain torch ops, twice differentiable
+    (gx,) = torch.autograd.grad(y2.square().sum(), x, create_graph=True)
+    assert gx.requires_grad
+
+
+@pytest.mark.parametrize("recipe", [Float8CurrentScaling(), MXFP8BlockScaling()], ids=["current", "mxfp8"])
+def test_torch_compile_runs_modules_eagerly_like_te(recipe) -> None:  # noqa: ANN001
+    """TE decorates module forwards with ``jit.no_torch_dynamo``: compiled models graph-break around them."""
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(te.LayerNormLinear(32, 32), torch.nn.GELU(), te.Linear(32, 32))
+    x = torch.randn(32, 32)
+    with te.autocast(recipe=recipe):
+        want = model(x)
+    compiled = torch.compile(model, backend="eager")
+    with te.autocast(recipe=recipe):
+        got = compiled(x)
+    got.sum().backward()
+    assert torch.equal(got, want) and model[0].weight.grad is not None

@@ -1,0 +1,309 @@
+"""fp8sim.pytorch modules against references written from TE's code (issue 13, semantics points).
+
+TE sources cited are NVIDIA/TransformerEngine at d0067d0 (2.20.0.dev0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+
+import fp8sim.pytorch as te  # noqa: E402
+from fp8sim.recipe import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling  # noqa: E402
+
+torch.set_num_threads(1)
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _q(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, fmax: float) -> torch.Tensor:
+    """torch's own FP8 cast after TE's saturating clamp, decoded to float32."""
+    return (t.float() * scale).clamp(-fmax, fmax).to(dtype).float()
+
+
+def _cs_scale(t: torch.Tensor, fmax: float) -> torch.Tensor:
+    """Current scaling's float32 scale ``fp8_max / amax``."""
+    return torch.tensor(fmax) / t.detach().float().abs().max()
+
+
+# -- point 1 -------------------------------------------------------------------------------------
+def test_frozen_first_module_does_not_take_the_backward_update_role() -> None:
+    """TE module/linear.py (_Linear.forward, ``if fwd_args.fp8 and (input/weight/bias requires_grad)``):
+    only a module with something to differentiate asks ``is_first_fp8_module``; the frozen first
+    Linear leaves the role to the second, whose backward scales update after backward."""
+    torch.manual_seed(1)
+    frozen, trainable = te.Linear(16, 16), te.Linear(16, 16)
+    frozen.requires_grad_(False)
+    x = torch.randn(16, 16)  # no grad: the first module is entirely frozen
+    g = torch.randn(16, 16) * 4
+    recipe = DelayedScaling(amax_history_len=1)
+    with te.autocast(recipe=recipe):
+        y = trainable(frozen(x))
+    y.backward(g)
+    bwd = trainable.fp8_gemms["gemm"].bwd
+    # HYBRID: gradients E5M2 (max 57344); margin 0; history of one: scale = 57344 / amax(g)
+    assert bwd.scale[0] == np.float32(57344.0) / np.float32(g.abs().max())
+
+
+# -- point 2 -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("override", ["high_precision", "dequantized"])
+def test_backward_override_changes_the_dgrad_and_wgrad_operands(override: str) -> None:
+    """TE module/linear.py _linear_backward: with ``backward_override`` the backward runs without
+    FP8 (``bwd_args.fp8 = False``): dgrad ``dy @ W`` on the original weight ("high_precision") or on
+    the dequantized FP8 weight ("dequantized"); wgrad on the original or the dequantized input."""
+    torch.manual_seed(2)
+    m = te.Linear(32, 16, bias=False)
+    x = (torch.randn(16, 32) * 3).requires_grad_()
+    g = torch.randn(16, 16)
+    with te.autocast(recipe=Float8CurrentScaling(backward_override=override)):
+        y = m(x)
+    y.backward(g)
+    w = m.weight.detach()
+    if override == "high_precision":
+        w_used, x_used = w, x.detach()
+    else:
+        sx, sw = _cs_scale(x, 448), _cs_scale(w, 448)
+        x_used = _q(x.detach(), sx, E4M3, 448) * (1 / sx)
+        w_used = _q(w, sw, E4M3, 448) * (1 / sw)
+    assert torch.equal(x.grad, torch.matmul(g, w_used))
+    assert torch.equal(m.weight.grad, torch.matmul(g.t(), x_used))
+
+
+# -- point 4 -------------------------------------------------------------------------------------
+def _ln32(x: torch.Tensor, m: torch.nn.Module) -> torch.Tensor:
+    """TE's normalization kernels compute in float32 (tests/pytorch/test_numerics.py TorchLayerNorm)."""
+    w, b = m.layer_norm_weight.detach().float(), m.layer_norm_bias.detach().float()
+    return F.layer_norm(x.float(), (x.shape[-1],), w, b, 1e-5)
+
+
+def test_delayed_scaling_takes_the_norm_amax_on_float32_values() -> None:
+    """spec 0 "fused producers"; TE layernorm_linear.py ``with_quantized_norm``: under delayed scaling
+    the LayerNorm kernel writes FP8 straight from float32, so the staged amax is the float32 one."""
+    torch.manual_seed(4)
+    m = te.LayerNormLinear(32, 16, params_dtype=torch.bfloat16)
+    with torch.no_grad():
+        m.layer_norm_weight.copy_(torch.rand(32) + 0.5)
+    x = torch.randn(16, 32).to(torch.bfloat16)
+    with te.autocast(recipe=DelayedScaling()):
+        m(x)
+    ln = _ln32(x, m)
+    assert ln.abs().max() != ln.to(torch.bfloat16).float().abs().max()  # the test can tell them apart
+    assert m.fp8_gemms["gemm"].fwd.amax_history[-1, 0] == np.float32(ln.abs().max())  # rolled after exit
+
+
+def test_current_scaling_rounds_the_norm_output_first() -> None:
+    """Current scaling: the norm output is rounded to bf16, then quantized with its own amax."""
+    torch.manual_seed(5)
+    m = te.LayerNormLinear(32, 16, bias=False, params_dtype=torch.bfloat16)
+    x = torch.randn(16, 32).to(torch.bfloat16)
+    with te.autocast(recipe=Float8CurrentScaling()):
+        y = m(x)
+    ln = _ln32(x, m).to(torch.bfloat16)
+    w = m.weight.detach()
+    sx, sw = _cs_scale(ln, 448), _cs_scale(w, 448)
+    want = torch.matmul(_q(ln, sx, E4M3, 448), _q(w, sw, E4M3, 448).t()) * ((1 / sx) * (1 / sw))
+    assert torch.equal(y, want.to(torch.bfloat16))
+
+
+def test_delayed_scaling_takes_the_activation_amax_on_float32_values() -> None:
+    """TE's activation kernels quantize their float32 result (layernorm_mlp.py, fused act+cast):
+    fc2's staged input amax is that of the float32 activation of the bf16 fc1 output."""
+    torch.manual_seed(6)
+    m = te.LayerNormMLP(32, 32, bias=False, activation="swiglu", normalization="RMSNorm", params_dtype=torch.bfloat16)
+    x = torch.randn(16, 32).to(torch.bfloat16)
+    with torch.no_grad(), te.autocast(recipe=DelayedScaling()):  # no update: the staged amax stays
+        m(x)
+    ln = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)  # gamma = 1
+    s1 = torch.tensor(1.0)
+    fc1 = torch.matmul(_q(ln, s1, E4M3, 448), _q(m.fc1_weight.detach(), s1, E4M3, 448).t()).to(torch.bfloat16)
+    a, b = fc1.float().chunk(2, -1)
+    act = F.silu(a) * b  # test_fusible_ops.py: swiglu = silu(x1) * x2
+    assert act.abs().max() != act.to(torch.bfloat16).float().abs().max()
+    assert m.fp8_gemms["fc2"].fwd.amax_history[0, 0] == np.float32(act.abs().max())
+
+
+# -- point 5 -------------------------------------------------------------------------------------
+def test_calibration_overwrites_the_staged_amax_and_nan_passes() -> None:
+    """TE tensor/float8_tensor.py Float8Quantizer.calibrate: ``amax.copy_(torch.max(-amin, amax))``."""
+    m = te.Linear(16, 16)
+    recipe = DelayedScaling()
+    x = torch.randn(16, 16)
+    x[0, 0] = 4.0
+    with te.autocast(enabled=False, calibrating=True, recipe=recipe):
+        m(x)
+        m(x / 2)  # overwrites: 2.0, not max(4, 2)
+    assert m.fp8_gemms["gemm"].fwd.amax_history[0, 0] == 2.0
+    x[1, 1] = float("nan")
+    with te.autocast(enabled=False, calibrating=True, recipe=recipe):
+        m(x)
+    assert np.isnan(m.fp8_gemms["gemm"].fwd.amax_history[0, 0])
+
+
+def test_enabled_and_calibrating_computes_in_fp8() -> None:
+    """TE linear.py: ``fp8`` is ``enabled``; calibration only where ``not fp8``."""
+    torch.manual_seed(7)
+    m = te.Linear(16, 16)
+    x = torch.randn(16, 16)
+    with te.autocast(recipe=Float8CurrentScaling(), calibrating=True):
+        y_cal = m(x)
+    with te.autocast(recipe=Float8CurrentScaling()):
+        y = m(x)
+    assert torch.equal(y_cal, y) and not torch.equal(y, F.linear(x, m.weight, m.bias))
+
+
+# -- point 6 -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cls", [te.LayerNorm, te.RMSNorm])
+def test_norms_compute_in_float32_and_zero_centered_gamma_adds_one_in_float32(cls: type) -> None:
+    """Reference: TE tests/pytorch/test_numerics.py TorchLayerNorm / TorchRMSNorm (lines 365-413),
+    with TE's kernel rule that ``gamma + 1`` is formed in float32."""
+    torch.manual_seed(8)
+    m = cls(32, zero_centered_gamma=True, params_dtype=torch.bfloat16)
+    with torch.no_grad():
+        m.weight.copy_(torch.rand(32) * 0.02)  # 1 + gamma is not a bf16 number
+        if m.bias is not None:
+            m.bias.copy_(torch.randn(32) * 0.1)
+    x = torch.randn(8, 32).to(torch.bfloat16).requires_grad_()
+    y = m(x)
+    g = torch.randn(8, 32).to(torch.bfloat16)
+    y.backward(g)
+    xr = x.detach().float().requires_grad_()
+    w = (m.weight.detach().float() + 1).requires_grad_()
+    if cls is te.LayerNorm:
+        b = m.bias.detach().float().requires_grad_()
+        ref = F.layer_norm(xr, (32,), w, b, 1e-5)
+    else:
+        ref = w * (xr * (xr.pow(2).sum(-1, keepdim=True) / 32 + 1e-5) ** -0.5)
+    ref.backward(g.float())
+    assert y.dtype == torch.bfloat16
+    assert torch.allclose(y.float(), ref.to(torch.bfloat16).float(), rtol=0, atol=2**-7)
+    assert torch.equal(y, ref.to(torch.bfloat16)) or cls is te.RMSNorm  # RMSNorm: rsqrt vs pow may differ by 1 ulp
+    assert torch.allclose(m.weight.grad.float(), w.grad.to(torch.bfloat16).float(), rtol=2**-7, atol=1e-6)
+    gamma_bf16 = (m.weight.detach() + 1).float()  # the old bf16 addition gives a different gamma
+    assert not torch.equal(gamma_bf16, w.detach())
+
+
+# -- point 7 -------------------------------------------------------------------------------------
+def test_fp8_gemm_with_float32_activations_adds_the_bias_in_bf16() -> None:
+    """TE linear.py _linear_forward_impl: ``bias_dtype = activation_dtype``, but "cuBLAS does not
+    support FP8 GEMM with FP32 bias, so we cast to BF16"; the epilogue adds it before one rounding."""
+    torch.manual_seed(9)
+    m = te.Linear(32, 16)
+    with torch.no_grad():
+        m.bias.copy_(torch.randn(16) / 3)
+    x = torch.randn(16, 32)
+    with te.autocast(recipe=Float8CurrentScaling()):
+        y = m(x)
+    w = m.weight.detach()
+    sx, sw = _cs_scale(x, 448), _cs_scale(w, 448)
+    gemm = torch.matmul(_q(x, sx, E4M3, 448), _q(w, sw, E4M3, 448).t()) * ((1 / sx) * (1 / sw))
+    assert torch.equal(y, gemm + m.bias.detach().to(torch.bfloat16).float())
+    assert not torch.equal(y, gemm + m.bias.detach())
+
+
+# -- point 11 ------------------------------------------------------------------------------------
+def test_fp8_shape_check_is_tes_valueerror_with_tes_rules() -> None:
+    """TE utils.py assert_dim_for_fp8_exec(inputmat, weight): prod(leading) % 8 and last % 16 for
+    each tensor, so out_features needs only % 8."""
+    m = te.Linear(16, 24)  # weight (24, 16): 24 % 8 == 0
+    with te.autocast(recipe=Float8CurrentScaling()):
+        assert m(torch.randn(8, 16)).shape == (8, 24)
+    with te.autocast(recipe=Float8CurrentScaling()), pytest.raises(ValueError) as e:
+        te.Linear(16, 20)(torch.randn(8, 16))
+    assert "but got tensor with dims=[20, 16] (product of leading dims = 20, last dim = 16)" in str(e.value)
+
+
+# -- point 12 ------------------------------------------------------------------------------------
+def test_constructors_follow_tes_positional_order_defaults_and_empty_bias() -> None:
+    """TE linear.py Linear.__init__: (in, out, sequence_parallel, fuse_wgrad_accumulation, tp_group,
+    tp_size, get_rng_state_tracker, rng_tracker_name, init_method, bias, ...); weights from
+    ``init_method_normal(0.023)`` (utils.get_default_init_method); ``bias=False`` leaves an empty tensor."""
+    m = te.Linear(16, 32, False)  # the third positional argument is sequence_parallel
+    assert m.sequence_parallel is False and m.use_bias and m.bias.shape == (32,)
+    torch.manual_seed(10)
+    m = te.Linear(16, 32, bias=False)
+    torch.manual_seed(10)
+    want = torch.empty(32, 16).normal_(mean=0.0, std=0.023)
+    assert torch.equal(m.weight.detach(), want)
+    assert isinstance(m.bias, torch.Tensor) and m.bias.numel() == 0 and "bias" not in dict(m.named_parameters())
+    ln = te.LayerNorm(normalized_shape=32)
+    assert ln.normalized_shape == (32,) and torch.equal(ln.weight.detach(), torch.ones(32))
+    lnl = te.LayerNormLinear(16, 16, 1e-6, False)  # (in, out, eps, sequence_parallel)
+    assert lnl.eps == 1e-6 and lnl.use_bias
+    mlp = te.LayerNormMLP(16, 32, 1e-5, False, True)  # (hidden, ffn, eps, sequence_parallel, return_bias)
+    assert mlp.return_bias and not mlp.apply_bias
+    with pytest.raises(RuntimeError, match="Neither `normalized_shape` nor `hidden_size`"):
+        te.RMSNorm()
+
+
+# -- point 13 ------------------------------------------------------------------------------------
+def test_nvfp4_hadamard_transform_runs_in_bf16_inside_modules() -> None:
+    """TE csrc/quantizer.cpp NVFP4Quantizer: "RHT is only supported for bfloat16 input"; the
+    columnwise (wgrad) operand is transformed in bf16, as ``fp8sim.scaling.nvfp4`` does on its own."""
+    from fp8sim.pytorch.module._operands import quantize_operand
+    from fp8sim.scaling.nvfp4 import quantize_nvfp4
+
+    torch.manual_seed(11)
+    x = torch.randn(32, 64).to(torch.bfloat16)
+    recipe = NVFP4BlockScaling(disable_stochastic_rounding=True)
+    op = quantize_operand(x, recipe, "input", 0)
+    want = quantize_nvfp4(x.t().contiguous(), rht=True)
+    old = quantize_nvfp4(x.float().t().contiguous().numpy(), rht=True)
+    assert np.array_equal(op.qt.codes, want.codes) and np.array_equal(op.qt.scales, want.scales)
+    assert not (np.array_equal(old.codes, want.codes) and np.array_equal(old.scales, want.scales))
+
+
+# -- activations ---------------------------------------------------------------------------------
+def _te_reference(name: str, x: torch.Tensor) -> torch.Tensor:
+    """TE tests/pytorch/test_fusible_ops.py (activation test, "Plain PyTorch implementation", lines
+    2247-2278) and the clamped SwiGLU test (lines 2552-2556, limit 7, alpha 1.702, offset 1)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return {
+        "gelu": lambda: F.gelu(x, approximate="tanh"),
+        "geglu": lambda: F.gelu(x1, approximate="tanh") * x2,
+        "glu": lambda: torch.sigmoid(x1) * x2,
+        "qgelu": lambda: x * torch.sigmoid(1.702 * x),
+        "qgeglu": lambda: x1 * torch.sigmoid(1.702 * x1) * x2,
+        "relu": lambda: F.relu(x),
+        "reglu": lambda: F.relu(x1) * x2,
+        "srelu": lambda: F.relu(x) ** 2,
+        "sreglu": lambda: F.relu(x1) ** 2 * x2,
+        "silu": lambda: F.silu(x),
+        "swiglu": lambda: F.silu(x1) * x2,
+        "clamped_swiglu": lambda: x1.clamp(max=7.0) * torch.sigmoid(1.702 * x1.clamp(max=7.0)) * (x2.clamp(-7, 7) + 1),
+    }[name]()
+
+
+ACTS = "gelu geglu glu qgelu qgeglu relu reglu srelu sreglu silu swiglu clamped_swiglu".split()
+
+
+@pytest.mark.parametrize("activation", ACTS)
+def test_layernorm_mlp_activations_follow_tes_formulas(activation: str) -> None:
+    """High-precision LayerNormMLP = fc2(act(fc1(LN(x)))) with TE's activation formulas."""
+    torch.manual_seed(12)
+    m = te.LayerNormMLP(16, 16, activation=activation)
+    gated = activation.endswith("glu")
+    assert m.fc1_weight.shape == ((32 if gated else 16), 16)
+    x = torch.randn(8, 16) * 4
+    ln = F.layer_norm(x, (16,), m.layer_norm_weight, m.layer_norm_bias, 1e-5)
+    h = _te_reference(activation, F.linear(ln, m.fc1_weight, m.fc1_bias))
+    assert torch.equal(m(x), F.linear(h, m.fc2_weight, m.fc2_bias))
+
+
+def test_unknown_activation_and_normalization_name_the_choices() -> None:
+    with pytest.raises(ValueError, match="activation must be one of gelu, geglu"):
+        te.LayerNormMLP(16, 32, activation="swish")
+    with pytest.raises(AssertionError, match="Unsupported normalization type!.*known: LayerNorm, RMSNorm"):
+        te.LayerNormLinear(16, 16, normalization="BatchNorm")
+
+
+def test_mxfp8_keeps_the_intermediate_rounding_and_runs_every_activation_in_fp8() -> None:
+    torch.manual_seed(13)
+    m = te.LayerNormMLP(32, 32, activation="sreglu", normalization="RMSNorm", params_dtype=torch.bfloat16)
+    x = torch.randn(32, 32).to(torch.bfloat16).requires_grad_()
+    with te.autocast(recipe=MXFP8BlockScaling()):
+        y = m(x)
+    y.float().sum().backward()
+    assert y.dtype == torch.bfloat16 and torch.isfinite(x.grad.float()).all()
