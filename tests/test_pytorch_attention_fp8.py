@@ -57,15 +57,21 @@ def mm(a, b, sa=None, sb=None):
     return out if sa is None else out * torch.tensor(np.float32(sa) * np.float32(sb), dtype=torch.float32)
 
 
-def reference(q, k, v, do, scale, causal, kind, scales=None):
-    """Forward and backward at the documented quantization points; bhsd float32, no GQA."""
+def _amax(*ts):
+    return max(float(t.abs().max()) for t in ts)
+
+
+def reference(q, k, v, do, scale, causal, kind, scales=None, amax=None):
+    """Forward and backward at the documented quantization points; bhsd float32, no GQA.
+    ``amax`` (a dict) receives the amax of every tensor a per-tensor quantizer casts."""
+    amax = {} if amax is None else amax
     s = q.shape[-2]
     mask = torch.ones(s, s, dtype=torch.bool).triu(1) if causal else None
     if kind == "mxfp8":
         qv, kv, vv = mx(q, E4, -1), mx(k, E4, -1), mx(v, E4, -2)
         sc = mm(qv, kv.transpose(-1, -2)) * scale
     else:
-        amax_qkv = max(float(t.abs().max()) for t in (q, k, v))
+        amax_qkv = amax["qkv"] = _amax(q, k, v)
         s_qkv = scales["qkv"] if kind == "delayed" else np.float32(448) / np.float32(amax_qkv)
         (qv, si), (kv, _), (vv, _) = (q8(t, s_qkv, E4) for t in (q, k, v))
         sc = mm(qv, kv.transpose(-1, -2), si, si) * scale
@@ -77,9 +83,11 @@ def reference(q, k, v, do, scale, causal, kind, scales=None):
         o = mm(pv, vv)
         out = o
     else:
+        amax["s"] = _amax(p)
         pv, sp = q8(p, scales["s"], E4)
         o = mm(pv, vv, sp, si)
         if kind == "delayed":
+            amax["o"] = _amax(o)
             ov, so = q8(o, scales["o"], E4)
             out = ov * torch.tensor(so)
         else:
@@ -93,15 +101,18 @@ def reference(q, k, v, do, scale, causal, kind, scales=None):
         dq = mm(ds, mx(k, E4, -2)) * scale
         dk = mm(ds.transpose(-1, -2), mx(q, E4, -2)) * scale
         return out, (dq, dk, dv)
+    amax["do"] = _amax(do)
     s_do = scales["do"] if kind == "delayed" else np.float32(57344) / np.float32(float(do.abs().max()))
     dov, sdo = q8(do, s_do, E5)
     dv = mm(pv.transpose(-1, -2), dov, sp, sdo)
     dp = mm(dov, vv.transpose(-1, -2), sdo, si)
     ds = p * (dp - (dov * torch.tensor(sdo) * out).sum(-1, keepdim=True))
+    amax["dp"] = _amax(ds)
     dsv, sds = q8(ds, scales["dp"], E5)
     dq = mm(dsv, kv, sds, si) * scale
     dk = mm(dsv.transpose(-1, -2), qv, sds, si) * scale
     if kind == "delayed":
+        amax["dqkv"] = _amax(dq, dk, dv)
         dq, dk, dv = (q8(t, scales["dqkv"], E5) for t in (dq, dk, dv))
         dq, dk, dv = (t * torch.tensor(sinv) for t, sinv in (dq, dk, dv))
     return out, (dq, dk, dv)
@@ -190,25 +201,34 @@ def test_mxfp8_forward_backward_bit_exact():
         _assert_bits(_bhsd(g), r, f"d{name}")
 
 
+FWD_SLOTS = {"qkv": 2, "o": 3, "s": 8}
+BWD_SLOTS = {"dqkv": 0, "do": 3, "dp": 5}
+
+
 def test_delayed_scaling_slots_follow_hand_computed_trajectory():
-    """Two steps: amaxes land in TE's slots, scales update at autocast exit (forward) and at the end of
-    the backward (backward): scale = fp8_max / max(history) (spec 4.5, IEEE float32 division)."""
+    """Two steps, every attention slot: the reference's amaxes land in TE's slots; forward scales update
+    at autocast exit and backward scales at the end of the backward, to fp8_max / max(history) (IEEE
+    float32 division, spec 4.5); step 2 quantizes with the step-1 scales."""
     b, s, h, d = 1, 8, 2, 16
     dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal")
     recipe = DelayedScaling(fp8_dpa=True, amax_history_len=2)
-    amaxes = []
+    scales = dict.fromkeys(list(FWD_SLOTS) + list(BWD_SLOTS), 1.0)  # step 1: every scale is 1
+    history: dict[str, list[float]] = {}
     for step in range(2):
         q, k, v, do = _data(b, s, h, d, seed=10 + step)
-        _run(dpa, recipe, q, k, v, do)
-        amaxes.append(max(float(t.abs().max()) for t in (q, k, v)))
-        hist = dpa.fwd.amax_history
-        assert hist[0, 2] == 0 and hist[1, 2] == np.float32(amaxes[-1])  # rolled: newest at row L-1
-        want = np.float32(448) / np.float32(max(amaxes))
-        assert dpa.fwd.scale[2] == want, (step, dpa.fwd.scale[2], want)
-        assert dpa.bwd.amax_history[1, 3] == np.float32(float(do.abs().max()))  # dO slot
-        assert dpa.bwd.scale[3] != 1.0 and dpa.fwd.scale[8] != 1.0  # dO and S moved off 1
-    # the S slot saw P's amax (<= 1): step 1 quantized P with scale 1
-    assert 0 < dpa.fwd.amax_history[1, 8] <= 1
+        amax: dict[str, float] = {}
+        ref_out, ref_grads = reference(*(_bhsd(t) for t in (q, k, v, do)), d**-0.5, True, "delayed", scales, amax)
+        out, grads = _run(dpa, recipe, q, k, v, do)
+        _assert_bits(_bhsd(out.reshape(b, s, h, d)), ref_out, f"O step {step}")
+        for name, g, r in zip("QKV", grads, ref_grads, strict=True):
+            _assert_bits(_bhsd(g), r, f"d{name} step {step}")
+        for slots, state, fmax in ((FWD_SLOTS, dpa.fwd, 448), (BWD_SLOTS, dpa.bwd, 57344)):
+            for name, j in slots.items():
+                history.setdefault(name, []).append(amax[name])
+                assert state.amax_history[0, j] == 0 and state.amax_history[1, j] == np.float32(amax[name]), name
+                want = np.float32(fmax) / np.float32(max(history[name]))
+                assert state.scale[j] == want, (step, name, state.scale[j], want)
+                scales[name] = float(want)
 
 
 def test_nvte_fp8_dpa_bwd_0_runs_backward_in_high_precision(monkeypatch):
