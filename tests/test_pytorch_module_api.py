@@ -190,12 +190,16 @@ def test_fp8_meta_views_the_delayed_scaling_state_in_tes_layout() -> None:
 
 
 # -- issue 18 item 11 --------------------------------------------------------------------------------
-def test_loading_another_module_types_state_dict_is_a_clear_error() -> None:
+def test_loading_another_module_types_state_dict_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1")
     mlp = te.LayerNormMLP(16, 16)
     with te.autocast(recipe=DelayedScaling()):
         mlp(torch.randn(16, 16))
     with pytest.raises(RuntimeError, match="another module type"):
         te.Linear(16, 16).load_state_dict(mlp.state_dict(), strict=True)
+    old_format = {"fc1": {}, "fc2": {}}  # fp8sim's earlier per-GEMM dict
+    with pytest.raises(RuntimeError, match="another module type"):
+        te.Linear(16, 16).set_extra_state(old_format)
     lin = te.Linear(16, 16)
     sd = lin.state_dict()
     sd["_extra_state"] = {"gemm": {"scale": 1}}
@@ -231,3 +235,118 @@ def test_torch_compile_runs_modules_eagerly_like_te(recipe) -> None:  # noqa: AN
         got = compiled(x)
     got.sum().backward()
     assert torch.equal(got, want) and model[0].weight.grad is not None
+
+
+# -- point 10 hooked into the modules -----------------------------------------------------------------
+class _TEUnpickler:
+    """Reads TE's pickle as TE's ``set_extra_state`` does (``pickle.loads``), resolving TE's recipe
+    module path to fp8sim's classes."""
+
+    @staticmethod
+    def loads(data: bytes) -> dict:
+        import io
+        import pickle
+
+        import fp8sim.recipe as rec
+
+        class U(pickle.Unpickler):
+            def find_class(self, module: str, name: str):  # noqa: ANN202
+                if module == "transformer_engine.common.recipe":
+                    return getattr(rec, name)
+                return super().find_class(module, name)
+
+        return U(io.BytesIO(data)).load()
+
+
+def test_extra_state_is_tes_pickled_uint8_tensor_in_one_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TE base.py get_extra_state: empty uint8 tensor before any FP8 step; then
+    ``torch.frombuffer(bytearray(pickle.dumps(state)), dtype=torch.uint8)`` with the recipe, the
+    module's fp8_meta tensors (GEMM i: forward slots 3i..3i+2, backward 2i..2i+1) and
+    ``extra_fp8_variables``; TE's recipe classes under ``transformer_engine.common.recipe``."""
+    m = te.LayerNormMLP(16, 16)
+    empty = m.get_extra_state()
+    assert empty.dtype == torch.uint8 and empty.numel() == 0
+    recipe = DelayedScaling(amax_history_len=2)
+    for _ in range(2):
+        with te.autocast(recipe=recipe):
+            y = m(torch.randn(16, 16))
+        y.sum().backward()
+    blob = m.get_extra_state()
+    assert blob.dtype == torch.uint8 and blob.dim() == 1
+    state = _TEUnpickler.loads(blob.numpy().tobytes())
+    assert set(state) == {
+        "recipe",
+        "scale_fwd",
+        "amax_history_fwd",
+        "scale_bwd",
+        "amax_history_bwd",
+        "extra_fp8_variables",
+    }
+    assert b"transformer_engine.common.recipe" in blob.numpy().tobytes()
+    fc1, fc2 = m.fp8_gemms["fc1"], m.fp8_gemms["fc2"]
+    assert state["scale_fwd"].tolist() == fc1.fwd.scale.tolist() + fc2.fwd.scale.tolist()
+    assert (
+        state["amax_history_bwd"].shape == (2, 4)
+        and state["amax_history_bwd"][:, 2:].tolist() == fc2.bwd.amax_history.tolist()
+    )
+    # a blob built by hand as TE writes it loads into fp8sim
+    import pickle
+
+    hand = {
+        "recipe": DelayedScaling(amax_history_len=2),
+        "scale_fwd": torch.tensor([2.0, 4.0, 1.0]),
+        "amax_history_fwd": torch.tensor([[0.0, 0.0, 0.0], [3.0, 0.5, 0.0]]),
+        "scale_bwd": torch.tensor([8.0, 1.0]),
+        "amax_history_bwd": torch.tensor([[0.0, 0.0], [7.0, 0.0]]),
+        "extra_fp8_variables": {"num_gemms": 1, "fp8_checkpoint": True},
+    }
+    lin = te.Linear(16, 16)
+    with pytest.raises(RuntimeError, match="NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1"):
+        lin.set_extra_state(torch.frombuffer(bytearray(pickle.dumps(hand)), dtype=torch.uint8))
+    monkeypatch.setenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1")
+    lin.set_extra_state(torch.frombuffer(bytearray(pickle.dumps(hand)), dtype=torch.uint8))
+    g = lin.fp8_gemms["gemm"]
+    assert g.fwd.scale.tolist() == [2.0, 4.0, 1.0] and g.bwd.amax_history[:, 0].tolist() == [0.0, 7.0]
+    lin.set_extra_state(torch.empty(0, dtype=torch.uint8))  # TE: nothing to load
+    with te.autocast(recipe=Float8CurrentScaling()):
+        cs = te.Linear(16, 16)
+        cs(torch.randn(16, 16))
+    assert cs.get_extra_state().numel() == 0  # stateless recipe: empty, as TE
+
+
+# -- quantized_model_init: FP8 primary weights ------------------------------------------------------
+@pytest.mark.parametrize("recipe", [DelayedScaling(), Float8CurrentScaling()], ids=["delayed", "current"])
+def test_quantized_model_init_holds_fp8_weights_and_the_gemm_uses_their_codes(recipe) -> None:  # noqa: ANN001
+    """TE quantization.py quantized_model_init + base.py reset_parameters: the weight parameter is the
+    quantized tensor (``_data``, ``_scale_inv``); the forward GEMM uses it as it is."""
+    from fp8sim.pytorch.tensor import QuantizedTensor
+
+    torch.manual_seed(6)
+    with te.quantized_model_init(recipe=recipe, preserve_high_precision_init_val=True):
+        m = te.Linear(32, 16, bias=False)
+    w = m.weight
+    assert isinstance(w, QuantizedTensor) and isinstance(w, torch.nn.Parameter) and w._data.dtype == torch.uint8
+    hp = w.get_high_precision_init_val()
+    torch.manual_seed(6)
+    assert torch.equal(hp, torch.empty(16, 32).normal_(0, 0.023))  # the initial value, kept on the CPU
+    w.clear_high_precision_init_val()
+    assert w.get_high_precision_init_val() is None
+    sw = w._scale_inv.reshape(-1)[0]
+    wq = w._data.view(torch.float8_e4m3fn).float()
+    want_w = (hp * (1 / sw)).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    assert torch.equal(wq, want_w)  # delayed: scale 1 at init; current: 448 / amax
+    x = torch.randn(16, 32)
+    with te.autocast(recipe=Float8CurrentScaling()):
+        y = m(x)
+    sx = torch.tensor(448.0) / x.abs().max()
+    xq = (x * sx).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    assert torch.equal(y, torch.matmul(xq, wq.t()) * ((1 / sx) * sw))
+    y.sum().backward()
+    assert m.weight.grad is not None and m.weight.grad.shape == (16, 32)
+    with pytest.raises(RuntimeError, match="Splitting QuantizedTensor"), te.quantized_model_init(recipe=recipe):
+        te.Linear(16, 32, parameters_split=("a", "b"))
+    with (
+        pytest.raises(NotImplementedError, match="MXFP8BlockScaling"),
+        te.quantized_model_init(recipe=MXFP8BlockScaling()),
+    ):
+        te.Linear(32, 32)

@@ -307,3 +307,82 @@ def test_mxfp8_keeps_the_intermediate_rounding_and_runs_every_activation_in_fp8(
         y = m(x)
     y.float().sum().backward()
     assert y.dtype == torch.bfloat16 and torch.isfinite(x.grad.float()).all()
+
+
+# -- points 8 and 9 (hooked into the modules) -------------------------------------------------------
+def test_unfused_update_rolls_the_history_of_every_registered_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TE quantization.py reduce_and_update_fp8_tensors updates every scaler in the global buffer;
+    the unfused path's _update_amax_history (``torch.roll(h, -1, 0)``, then row 0 = 0) rolls a
+    module that did not run; the fused kernel leaves it (amax 0)."""
+    te.FP8GlobalStateManager.reset()
+    monkeypatch.setenv("NVTE_UNFUSED_FP8_UPDATE", "1")
+    m1, m2 = te.Linear(16, 16), te.Linear(16, 16)
+    recipe = DelayedScaling(amax_history_len=3)
+    x = torch.ones(16, 16)
+    x[0, 0] = 2.0
+    with te.autocast(recipe=recipe):
+        m1(x)
+        m2(x * 2)
+    assert m2.fp8_gemms["gemm"].fwd.amax_history[:, 0].tolist() == [0.0, 0.0, 4.0]
+    with te.autocast(recipe=recipe):
+        m1(x)  # m2 does not run
+    assert m2.fp8_gemms["gemm"].fwd.amax_history[:, 0].tolist() == [0.0, 4.0, 0.0]
+    te.FP8GlobalStateManager.reset()
+
+
+def test_changing_amax_history_len_keeps_the_scale_and_cuts_the_history() -> None:
+    """TE base.py adjust_amax_history_length: ``amax_history[:length].clone()`` or zero rows padded at
+    the end; the scale is kept."""
+    m = te.Linear(16, 16)
+    x = torch.randn(16, 16)
+    for _ in range(3):
+        with te.autocast(recipe=DelayedScaling(amax_history_len=4)):
+            m(x * (_ + 1))
+    st = m.fp8_gemms["gemm"].fwd
+    scale, hist = st.scale.copy(), st.amax_history.copy()
+    with torch.no_grad(), te.autocast(recipe=DelayedScaling(amax_history_len=2)):
+        m(x)
+    assert np.array_equal(st.scale, scale) and np.array_equal(st.amax_history[1:], hist[1:2])
+    with torch.no_grad(), te.autocast(recipe=DelayedScaling(amax_history_len=5)):
+        m(x)
+    assert st.amax_history.shape == (5, 3) and not st.amax_history[2:].any() and np.array_equal(st.scale, scale)
+
+
+# -- point 14 inside modules: 2D MXFP8 weights --------------------------------------------------------
+def _float_to_e8m0(amax: torch.Tensor) -> torch.Tensor:
+    """TE tests/pytorch/test_mxfp8_2d_quantize.py _float_to_e8m0 (same ceil policy as TE)."""
+    val = (amax.to(torch.float32) / 448.0).contiguous()
+    u = val.view(torch.int32)
+    exponent = ((u >> 23) & 0xFF).to(torch.int32)
+    mantissa = u & 0x7FFFFF
+    round_up = (mantissa > 0) & (exponent != 254) & ~((exponent == 0) & (mantissa <= 0x400000))
+    exponent = torch.where(val == 0, torch.zeros_like(exponent), exponent + round_up.to(torch.int32))
+    return exponent.to(torch.uint8)
+
+
+def test_mxfp8_2d_weight_quantization_uses_one_scale_per_32x32_tile() -> None:
+    """TE quantization.py MXFP8BlockScalingRecipeState.make_quantizers: with enable_2d_quantization the
+    linear weight quantizer is 2D; reference _mxfp8_2d_quantize_reference (test_mxfp8_2d_quantize.py)."""
+    torch.manual_seed(14)
+    m = te.Linear(64, 64, bias=False)
+    with torch.no_grad():
+        m.weight.mul_(torch.logspace(-3, 3, 64)[:, None])  # scales differ across rows of a tile
+    x = torch.randn(32, 64)
+    with te.autocast(recipe=MXFP8BlockScaling(enable_2d_quantization=True)):
+        y = m(x)
+    w = m.weight.detach()
+    blocks = w.view(2, 32, 2, 32).permute(0, 2, 1, 3)
+    sinv = torch.pow(2.0, _float_to_e8m0(blocks.abs().amax(dim=(-1, -2))).to(torch.float32) - 127)
+    wq = (blocks / sinv[:, :, None, None]).to(torch.float8_e4m3fn).float() * sinv[:, :, None, None]
+    wq = wq.permute(0, 2, 1, 3).reshape(64, 64)
+    xq = _mx1d(x)
+    assert torch.equal(y, torch.matmul(xq, wq.t()))
+    with te.autocast(recipe=MXFP8BlockScaling()):
+        assert not torch.equal(m(x), y)  # 1D weights differ: the test can tell them apart
+
+
+def _mx1d(x: torch.Tensor) -> torch.Tensor:
+    """1x32 MXFP8 blocks along the last dim (the input's rowwise copy), same E8M0 rule."""
+    b = x.reshape(x.shape[0], -1, 32)
+    sinv = torch.pow(2.0, _float_to_e8m0(b.abs().amax(-1)).to(torch.float32) - 127)[..., None]
+    return ((b / sinv).to(torch.float8_e4m3fn).float() * sinv).reshape(x.shape)

@@ -136,7 +136,8 @@ def test_is_first_microbatch_caches_the_weight_and_its_scale() -> None:
     assert torch.equal(y1, y2) and not torch.equal(y1, y3)
 
 
-def test_state_dict_round_trip_keeps_the_fp8_state() -> None:
+def test_state_dict_round_trip_keeps_the_fp8_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1")  # TE's opt-in for delayed-scaling pickles
     m = te.LayerNormMLP(32, 64)
     recipe = DelayedScaling(amax_history_len=3)
     for _ in range(2):

@@ -259,7 +259,10 @@ def test_attention_slots_follow_hand_computed_trajectory_in_transformer_layer():
         assert step > 0 or bwd_before[3] == 1.0
 
 
-def test_state_dict_round_trip_restores_attention_state():
+def test_state_dict_round_trip_restores_attention_state(monkeypatch):
+    """TE's _extra_state format for every module, the DPA's included (TE's base-module pickle, loaded
+    only with NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1 as in TE)."""
+    monkeypatch.setenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1")
     torch.manual_seed(6)
     recipe = DelayedScaling(fp8_dpa=True, amax_history_len=3)
     layer = te.TransformerLayer(32, 64, 2, hidden_dropout=0.0, attention_dropout=0.0)
@@ -268,7 +271,8 @@ def test_state_dict_round_trip_restores_attention_state():
         with te.autocast(recipe=recipe):
             layer(x).sum().backward()
     sd = layer.state_dict()
-    assert "self_attention.core_attention._extra_state" in sd
+    extra = sd["self_attention.core_attention._extra_state"]
+    assert extra.dtype == torch.uint8 and extra.numel() > 0
     buf = io.BytesIO()
     torch.save(sd, buf)
     buf.seek(0)
@@ -303,3 +307,19 @@ def test_transformer_layer_bad_input():
         layer(torch.randn(4, 2, 32), attention_mask=torch.zeros(2, 1, 1, 4))
     with pytest.raises(ValueError, match="self_attn_mask_type 'diagonal' is not supported"):
         layer(torch.randn(4, 2, 32), self_attn_mask_type="diagonal")
+
+
+def test_dpa_extra_state_is_te_format_and_refused_without_opt_in(monkeypatch):
+    monkeypatch.delenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", raising=False)
+    dpa = te.DotProductAttention(2, 16, qkv_format="bshd")
+    assert dpa.get_extra_state().numel() == 0  # before any FP8 step, as TE
+    x = torch.randn(1, 8, 2, 16, requires_grad=True)
+    with te.autocast(recipe=DelayedScaling(fp8_dpa=True, amax_history_len=5)):
+        dpa(x, x, x).sum().backward()
+    state = dpa.get_extra_state()
+    fresh = te.DotProductAttention(2, 16, qkv_format="bshd")
+    with pytest.raises(RuntimeError, match="NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1"):
+        fresh.set_extra_state(state)
+    monkeypatch.setenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1")
+    fresh.set_extra_state(state)
+    assert fresh.fwd.amax_history.shape == (5, 9) and np.array_equal(fresh.bwd.scale, dpa.bwd.scale)

@@ -50,8 +50,8 @@ def test_install_and_uninstall_are_explicit_and_reversible(capsys: pytest.Captur
         assert is_transformer_engine_available()
         pt = importlib.import_module("fp8sim.pytorch")
         assert te.TransformerLayer is pt.TransformerLayer and te.DotProductAttention is pt.DotProductAttention
-        with pytest.raises(NotImplementedError, match="fp8_model_init"):
-            te.fp8_model_init(enabled=True)
+        with te.fp8_model_init(enabled=True):  # TE's deprecated name: FP8 primary weights
+            assert isinstance(te.Linear(16, 16).weight, te.Float8Tensor)
         assert capsys.readouterr().err.count("transformer_engine is emulated by fp8sim") == 1
     finally:
         shim.uninstall()
@@ -103,3 +103,63 @@ def test_run_needs_a_script(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert cli.main(["run"]) == 2
     assert "usage: fp8sim run" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(_te_really_installed(), reason="a real TransformerEngine is installed")
+def test_every_emulated_name_resolves_and_missing_ones_name_their_dotted_path() -> None:
+    import fp8sim.pytorch as fp8_te
+
+    shim.install(quiet=True)
+    try:
+        te = importlib.import_module("transformer_engine.pytorch")
+        for name in fp8_te.__all__:
+            assert getattr(te, name) is getattr(fp8_te, name)
+        assert te.RMSNorm is fp8_te.RMSNorm
+        linear = importlib.import_module("transformer_engine.pytorch.module.linear")
+        assert linear.Linear is fp8_te.Linear and te.module.LayerNormMLP is fp8_te.LayerNormMLP
+        from transformer_engine.pytorch.fp8 import check_fp8_support
+        from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+        from transformer_engine.pytorch.utils import is_non_tn_fp8_gemm_supported
+
+        assert check_fp8_support() == (True, "") and FP8GlobalStateManager is fp8_te.FP8GlobalStateManager
+        assert is_non_tn_fp8_gemm_supported() is False
+        with pytest.raises(NotImplementedError, match=r"^transformer_engine\.pytorch\.moe_permute is not emulated"):
+            te.moe_permute  # noqa: B018
+        assert not hasattr(te, "moe_permute")  # an AttributeError too: probes keep working
+        with pytest.raises(NotImplementedError, match=r"transformer_engine\.pytorch\.optimizers is not emulated"):
+            importlib.import_module("transformer_engine.pytorch.optimizers")
+        with pytest.raises(ImportError):
+            from transformer_engine.pytorch import cross_entropy  # noqa: F401
+    finally:
+        shim.uninstall()
+
+
+def test_device_map_runs_a_cuda_script_on_the_cpu_and_the_banner_is_printed_once() -> None:
+    cmd = [sys.executable, "-m", "fp8sim", "run", "--device-map", "cuda=cpu", str(DATA / "cuda_script.py")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert lines["DEVICE"] == "cpu torch.bfloat16 (9, 0)"
+    assert lines["CHILD_STDERR"] == "''"  # child interpreters stay silent (accelerate reads their stderr)
+    assert proc.stderr.count("transformer_engine is emulated by fp8sim") == 1
+    quiet = subprocess.run([*cmd[:4], "--quiet", *cmd[4:]], capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and "emulated by fp8sim" not in quiet.stderr
+    bad = subprocess.run([*cmd[:5], "cuda=xpu", cmd[-1]], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "expected 'cuda=cpu'" in bad.stderr
+
+
+@pytest.mark.skipif(_te_really_installed(), reason="a real TransformerEngine is installed")
+def test_te_tensor_submodules_resolve_where_tes_tests_import_them() -> None:
+    import fp8sim.pytorch as fp8_te
+
+    shim.install(quiet=True)
+    try:
+        from transformer_engine.pytorch import DType, Float8Quantizer
+        from transformer_engine.pytorch.constants import TE_DType
+        from transformer_engine.pytorch.tensor.float8_tensor import Float8Tensor
+        from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
+
+        assert Float8Tensor is fp8_te.Float8Tensor and MXFP8Quantizer is fp8_te.MXFP8Quantizer
+        assert Float8Quantizer is fp8_te.Float8Quantizer and DType is fp8_te.DType and TE_DType is not None
+    finally:
+        shim.uninstall()

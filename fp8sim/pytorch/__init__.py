@@ -5,8 +5,9 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("fp8sim.pytorch needs torch: pip install 'fp8sim[torch]'") from exc
 
-from . import utils
+from . import constants, utils
 from .attention import DotProductAttention, MultiheadAttention, RotaryPositionEmbedding, apply_rotary_pos_emb
+from .constants import DType
 from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm, TransformerEngineBaseModule
 from .quantization import (
     FP8GlobalStateManager,
@@ -22,6 +23,19 @@ from .quantization import (
     is_mxfp8_available,
     is_nvfp4_available,
     quantized_model_init,
+)
+from .tensor import (
+    Float8BlockQuantizer,
+    Float8BlockwiseQTensor,
+    Float8CurrentScalingQuantizer,
+    Float8Quantizer,
+    Float8Tensor,
+    MXFP8Quantizer,
+    MXFP8Tensor,
+    NVFP4Quantizer,
+    NVFP4Tensor,
+    QuantizedTensor,
+    Quantizer,
 )
 from .transformer import TransformerLayer
 from .utils import get_device_compute_capability, is_bf16_available
@@ -49,6 +63,19 @@ __all__ = [
     "is_bf16_available",
     "get_device_compute_capability",
     "utils",
+    "constants",
+    "DType",
+    "Quantizer",
+    "QuantizedTensor",
+    "Float8Quantizer",
+    "Float8CurrentScalingQuantizer",
+    "Float8Tensor",
+    "MXFP8Quantizer",
+    "MXFP8Tensor",
+    "Float8BlockQuantizer",
+    "Float8BlockwiseQTensor",
+    "NVFP4Quantizer",
+    "NVFP4Tensor",
     "DotProductAttention",
     "MultiheadAttention",
     "TransformerLayer",

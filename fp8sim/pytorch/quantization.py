@@ -37,6 +37,7 @@ __all__ = [
     "is_mxfp8_available",
     "is_nvfp4_available",
     "is_fp8_block_scaling_available",
+    "reduce_and_update_fp8_tensors",
 ]
 
 
@@ -54,6 +55,11 @@ class FP8State:
     fp8_parameters: bool = False  # inside quantized_model_init
     parameters_recipe: Recipe | None = None
     high_precision_init_val: bool = False
+    # TE's global amax buffers: (forward, autocast key) -> weak references to DelayedScalers, and the
+    # (recipe, group) of each key; they persist across regions until FP8GlobalStateManager.reset()
+    buffers: dict[tuple[bool, str], list[Any]] = field(default_factory=dict)
+    autocast_arguments: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    backward_token: Any = None  # the region whose backward update ran
 
 
 _STATE = FP8State()
@@ -88,6 +94,44 @@ def _register(module: Any, trainable: bool = True) -> bool:
         _STATE.first_module = module
         return True
     return False
+
+
+def _autocast_key(recipe: Recipe, group: Any) -> str:
+    """TE ``get_unique_autocast_key``: the recipe's repr and the group's identity."""
+    return f"recipe={recipe!r},group={None if group is None else id(group)}"
+
+
+def add_fp8_tensors_to_global_buffer(fwd: Any, bwd: Any, recipe: Recipe, group: Any) -> None:
+    """Register a GEMM's forward and backward DelayedScalers once in TE's global buffers."""
+    import weakref
+
+    key = _autocast_key(recipe, group)
+    _STATE.autocast_arguments[key] = (recipe, group)
+    for refs in _STATE.buffers.values():  # a scaler lives under one key: its latest recipe and group
+        refs[:] = [r for r in refs if r() is not fwd and r() is not bwd]
+    for forward, scaler in ((True, fwd), (False, bwd)):
+        _STATE.buffers.setdefault((forward, key), []).append(weakref.ref(scaler))
+
+
+def reduce_and_update_fp8_tensors(forward: bool = True, token: Any = None) -> None:
+    """TE ``FP8GlobalStateManager.reduce_and_update_fp8_tensors``: update every registered scaler of
+    one direction, whether or not its module ran (``token``: skip a second backward update for the
+    same region)."""
+    from ..scaling.delayed import reduce_and_update
+
+    if token is not None:
+        if _STATE.backward_token is token:
+            return
+        _STATE.backward_token = token
+    for (fw, key), refs in list(_STATE.buffers.items()):
+        if fw != forward:
+            continue
+        scalers = [r() for r in refs]
+        refs[:] = [r for r, sc in zip(refs, scalers, strict=True) if sc is not None]  # drop dead modules
+        live = [sc for sc in scalers if sc is not None]
+        if live:
+            recipe, group = _STATE.autocast_arguments[key]
+            reduce_and_update(live, group=group)
 
 
 @contextlib.contextmanager
@@ -133,8 +177,10 @@ def autocast(
         _STATE.graph = saved_graph
         if _STATE.depth == 0:
             if enabled and not _graph and torch.is_grad_enabled():
+                reduce_and_update_fp8_tensors(forward=True)  # every registered module, as TE
                 for m in modules:
-                    m._update_forward_scales()
+                    if not getattr(m, "_te_global_buffer", False):
+                        m._update_forward_scales()
             _STATE.modules, _STATE.first_module = [], None
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ...recipe import Recipe
-from ..quantization import current_state
+from ..quantization import current_state, reduce_and_update_fp8_tensors
 from ._gemm import gemm
 
 __all__ = ["fp8_linear", "hp_linear", "LinearOptions"]
@@ -100,16 +100,11 @@ class _FP8Linear(torch.autograd.Function):
             dy_row = module._quantize(dy, recipe, "grad", 1)
             dgrad = gemm(dy_row, ctx.w_col, recipe, "dgrad", acc)
             dy_col = dy_row if module._per_tensor(recipe) else module._quantize(dy, recipe, "grad", 0)
-            if module._wgrad_high_precision(recipe):
-                x_col = ctx.x_col
+            x_col = ctx.x_col
 
-                def wgrad_fn() -> torch.Tensor:
-                    return torch.matmul(dy.float().t(), x_col.dequant())
-            else:
-                x_col = ctx.x_col
+            def wgrad_fn() -> torch.Tensor:
+                return gemm(dy_col.t(), x_col, recipe, "wgrad", acc)
 
-                def wgrad_fn() -> torch.Tensor:
-                    return gemm(dy_col.t(), x_col, recipe, "wgrad", acc)
         else:
             dyh = dy.to(act)
             dgrad = _hp_gemm(dyh, ctx.w_col, act)
@@ -121,8 +116,10 @@ class _FP8Linear(torch.autograd.Function):
         dbias = dy.float().sum(0).to(ctx.dtypes[1]) if ctx.has_bias else None
         wgrad = _wgrad(ctx, wgrad_fn)
         if ctx.first:  # the first FP8 module's backward runs last: update every backward scale (spec 4.4)
+            reduce_and_update_fp8_tensors(forward=False, token=ctx.region)
             for m in ctx.region:
-                m._update_backward_scales()
+                if not getattr(m, "_te_global_buffer", False):
+                    m._update_backward_scales()
         return (dgrad.to(act).reshape(ctx.inp_shape), wgrad, dbias, None, None, None, None, None, None, None)
 
 

@@ -134,6 +134,9 @@ def quantize_operand(
     if isinstance(recipe, MXFP8BlockScaling):
         from ...scaling.mx import quantize_mx
 
+        if kind == "weight" and getattr(recipe, "enable_2d_quantization", False):
+            q = _mxfp8_2d(xn, fmt, k_axis)
+            return Operand(torch.from_numpy(q.dequantize()), fmt, qt=q)
         q = quantize_mx(xn, fmt, axis=k_axis, scale_rule="rceil", flavor="te")
         return Operand(torch.from_numpy(q.dequantize()), fmt, qt=q)
     if isinstance(recipe, Float8BlockScaling):
@@ -146,6 +149,51 @@ def quantize_operand(
         q = quantize_block_scaling(xn, fmt, block_dim=dim, columnwise=(dim == 1 and k_axis == 0), pow2=qp.power_2_scale)
         return Operand(torch.from_numpy(q.dequantize()), fmt, qt=q)
     raise NotImplementedError(f"fp8sim does not emulate the recipe {type(recipe).__name__}")
+
+
+def _e8m0_ceil(amax: np.ndarray, fmax: float) -> np.ndarray:
+    """TE's E8M0 scale code for a block amax: the exponent of ``fl32(amax / fmax)``, rounded up
+    when the mantissa is nonzero (not past 254; subnormals at most half an ulp round to 0); 0 for
+    amax 0 (TE ``tests/pytorch/test_mxfp8_2d_quantize.py`` ``_float_to_e8m0``)."""
+    val = (amax.astype(np.float32) / np.float32(fmax)).astype(np.float32)
+    bits = val.view(np.uint32)
+    exponent = ((bits >> 23) & 0xFF).astype(np.int32)
+    mantissa = bits & 0x7FFFFF
+    up = (mantissa > 0) & (exponent != 254) & ~((exponent == 0) & (mantissa <= 0x400000))
+    exponent = np.where(val == 0, 0, exponent + up)
+    return exponent.astype(np.uint8)
+
+
+def _mxfp8_2d(x: np.ndarray, fmt: FloatFormat, k_axis: int) -> Any:
+    """MXFP8 2D weight quantization (``MXFP8BlockScaling(enable_2d_quantization=True)``): one E8M0
+    scale per 32x32 tile, shared by the rowwise and the columnwise copy (TE ``quantization.py``
+    MXFP8BlockScalingRecipeState: linear weights only; reference ``_mxfp8_2d_quantize_reference``).
+    Returned as 1x32 blocks along ``k_axis`` whose scales repeat the tile's."""
+    from ...formats import E8M0
+    from ...scaling.quantized import QuantizedTensor
+
+    rows, cols = x.shape
+    pr, pc = -(-rows // 32) * 32, -(-cols // 32) * 32
+    xp = np.zeros((pr, pc), np.float32)
+    xp[:rows, :cols] = x
+    tiles = np.abs(xp).reshape(pr // 32, 32, pc // 32, 32).max(axis=(1, 3))
+    e8m0 = _e8m0_ceil(tiles, fmt.max)
+    scale_inv = np.ldexp(np.float32(1), e8m0.astype(np.int32) - 127).astype(np.float32)
+    full = np.repeat(np.repeat(scale_inv, 32, axis=0), 32, axis=1)
+    codes = encode(xp / full, fmt, saturate=True)  # exact division by a power of two, then RN
+    if k_axis == 1:
+        scales, block = np.repeat(e8m0, 32, axis=0), (1, 32)
+    else:
+        scales, block = np.repeat(e8m0, 32, axis=1), (32, 1)
+    return QuantizedTensor(
+        codes=np.asarray(codes, np.uint8),
+        scales=scales,
+        fmt=fmt,
+        block=block,
+        shape=(rows, cols),
+        dtype="float32",
+        scale_format=E8M0,
+    )
 
 
 def _nvfp4(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, k_axis: int, seed: int) -> Operand:

@@ -48,6 +48,8 @@ def make_linear_params(
     init_method = init_method or get_default_init_method()
     wnames, bnames, sizes = split_names(parameters_split, out_features)
     wnames, bnames = [prefix + n for n in wnames], [prefix + n for n in bnames]
+    if len(sizes) > 1 and getattr(module, "primary_weights_in_fp8", False):
+        raise RuntimeError("Splitting QuantizedTensor into multiple params is not supported")  # TE linear.py
     weight = torch.empty(out_features, in_features, dtype=dtype, device=device)
     bias_t = torch.empty(out_features, dtype=dtype, device=device) if bias else None
     bounds = [(sum(sizes[:i]), sum(sizes[: i + 1])) for i in range(len(sizes))]

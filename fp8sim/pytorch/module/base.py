@@ -8,6 +8,7 @@ register their parameters with an ``init_fn`` (TE's ``register_parameter``) so t
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,14 @@ from torch import nn
 
 from ...recipe import DelayedScaling, Recipe
 from ...scaling.delayed import DelayedScaler
-from ..quantization import _register, current_state, get_recipe
+from ..quantization import (
+    _register,
+    add_fp8_tensors_to_global_buffer,
+    current_state,
+    get_recipe,
+    reduce_and_update_fp8_tensors,
+)
+from ._fp8_params import is_fp8_weight, operand_from_fp8_weight, quantize_primary_weights
 from ._linear_function import LinearOptions, fp8_linear, hp_linear
 from ._operands import PER_TENSOR, Operand, nan_skipping_amax, quantize_operand
 
@@ -71,26 +79,28 @@ class _GemmState:
         self.group: Any = None
         self.calls = 0
         self.stats: dict | None = None
+        self.key: tuple | None = None
 
-    def ensure(self, recipe: Recipe) -> None:
+    def ensure(self, recipe: Recipe, group: Any = None) -> None:
+        """Delayed-scaling state for ``recipe``: created once, then carried over to a new
+        DelayedScaling recipe as TE's ``set_meta_tensor`` does (scale kept, history cut or padded),
+        and registered in TE's global buffer under the recipe and group."""
         if not isinstance(recipe, DelayedScaling):
             return
-        if self.fwd is None or self.fwd.recipe != recipe:
-            old = (self.fwd, self.bwd)
+        if self.fwd is None:
             self.fwd = DelayedScaler(recipe, n=3, forward=True)
             self.bwd = DelayedScaler(recipe, n=2, forward=False)
-            for new, prev in zip((self.fwd, self.bwd), old, strict=True):
-                if prev is not None and prev.amax_history.shape == new.amax_history.shape:
-                    new.scale, new.amax_history = prev.scale, prev.amax_history
+        elif self.fwd.recipe == recipe and self.key == (repr(recipe), id(group)):
+            return
+        elif self.fwd.recipe != recipe:
+            self.fwd.set_recipe(recipe)
+            self.bwd.set_recipe(recipe)
+        self.key = (repr(recipe), id(group))
+        add_fp8_tensors_to_global_buffer(self.fwd, self.bwd, recipe, group)
 
     @staticmethod
     def _per_tensor(recipe: Recipe) -> bool:
         return isinstance(recipe, PER_TENSOR)
-
-    @staticmethod
-    def _wgrad_high_precision(recipe: Recipe) -> bool:
-        olp = getattr(recipe, "override_linear_precision", None)
-        return isinstance(recipe, DelayedScaling) and olp is not None and bool(olp.wgrad)
 
     def _quantize(self, x: torch.Tensor, recipe: Recipe, kind: str, k_axis: int) -> Operand:
         self.calls += 1
@@ -101,6 +111,13 @@ class _GemmState:
     def _weight_operands(self, w: torch.Tensor, recipe: Recipe, is_first_microbatch: bool | None) -> tuple:
         if is_first_microbatch is False and self.weight_cache is not None:
             return self.weight_cache  # TE reuses the cached FP8 weight and its old scale_inv
+        if is_fp8_weight(w):  # an FP8 primary weight: its own codes and scale_inv
+            if not self._per_tensor(recipe):
+                raise NotImplementedError(
+                    f"FP8 primary weights under {type(recipe).__name__}: fp8sim emulates them for per-tensor recipes"
+                )
+            op = operand_from_fp8_weight(w)
+            return op, op
         row = self._quantize(w, recipe, "weight", 1)
         col = row if self._per_tensor(recipe) else self._quantize(w, recipe, "weight", 0)
         if is_first_microbatch is not None:
@@ -172,6 +189,7 @@ class TransformerEngineBaseModule(nn.Module):
         self.name = name
         self.fp8_gemms = {n: _GemmState() for n in self._gemm_names}
         self._init_fns: dict[str, Callable[[torch.Tensor], Any]] = {}
+        self._last_recipe: Recipe | None = None  # the recipe of the last FP8 or calibration step
 
     def _init_common(
         self,
@@ -187,6 +205,10 @@ class TransformerEngineBaseModule(nn.Module):
         save_original_input: bool = False,
     ) -> None:
         """The options every TE GEMM module shares (single-process semantics for the parallel ones)."""
+        st = current_state()
+        self.primary_weights_in_fp8 = st.fp8_parameters  # inside quantized_model_init
+        self._param_recipe = st.parameters_recipe
+        self._preserve_high_precision_init_val = st.high_precision_init_val
         if parallel_mode not in (None, "column", "row"):
             raise ValueError(f"parallel_mode {parallel_mode!r} not supported; known: None, 'column', 'row'")
         if tp_group is not None:
@@ -239,14 +261,35 @@ class TransformerEngineBaseModule(nn.Module):
             self._init_fns[name] = init_fn
 
     def reset_parameters(self, defer_init: bool | None = False) -> None:
-        """Re-initialise every registered parameter with its ``init_fn`` (TE ``base.py``)."""
+        """Re-initialise every registered parameter with its ``init_fn`` (TE ``base.py``); inside
+        ``quantized_model_init`` the weights are then quantized (FP8 primary weights)."""
         if defer_init:
             return
+        fp8_names = []
         with torch.no_grad():
             for name, fn in self._init_fns.items():
                 p = getattr(self, name, None)
-                if p is not None and p.device.type != "meta":
-                    fn(p)
+                if p is None or p.device.type == "meta":
+                    continue
+                if (
+                    getattr(self, "primary_weights_in_fp8", False)
+                    and name.endswith("weight")
+                    and name in self._weights()
+                ):
+                    fp8_names.append(name)
+                    if is_fp8_weight(p):  # re-initialise in high precision, then quantize again
+                        p = torch.empty(p.shape, dtype=p.dtype, device=p.device)
+                        super().register_parameter(name, nn.Parameter(p))
+                fn(p)
+        if fp8_names:
+            quantize_primary_weights(self, fp8_names, self._param_recipe, self._preserve_high_precision_init_val)
+
+    def _weights(self) -> list[str]:
+        """The GEMM weight parameters (FP8 primary weights apply to these)."""
+        return list(getattr(self, "weight_names", [])) + [n for n in ("fc1_weight", "fc2_weight") if hasattr(self, n)]
+
+    def _gemm_of_weight(self, name: str) -> str:
+        return name.split("_")[0] if name.startswith("fc") else "gemm"
 
     # -- statistics ------------------------------------------------------------------------------
     def collect_stats(self, enabled: bool = True) -> None:
@@ -263,13 +306,17 @@ class TransformerEngineBaseModule(nn.Module):
         return out
 
     # -- scale updates ---------------------------------------------------------------------------
+    # TE updates delayed-scaling state through its global buffers (``quantization.py``
+    # ``reduce_and_update_fp8_tensors``): autocast's exit does the forward, the first trainable FP8
+    # module's backward the backward update.  These hooks serve other region members that call them.
+    _te_global_buffer = True
+    _region_token: Any = None
+
     def _update_forward_scales(self) -> None:
-        for g in self.fp8_gemms.values():
-            g._update_forward_scales()
+        reduce_and_update_fp8_tensors(forward=True)
 
     def _update_backward_scales(self) -> None:
-        for g in self.fp8_gemms.values():
-            g._update_backward_scales()
+        reduce_and_update_fp8_tensors(forward=False, token=self._region_token)
 
     # -- the GEMM --------------------------------------------------------------------------------
     def _check_input_dtype(self, inp: torch.Tensor) -> None:
@@ -311,14 +358,17 @@ class TransformerEngineBaseModule(nn.Module):
         act = act_dtype or self._activation_dtype(x)
         if st.enabled:  # TE computes in FP8 whenever enabled, calibrating or not
             recipe = get_recipe()
+            self._last_recipe = recipe
             assert_dim_for_fp8_exec(x, w)
-            g.ensure(recipe)
+            g.ensure(recipe, st.group)
             g.group = st.group
             first = _register(self, _requires_grad(x, w, b))
+            self._region_token = st.modules
             acc = st.accumulator if st.accumulator is not None else self.accumulator
             if act_dtype is None:
                 x = x.to(act)
-            w = w.to(act)
+            if not is_fp8_weight(w):
+                w = w.to(act)
             if b is not None:  # TE: cuBLAS takes no FP32 bias in an FP8 GEMM, so an FP32 bias goes through BF16
                 b = b.to(torch.bfloat16 if act == torch.float32 else act)
             opts = LinearOptions(
@@ -331,8 +381,9 @@ class TransformerEngineBaseModule(nn.Module):
                 return fp8_linear(x, w, b, g, recipe, acc, is_first_microbatch, first, act, opts)
         if st.calibrating:  # only where FP8 compute is off (TE linear.py: ``if not fp8 and fp8_calibration``)
             recipe = get_recipe()
+            self._last_recipe = recipe
             if isinstance(recipe, DelayedScaling):
-                g.ensure(recipe)
+                g.ensure(recipe, st.group)
                 g.group = st.group
                 _register(self, False)
                 for idx, t in ((0, x), (1, w)):  # TE overwrites the staging amax (a NaN passes)
@@ -364,30 +415,84 @@ class TransformerEngineBaseModule(nn.Module):
         return meta
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def get_extra_state(self) -> dict[str, Any]:
-        return {n: g.state() for n, g in self.fp8_gemms.items()}
+    def get_extra_state(self) -> torch.Tensor:
+        """TE's ``_extra_state``: an empty uint8 tensor before any FP8 step or for a stateless recipe;
+        for delayed scaling TE's pickled dict (``recipe``, ``scale_fwd``, ``amax_history_fwd``,
+        ``scale_bwd``, ``amax_history_bwd``, ``extra_fp8_variables``), all GEMMs in one layout."""
+        from .._extra_state_te import encode_te_extra_state
+
+        recipe = self._last_recipe
+        gemms = list(self.fp8_gemms.values())
+        if recipe is None or not isinstance(recipe, DelayedScaling) or any(g.fwd is None for g in gemms):
+            return torch.empty(0, dtype=torch.uint8)  # nothing to checkpoint, or a stateless recipe
+        meta = self.fp8_meta
+        return encode_te_extra_state(
+            recipe,
+            scale_fwd=meta["scaling_fwd"].scale,
+            amax_history_fwd=meta["scaling_fwd"].amax_history,
+            scale_bwd=meta["scaling_bwd"].scale,
+            amax_history_bwd=meta["scaling_bwd"].amax_history,
+            extra_fp8_variables={"fp8_checkpoint": True, "num_gemms": len(gemms)},
+        )
 
     def set_extra_state(self, state: Any) -> None:
+        """Load TE's format (as TE: a delayed-scaling pickle needs ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1``)
+        or fp8sim's earlier per-GEMM dict."""
+        from .._extra_state_te import decode_te_extra_state, is_te_extra_state
+
         if state is None or (isinstance(state, dict) and not state):
+            return
+        name = type(self).__name__
+        if is_te_extra_state(state) or isinstance(state, io.BytesIO):
+            te_state = decode_te_extra_state(state, name)
+            if te_state is None:
+                return
+            self._last_recipe = te_state.recipe
+            if te_state.scale_fwd is None:
+                return
+            self._load_te_tensors(te_state)
             return
         if not isinstance(state, dict) or not all(isinstance(v, dict) for v in state.values()):
             raise RuntimeError(
-                f"{type(self).__name__}: unreadable _extra_state ({type(state).__name__}); expected fp8sim's "
-                "per-GEMM dict or TransformerEngine's pickled uint8 tensor"
+                f"{name}: unreadable _extra_state ({type(state).__name__}); expected TransformerEngine's "
+                "pickled uint8 tensor or fp8sim's per-GEMM dict"
             )
         unknown = sorted(set(state) - set(self.fp8_gemms))
         if unknown:
             raise RuntimeError(
-                f"{type(self).__name__}: _extra_state holds FP8 state of GEMMs {unknown}, but this module has "
+                f"{name}: _extra_state holds FP8 state of GEMMs {unknown}, but this module has "
                 f"{sorted(self.fp8_gemms)}: the checkpoint comes from another module type"
             )
         keys = {"fwd_scale", "fwd_amax_history", "bwd_scale", "bwd_amax_history"}
         for n, st in state.items():
             if st and set(st) != keys:
-                raise RuntimeError(
-                    f"{type(self).__name__}: _extra_state of GEMM {n!r} has keys {sorted(st)}; expected {sorted(keys)}"
-                )
+                raise RuntimeError(f"{name}: _extra_state of GEMM {n!r} has keys {sorted(st)}; expected {sorted(keys)}")
             self.fp8_gemms[n].load(st)
+
+    def _load_te_tensors(self, st: Any) -> None:
+        n = len(self.fp8_gemms)
+        shapes = (tuple(st.scale_fwd.shape), tuple(st.scale_bwd.shape), st.amax_history_fwd.dim())
+        if shapes[:2] != ((3 * n,), (2 * n,)) or shapes[2] != 2 or st.amax_history_fwd.shape[1] != 3 * n:
+            raise RuntimeError(
+                f"{type(self).__name__}: _extra_state holds delayed-scaling state for {st.scale_fwd.numel() // 3} "
+                f"GEMM(s) (scale_fwd {list(st.scale_fwd.shape)}), this module has {n}: the checkpoint comes "
+                "from another module type"
+            )
+        recipe = st.recipe if isinstance(st.recipe, DelayedScaling) else DelayedScaling()
+        for i, g in enumerate(self.fp8_gemms.values()):
+            g.ensure(recipe)
+            g.fwd.load_state_dict(
+                {
+                    "scale": st.scale_fwd[3 * i : 3 * i + 3].numpy(),
+                    "amax_history": st.amax_history_fwd[:, 3 * i : 3 * i + 3].numpy(),
+                }
+            )
+            g.bwd.load_state_dict(
+                {
+                    "scale": st.scale_bwd[2 * i : 2 * i + 2].numpy(),
+                    "amax_history": st.amax_history_bwd[:, 2 * i : 2 * i + 2].numpy(),
+                }
+            )
 
 
 class _ScalingMeta:

@@ -138,29 +138,52 @@ class DotProductAttention(nn.Module):
         if self.bwd is not None:
             self.bwd.update(group=self.group)
 
-    def get_extra_state(self) -> dict[str, torch.Tensor]:
+    def get_extra_state(self) -> torch.Tensor:
+        """TE's ``_extra_state`` (the base module's format): an empty uint8 tensor before any FP8 step,
+        else the pickled delayed-scaling state of the module's 3-GEMM layout (9 forward, 6 backward)."""
+        from ..._extra_state_te import encode_te_extra_state
+
         if self.fwd is None:
-            return {}
-        return {
-            "fwd_scale": torch.from_numpy(self.fwd.scale.copy()),
-            "fwd_amax_history": torch.from_numpy(self.fwd.amax_history.copy()),
-            "bwd_scale": torch.from_numpy(self.bwd.scale.copy()),
-            "bwd_amax_history": torch.from_numpy(self.bwd.amax_history.copy()),
-        }
+            return torch.empty(0, dtype=torch.uint8)
+        return encode_te_extra_state(
+            self.fwd.recipe,
+            scale_fwd=torch.from_numpy(self.fwd.scale.copy()),
+            amax_history_fwd=torch.from_numpy(self.fwd.amax_history.copy()),
+            scale_bwd=torch.from_numpy(self.bwd.scale.copy()),
+            amax_history_bwd=torch.from_numpy(self.bwd.amax_history.copy()),
+            extra_fp8_variables={"fp8_checkpoint": True, "num_gemms": 3},
+        )
 
     def set_extra_state(self, state: Any) -> None:
-        if not state:
+        """Load TE's format (a delayed-scaling pickle needs ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1``,
+        as in TE) or a dict of ``fwd_scale``, ``fwd_amax_history``, ``bwd_scale``, ``bwd_amax_history``."""
+        from ..._extra_state_te import decode_te_extra_state
+
+        if state is None or (isinstance(state, dict) and not state):
             return
-        recipe = self.fwd.recipe if self.fwd is not None else None
-        if recipe is None or recipe.amax_history_len != state["fwd_amax_history"].shape[0]:
-            recipe = DelayedScaling(amax_history_len=state["fwd_amax_history"].shape[0])
+        if isinstance(state, dict):
+            arrays = [state[k] for k in ("fwd_scale", "fwd_amax_history", "bwd_scale", "bwd_amax_history")]
+            recipe = None
+        else:
+            te_state = decode_te_extra_state(state, "DotProductAttention")
+            if te_state is None or te_state.scale_fwd is None:
+                return
+            arrays = [te_state.scale_fwd, te_state.amax_history_fwd, te_state.scale_bwd, te_state.amax_history_bwd]
+            recipe = te_state.recipe if isinstance(te_state.recipe, DelayedScaling) else None
+        if tuple(arrays[0].shape) != (9,) or tuple(arrays[2].shape) != (6,):
+            raise RuntimeError(
+                "DotProductAttention: _extra_state holds "
+                f"{tuple(arrays[0].shape)} forward / {tuple(arrays[2].shape)} backward scales; expected (9,) / (6,)"
+            )
+        hist_len = arrays[1].shape[0]
+        if recipe is None or recipe.amax_history_len != hist_len:
+            recipe = self.fwd.recipe if self.fwd is not None else DelayedScaling(amax_history_len=hist_len)
+            if recipe.amax_history_len != hist_len:
+                recipe = DelayedScaling(amax_history_len=hist_len)
         self._ensure_state(recipe)
-        self.fwd.load_state_dict(
-            {"scale": state["fwd_scale"].numpy(), "amax_history": state["fwd_amax_history"].numpy()}
-        )
-        self.bwd.load_state_dict(
-            {"scale": state["bwd_scale"].numpy(), "amax_history": state["bwd_amax_history"].numpy()}
-        )
+        f_s, f_h, b_s, b_h = (torch.as_tensor(t).float().numpy() for t in arrays)
+        self.fwd.load_state_dict({"scale": f_s, "amax_history": f_h})
+        self.bwd.load_state_dict({"scale": b_s, "amax_history": b_h})
 
     def _quantizers(self, recipe: Recipe) -> dict[str, Quantizer | None]:
         fwd_fmt, bwd_fmt = tensor_format(recipe.fp8_format, True), tensor_format(recipe.fp8_format, False)

@@ -1,0 +1,34 @@
+"""TE's quantizer and quantized-tensor classes (``transformer_engine.pytorch.tensor``)."""
+
+from .custom_recipe import (
+    CustomQuantizers,
+    DelayedScalingRequest,
+    QuantizerRequest,
+    QuantizerRole,
+    custom_recipe_quantizers,
+)
+from .float8_blockwise_tensor import Float8BlockQuantizer, Float8BlockwiseQTensor
+from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor, delayed_scaling_quantizers
+from .mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
+from .nvfp4_tensor import NVFP4Quantizer, NVFP4Tensor
+from .quantized_tensor import QuantizedTensor, Quantizer
+
+__all__ = [
+    "Quantizer",
+    "QuantizedTensor",
+    "Float8Quantizer",
+    "Float8CurrentScalingQuantizer",
+    "Float8Tensor",
+    "MXFP8Quantizer",
+    "MXFP8Tensor",
+    "Float8BlockQuantizer",
+    "Float8BlockwiseQTensor",
+    "NVFP4Quantizer",
+    "NVFP4Tensor",
+    "delayed_scaling_quantizers",
+    "QuantizerRole",
+    "QuantizerRequest",
+    "DelayedScalingRequest",
+    "CustomQuantizers",
+    "custom_recipe_quantizers",
+]

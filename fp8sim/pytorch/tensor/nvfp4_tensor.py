@@ -1,0 +1,194 @@
+"""TE's ``NVFP4Quantizer`` and ``NVFP4Tensor`` (TE: ``pytorch/tensor/nvfp4_tensor.py``).
+
+Numerics are ``fp8sim.scaling.quantize_nvfp4(flavor="te")`` over the 2-D view ``(M, K)``: the
+rowwise copy blocks the last dim; the columnwise copy is the transposed ``(K, M)`` tensor, with the
+random Hadamard transform when ``with_rht`` (its amax then taken after the transform, TE's
+``with_post_rht_amax``).  Layouts are TE's (``get_scale_shape``): E2M1 codes packed two per byte
+(element 2i in the low nibble), rowwise ``(*shape[:-1], K/2)`` and columnwise ``(K, M/2)``; E4M3
+block scales (uint8) of shape ``(round_up(M, 128), round_up(ceil(K/16), 4))`` and
+``(round_up(K, 128), round_up(ceil(M/16), 4))``; ``_amax_rowwise`` / ``_amax_columnwise`` float32
+(one per row for ``row_scaled_nvfp4``).  Dequantization is TE's (``dequantize_nvfp4.cuh``, via
+``fp8sim.scaling.dequantize_nvfp4``).  Stochastic rounding uses fp8sim's seeded generator (TE's
+Philox bits are not emulated, spec section 10); 4over6 is not emulated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...formats import get_format
+from ...scaling.nvfp4 import dequantize_nvfp4, quantize_nvfp4
+from ...scaling.packing import pack_fp4, unpack_fp4
+from ...scaling.quantized import QuantizedTensor as _SimQT
+from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType
+from ._blockwise import BlockScaledTensor, check_usage, flatten_2d, padded, round_up
+from .quantized_tensor import Quantizer, _check_high_precision
+
+__all__ = ["NVFP4Quantizer", "NVFP4Tensor"]
+
+_B = NVFP4_BLOCK_SCALING_SIZE
+_E2M1, _E4M3 = get_format("e2m1"), get_format("e4m3")
+_OUT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+class NVFP4Quantizer(Quantizer):
+    """NVFP4: E2M1 elements, E4M3 scales per 16 (or per 16x16 tile with ``with_2d_quantization``),
+    a float32 global scale from the amax (all-reduced with MAX when ``with_amax_reduction``)."""
+
+    def __init__(
+        self,
+        fp4_dtype: DType | int = DType.kFloat4E2M1,
+        rowwise: bool = True,
+        columnwise: bool = True,
+        with_amax_reduction: bool = False,
+        amax_reduction_group: Any = None,
+        with_rht: bool = False,
+        with_post_rht_amax: bool = False,
+        with_2d_quantization: bool = False,
+        stochastic_rounding: bool = False,
+        row_scaled_nvfp4: bool = False,
+        nvfp4_use_4over6: bool = False,
+        nvfp4_e4m3_max: int = 448,
+        nvfp4_4over6_err_mode: str = "MAE",
+        with_random_sign_mask: bool = True,
+    ) -> None:
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        self.dtype = DType.cast(fp4_dtype)
+        if self.dtype != DType.kFloat4E2M1:
+            raise ValueError(f"fp4_dtype must be DType.kFloat4E2M1, got {self.dtype!r}")
+        self.with_rht = with_rht
+        self.with_post_rht_amax = with_post_rht_amax
+        self.with_amax_reduction = with_amax_reduction
+        self.amax_reduction_group = amax_reduction_group
+        self.with_2d_quantization = with_2d_quantization
+        self.stochastic_rounding = stochastic_rounding
+        self.row_scaled_nvfp4 = row_scaled_nvfp4
+        self.nvfp4_use_4over6 = nvfp4_use_4over6
+        self.nvfp4_e4m3_max = nvfp4_e4m3_max if nvfp4_use_4over6 else 448
+        if self.nvfp4_e4m3_max not in (448, 256):
+            raise ValueError("nvfp4_e4m3_max must be 448 or 256.")
+        self.nvfp4_4over6_err_mode = nvfp4_4over6_err_mode.upper()
+        if self.nvfp4_4over6_err_mode not in ("MAE", "MSE"):
+            raise ValueError("nvfp4_4over6_err_mode must be 'MAE' or 'MSE'.")
+        self.with_random_sign_mask = with_random_sign_mask
+        self._calls = 0  # stochastic-rounding seed counter
+
+    def copy(self) -> NVFP4Quantizer:
+        q = NVFP4Quantizer.__new__(NVFP4Quantizer)
+        q.__dict__.update(self.__dict__)
+        return q
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["amax_reduction_group"] = None
+        return state
+
+    def get_scale_shape(self, shape: tuple[int, ...], columnwise: bool) -> tuple[int, int]:
+        m, k = flatten_2d(shape)
+        if columnwise:
+            return round_up(k, 128), round_up(-(-m // _B), 4)
+        return round_up(m, 128), round_up(-(-k // _B), 4)
+
+    def _unsupported(self) -> str | None:
+        if self.nvfp4_use_4over6:
+            return "nvfp4_use_4over6=True (4over6 block selection)"
+        if self.with_rht and not self.with_random_sign_mask:
+            return "with_rht=True with with_random_sign_mask=False"
+        if self.with_rht != self.with_post_rht_amax and self.columnwise_usage:
+            return "with_rht != with_post_rht_amax (fp8sim takes the columnwise amax after the transform)"
+        return None
+
+    def quantize_impl(self, tensor: torch.Tensor) -> NVFP4Tensor:
+        _check_high_precision(tensor, type(self).__name__)
+        check_usage(self)
+        why = self._unsupported()
+        if why:
+            raise NotImplementedError(f"NVFP4Quantizer: {why} is not emulated by fp8sim")
+        shape = tuple(tensor.shape)
+        m, k = flatten_2d(shape)
+        x = tensor.detach().to("cpu").reshape(m, k)
+        seed = None
+        if self.stochastic_rounding:
+            self._calls += 1
+            seed = self._calls
+        common = dict(flavor="te", block_2d=self.with_2d_quantization, stochastic=self.stochastic_rounding)
+        out: dict[str, Any] = {}
+        if self.rowwise_usage:
+            amax = self._reduced(x.abs().float().nan_to_num(0.0).amax()) if self.with_amax_reduction else None
+            q = quantize_nvfp4(x, **common, seed=seed, row_scaled=self.row_scaled_nvfp4, global_amax=amax)
+            out.update(
+                rowwise_data=pack_fp4(torch.from_numpy(q.codes[:m, :k])).reshape(*shape[:-1], k // 2),
+                rowwise_scale_inv=padded(self._per_row(q.scales), self.get_scale_shape(shape, False), torch.uint8),
+                amax_rowwise=torch.as_tensor(np.asarray(q.global_amax, np.float32)).reshape(-1),
+            )
+        if self.columnwise_usage:
+            xt = x.t().contiguous()
+            s2 = None if seed is None else seed + 2**32
+            q = quantize_nvfp4(xt, **common, rht=self.with_rht, seed=s2)
+            out.update(
+                columnwise_data=pack_fp4(torch.from_numpy(q.codes[:k, :m])),
+                columnwise_scale_inv=padded(self._per_row(q.scales), self.get_scale_shape(shape, True), torch.uint8),
+                amax_columnwise=torch.tensor([q.global_amax], dtype=torch.float32),
+            )
+        dev = tensor.device
+        out = {key: v.to(dev) for key, v in out.items()}
+        return NVFP4Tensor(
+            shape=shape,
+            dtype=tensor.dtype,
+            device=dev,
+            rowwise_data=out.get("rowwise_data"),
+            rowwise_scale_inv=out.get("rowwise_scale_inv"),
+            columnwise_data=out.get("columnwise_data"),
+            columnwise_scale_inv=out.get("columnwise_scale_inv"),
+            amax_rowwise=out.get("amax_rowwise"),
+            amax_columnwise=out.get("amax_columnwise"),
+            fp4_dtype=self.dtype,
+            quantizer=self,
+            with_2d_quantization=self.with_2d_quantization,
+        )
+
+    def _per_row(self, scales: np.ndarray) -> np.ndarray:
+        """16x16 tile scales written on every row of their tile (the 1-D layout; fp8sim's choice)."""
+        return np.repeat(scales, _B, axis=0) if self.with_2d_quantization else scales
+
+    def _reduced(self, amax: torch.Tensor) -> float:
+        import torch.distributed as dist
+
+        t = amax.reshape(1).clone()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size(self.amax_reduction_group) > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.amax_reduction_group)
+        return float(t.item())
+
+
+class NVFP4Tensor(BlockScaledTensor):
+    """NVFP4 data: packed ``_rowwise_data`` / ``_columnwise_data``, uint8 E4M3
+    ``_rowwise_scale_inv`` / ``_columnwise_scale_inv``, float32 ``_amax_rowwise`` /
+    ``_amax_columnwise``, ``_fp4_dtype``."""
+
+    _extra_fields = ("amax_rowwise", "amax_columnwise", "with_2d_quantization")
+    _dtype_field = "fp4_dtype"
+
+    def _copy(self, data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, rows: int, cols: int) -> np.ndarray:
+        codes = unpack_fp4(data.reshape(rows, cols // 2).cpu()).numpy()
+        tiles = bool(self._with_2d_quantization)
+        block = (_B, _B) if tiles else (1, _B)
+        # the 2-D tile scale is repeated on each row of its tile in TE's (rows, cols/16) layout
+        scales = scale[:rows, : -(-cols // _B)].cpu().numpy()
+        if tiles:
+            scales = scales[::_B]
+        a = amax.cpu().numpy().astype(np.float32)
+        qt = _SimQT(codes, scales, _E2M1, block, (rows, cols), "float32", scale_format=_E4M3, global_scale=1.0)
+        return dequantize_nvfp4(qt, "te", global_amax=a if a.size > 1 else float(a.reshape(-1)[0]))
+
+    def _dequantize_rowwise(self) -> torch.Tensor:
+        m, k = flatten_2d(self.shape)
+        out = self._copy(self._rowwise_data, self._rowwise_scale_inv, self._amax_rowwise, m, k)
+        return torch.from_numpy(out).reshape(self.shape)
+
+    def _dequantize_columnwise(self) -> torch.Tensor:
+        m, k = flatten_2d(self.shape)
+        out = self._copy(self._columnwise_data, self._columnwise_scale_inv, self._amax_columnwise, k, m)
+        return torch.from_numpy(np.ascontiguousarray(out.T)).reshape(self.shape)

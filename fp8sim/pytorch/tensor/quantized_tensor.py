@@ -1,0 +1,308 @@
+"""TE's ``Quantizer`` and ``QuantizedTensor`` bases (TE: ``pytorch/quantized_tensor.py``).
+
+A quantizer turns a high-precision tensor into a quantized tensor; the quantized tensor is a
+``torch.Tensor`` wrapper subclass (``_make_wrapper_subclass`` + ``__torch_dispatch__``, torch 2.7+)
+whose ``dtype`` is the nominal high-precision dtype and whose data are the codes and scales fp8sim's
+bit-exact ``fp8sim.scaling`` computes.  As in TE, an op the subclass does not handle runs on the
+dequantized values, and an in-place op dequantizes, runs, and quantizes the result back.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+__all__ = ["Quantizer", "QuantizedTensor"]
+
+_HIGH_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class _QuantizeFunc(torch.autograd.Function):
+    """Quantize in the forward pass; the gradient passes straight through (TE's ``_QuantizeFunc``)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, impl: Any) -> Any:  # noqa: ARG004
+        return impl(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return grad, None
+
+
+class _IdentityFunc(torch.autograd.Function):
+    """A new quantized tensor over ``init`` data, with an identity gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: QuantizedTensor, init: dict[str, Any] | None = None) -> QuantizedTensor:  # noqa: ARG004
+        kwargs = tensor.get_metadata()
+        kwargs.update(init or {})
+        return type(tensor)(shape=tensor.shape, dtype=tensor.dtype, device=tensor.device, **kwargs)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return grad, None
+
+
+class Quantizer(abc.ABC):
+    """Builder of quantized tensors.  ``rowwise_usage``: keep the data laid out for ``x @ W^T``
+    (row-major); ``columnwise_usage``: keep the copy the transposed GEMMs (dgrad/wgrad) read;
+    ``internal``: TE returns storage objects without autograd (fp8sim returns the same tensors)."""
+
+    rowwise_usage: bool
+    columnwise_usage: bool
+    internal: bool
+    optimize_for_gemm: bool
+
+    def __init__(self, *, rowwise: bool, columnwise: bool) -> None:
+        self.rowwise_usage = rowwise
+        self.columnwise_usage = columnwise
+        self.internal = False
+        self.optimize_for_gemm = False
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(rowwise_usage={self.rowwise_usage}, "
+            f"columnwise_usage={self.columnwise_usage}, internal={self.internal}, )"
+        )
+
+    def set_usage(self, *, rowwise: bool | None = None, columnwise: bool | None = None) -> None:
+        """Which copies later quantizations produce (None: unchanged)."""
+        if rowwise is not None:
+            self.rowwise_usage = rowwise
+        if columnwise is not None:
+            self.columnwise_usage = columnwise
+
+    def get_usages(self) -> dict[str, bool]:
+        return {"rowwise": self.rowwise_usage, "columnwise": self.columnwise_usage}
+
+    @abc.abstractmethod
+    def quantize_impl(self, tensor: torch.Tensor) -> QuantizedTensor:
+        """Quantize ``tensor`` (no autograd)."""
+
+    @abc.abstractmethod
+    def copy(self) -> Quantizer:
+        """A shallow copy (shared state tensors)."""
+
+    def update_quantized(
+        self, src: torch.Tensor, dst: QuantizedTensor, *, noop_flag: torch.Tensor | None = None
+    ) -> QuantizedTensor:
+        """Quantize ``src`` into ``dst`` in place (skipped when ``noop_flag`` is 1, as TE's kernels)."""
+        if noop_flag is not None and float(noop_flag.reshape(-1)[0]) == 1.0:
+            return dst
+        if isinstance(src, QuantizedTensor):
+            src = src.dequantize()
+        new = self.quantize_impl(src.detach())
+        dst._assign_from(new)
+        return dst
+
+    def quantize(
+        self, tensor: torch.Tensor, *, out: QuantizedTensor | None = None, dtype: torch.dtype | None = None
+    ) -> QuantizedTensor:
+        """Quantize ``tensor`` (into ``out`` when given); under grad mode the result is connected to
+        ``tensor`` with a straight-through gradient, as TE's ``_QuantizeFunc``."""
+        del dtype  # used by some upstream overrides only
+        if out is not None:
+            return self.update_quantized(tensor, out)
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{type(self).__name__} quantizes a torch.Tensor, got {type(tensor).__name__}")
+        if not self.internal and torch.is_grad_enabled() and tensor.requires_grad:
+            return _QuantizeFunc.apply(tensor, self.quantize_impl)
+        return self.quantize_impl(tensor.detach())
+
+    def __call__(self, tensor: torch.Tensor) -> QuantizedTensor:
+        return self.quantize(tensor)
+
+    def multi_quantize(self, list_of_tensors: Iterable[torch.Tensor]) -> list[QuantizedTensor]:
+        return [self.quantize(t) for t in list_of_tensors]
+
+    def make_empty(
+        self,
+        shape: Iterable[int],
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        requires_grad: bool = False,
+        pin_memory: bool = False,
+    ) -> QuantizedTensor:
+        """A quantized tensor of ``shape`` with this quantizer's usages (its data: quantized zeros,
+        where TE leaves it uninitialised)."""
+        del pin_memory
+        out = self.quantize_impl(torch.zeros(tuple(shape), dtype=dtype, device=device or "cpu"))
+        out.requires_grad_(requires_grad)
+        return out
+
+    def calibrate(self, tensor: torch.Tensor) -> None:
+        """Record statistics without quantizing (no-op unless the scaling keeps state)."""
+        del tensor
+
+    def is_quantizable(self, inp: torch.Tensor) -> bool:
+        del inp
+        return True
+
+
+def _check_high_precision(tensor: torch.Tensor, who: str) -> None:
+    if tensor.dtype not in _HIGH_PRECISION:
+        allowed = ", ".join(str(d) for d in _HIGH_PRECISION)
+        raise TypeError(f"{who} quantizes {allowed} tensors, got {tensor.dtype}")
+
+
+class QuantizedTensor(torch.Tensor):
+    """A tensor with quantized data: shape and nominal ``dtype`` of the high-precision tensor it
+    stands for, data in subclass attributes (``_data``, ``_scale_inv``, ...)."""
+
+    _quantizer: Quantizer | None
+
+    def __new__(
+        cls,
+        shape: Iterable[int],
+        dtype: torch.dtype,
+        *,
+        requires_grad: bool = False,
+        device: torch.device | str | None = None,
+        fake_dtype: torch.dtype | None = None,
+        **kwargs: Any,
+    ) -> QuantizedTensor:
+        if fake_dtype is not None and fake_dtype != dtype:
+            raise ValueError(f"fake_dtype ({fake_dtype}) does not match dtype ({dtype})")
+        shape = torch.Size(shape)
+        stride, acc = [], 1
+        for n in reversed(shape):
+            stride.append(acc)
+            acc *= max(n, 1)
+        instance = torch.Tensor._make_wrapper_subclass(
+            cls,
+            shape,
+            strides=tuple(reversed(stride)),
+            dtype=dtype,
+            layout=torch.strided,
+            requires_grad=requires_grad,
+            device=torch.device("cpu") if device is None else device,
+        )
+        instance._init(**kwargs)
+        return instance
+
+    def _init(self, **kwargs: Any) -> None:  # subclasses store their data
+        if kwargs:
+            raise TypeError(f"unexpected arguments {', '.join(kwargs)}")
+
+    def get_metadata(self) -> dict[str, Any]:
+        """Constructor keyword arguments (besides shape/dtype) giving a tensor over the same data."""
+        raise NotImplementedError(f"{type(self).__name__} class does not implement get_metadata function")
+
+    def _assign_from(self, other: QuantizedTensor) -> None:
+        """Take over ``other``'s data (same shape): the in-place quantize."""
+        if tuple(other.shape) != tuple(self.shape):
+            raise ValueError(f"cannot quantize a tensor of shape {tuple(other.shape)} into {tuple(self.shape)}")
+        self._init(**other.get_metadata())
+
+    def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} class does not implement dequantize function")
+
+    def quantize_(self, tensor: torch.Tensor, *, noop_flag: torch.Tensor | None = None) -> QuantizedTensor:
+        """Overwrite the data with the quantization of ``tensor`` (with this tensor's quantizer)."""
+        if self._quantizer is None:
+            raise RuntimeError(f"{type(self).__name__} has no quantizer; cannot quantize in place")
+        return self._quantizer.update_quantized(tensor, self, noop_flag=noop_flag)
+
+    @classmethod
+    def make_like(
+        cls,
+        tensor: QuantizedTensor,
+        *,
+        shape: Iterable[int] | None = None,
+        dtype: torch.dtype | None = None,
+        requires_grad: bool = False,
+    ) -> QuantizedTensor:
+        """A new tensor over the same data (optionally another nominal dtype)."""
+        return cls(
+            shape=tensor.shape if shape is None else shape,
+            dtype=tensor.dtype if dtype is None else dtype,
+            requires_grad=requires_grad,
+            device=tensor.device,
+            **tensor.get_metadata(),
+        )
+
+    def to_dtype(self, dtype: torch.dtype) -> QuantizedTensor:
+        return type(self).make_like(self, dtype=dtype)
+
+    def detach(self) -> QuantizedTensor:
+        return type(self).make_like(self)
+
+    def clone(self, *, memory_format: Any = None) -> QuantizedTensor:
+        del memory_format
+        return _IdentityFunc.apply(self, self._cloned_data())
+
+    def _cloned_data(self) -> dict[str, Any]:
+        return {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in self.get_metadata().items()}
+
+    def float(self) -> torch.Tensor:  # type: ignore[override]
+        return self.dequantize(dtype=torch.float32)
+
+    def bfloat16(self) -> torch.Tensor:  # type: ignore[override]
+        return self.dequantize(dtype=torch.bfloat16)
+
+    def half(self) -> torch.Tensor:  # type: ignore[override]
+        return self.dequantize(dtype=torch.float16)
+
+    def contiguous(self, memory_format: torch.memory_format = torch.contiguous_format) -> QuantizedTensor:
+        del memory_format
+        return self
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        return f"{type(self).__name__}(data={self.dequantize()})"
+
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        meta = {k: v for k, v in self.get_metadata().items()}
+        return (_rebuild, (type(self), tuple(self.shape), self.dtype, meta))
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func == torch.ops.aten.detach.default:
+            return args[0].detach()
+        if func == torch.ops.aten.clone.default:
+            return type(args[0]).make_like(args[0])._with_data(args[0]._cloned_data())
+        if func == torch.ops.aten.numel.default:
+            return math.prod(args[0].shape)
+        if func == torch.ops.aten.copy_.default:
+            dst, src = args[0], args[1]
+            if isinstance(dst, QuantizedTensor):
+                if isinstance(src, QuantizedTensor) and type(src) is type(dst) and src.shape == dst.shape:
+                    dst._assign_from(type(src).make_like(src)._with_data(src._cloned_data()))
+                else:
+                    dst.quantize_(src.dequantize() if isinstance(src, QuantizedTensor) else src)
+            else:
+                if isinstance(src, QuantizedTensor):
+                    dt = dst.dtype if dst.dtype in _HIGH_PRECISION else torch.float32
+                    src = src.dequantize(dtype=dt)
+                dst.copy_(src)
+            return dst
+
+        def unwrap(a: Any) -> Any:
+            return a.dequantize() if isinstance(a, QuantizedTensor) else a
+
+        if func._schema.is_mutable:  # in place: dequantize, run, quantize back (TE's rule)
+            new_args, new_kwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
+            func(*new_args, **new_kwargs)
+            for a, na, sa in zip(args, new_args, func._schema.arguments, strict=False):
+                alias = getattr(sa, "alias_info", None)
+                if isinstance(a, QuantizedTensor) and alias is not None and alias.is_write:
+                    a.quantize_(na)
+            return args[0]
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+
+    def _with_data(self, data: dict[str, Any]) -> QuantizedTensor:
+        self._init(**data)
+        return self
+
+
+def _rebuild(cls: type, shape: tuple, dtype: torch.dtype, meta: dict[str, Any]) -> QuantizedTensor:
+    """Unpickling (``torch.save``/``torch.load``) of a quantized tensor."""
+    return cls(shape=shape, dtype=dtype, **meta)
