@@ -61,12 +61,24 @@ def _amax(*ts):
     return max(float(t.abs().max()) for t in ts)
 
 
+def _grouped(k, g):
+    return k.repeat_interleave(g, dim=1)
+
+
+def _group_sum(dk, g):
+    return dk.reshape(dk.shape[0], -1, g, *dk.shape[2:]).sum(2)
+
+
 def reference(q, k, v, do, scale, causal, kind, scales=None, amax=None):
-    """Forward and backward at the documented quantization points; bhsd float32, no GQA.
+    """Forward and backward at the documented quantization points; bhsd float32; GQA: K, V quantized
+    per group, expanded to the query heads for the GEMMs, dK, dV summed over each group's heads.
     ``amax`` (a dict) receives the amax of every tensor a per-tensor quantizer casts."""
     amax = {} if amax is None else amax
     s = q.shape[-2]
-    mask = torch.ones(s, s, dtype=torch.bool).triu(1) if causal else None
+    if isinstance(causal, torch.Tensor):  # an explicit mask, True = masked; fully masked rows give 0
+        mask = causal
+    else:
+        mask = torch.ones(s, s, dtype=torch.bool).triu(1) if causal else None
     if kind == "mxfp8":
         qv, kv, vv = mx(q, E4, -1), mx(k, E4, -1), mx(v, E4, -2)
         sc = mm(qv, kv.transpose(-1, -2)) * scale
@@ -74,10 +86,14 @@ def reference(q, k, v, do, scale, causal, kind, scales=None, amax=None):
         amax_qkv = amax["qkv"] = _amax(q, k, v)
         s_qkv = scales["qkv"] if kind == "delayed" else np.float32(448) / np.float32(amax_qkv)
         (qv, si), (kv, _), (vv, _) = (q8(t, s_qkv, E4) for t in (q, k, v))
+        g = q.shape[1] // k.shape[1]
+        kv, vv = _grouped(kv, g), _grouped(vv, g)
         sc = mm(qv, kv.transpose(-1, -2), si, si) * scale
     if mask is not None:
         sc = sc.masked_fill(mask, float("-inf"))
     p = torch.softmax(sc, dim=-1)
+    if mask is not None:
+        p = torch.nan_to_num(p, nan=0.0)  # rows with every key masked: zero, as cuDNN writes them
     if kind == "mxfp8":
         pv, sp = p, None
         o = mm(pv, vv)
@@ -110,7 +126,8 @@ def reference(q, k, v, do, scale, causal, kind, scales=None, amax=None):
     amax["dp"] = _amax(ds)
     dsv, sds = q8(ds, scales["dp"], E5)
     dq = mm(dsv, kv, sds, si) * scale
-    dk = mm(dsv.transpose(-1, -2), qv, sds, si) * scale
+    dk = _group_sum(mm(dsv.transpose(-1, -2), qv, sds, si) * scale, g)
+    dv = _group_sum(dv, g)
     if kind == "delayed":
         amax["dqkv"] = _amax(dq, dk, dv)
         dq, dk, dv = (q8(t, scales["dqkv"], E5) for t in (dq, dk, dv))
@@ -151,11 +168,15 @@ def _run(dpa, recipe, q, k, v, do):
 SCALES = {"qkv": 64.0, "s": 256.0, "o": 32.0, "do": 2.0**20, "dp": 2.0**14, "dqkv": 1024.0}
 
 
+@pytest.mark.parametrize("hg", [4, 1])
 @pytest.mark.parametrize("causal", [False, True])
-def test_delayed_scaling_forward_backward_bit_exact(causal):
-    b, s, h, d = 2, 16, 2, 16
+def test_delayed_scaling_forward_backward_bit_exact(causal, hg):
+    b, s, h, d = 2, 16, 4, 16
     q, k, v, do = _data(b, s, h, d, seed=1)
-    dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal" if causal else "no_mask")
+    k, v = k[:, :, :hg].contiguous(), v[:, :, :hg].contiguous()
+    dpa = DotProductAttention(
+        h, d, num_gqa_groups=hg, qkv_format="bshd", attn_mask_type="causal" if causal else "no_mask"
+    )
     recipe = DelayedScaling(fp8_dpa=True, amax_history_len=4)
     # hand-chosen scales in TE's slots (fwd QKV=2, O=3, S=8; bwd dQKV=0, dO=3, dP=5)
     fwd, bwd = torch.ones(9), torch.ones(6)
@@ -173,6 +194,26 @@ def test_delayed_scaling_forward_backward_bit_exact(causal):
     ref_out, ref_grads = reference(*(_bhsd(t) for t in (q, k, v, do)), d**-0.5, causal, "delayed", SCALES)
     _assert_bits(_bhsd(out.reshape(b, s, h, d)), ref_out, "O")
     for name, g, r in zip("QKV", grads, ref_grads, strict=True):
+        _assert_bits(_bhsd(g), r, f"d{name}")
+
+
+def test_delayed_scaling_padding_causal_bit_exact():
+    """Padded sequences (lengths 16 and 9): padded keys masked, padded query rows zero."""
+    b, s, h, d = 2, 16, 2, 16
+    q, k, v, do = _data(b, s, h, d, seed=7)
+    lens = torch.tensor([16, 9])
+    pad = torch.arange(s).view(1, s) >= lens.view(b, 1)
+    do = do.masked_fill(pad.view(b, s, 1, 1), 0.0)  # no gradient flows into padded rows
+    dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="padding_causal")
+    q_, k_, v_ = (t.clone().requires_grad_() for t in (q, k, v))
+    with te.autocast(recipe=DelayedScaling(fp8_dpa=True)):
+        out = dpa(q_, k_, v_, attention_mask=pad.view(b, 1, 1, s))
+    out.backward(do.reshape(out.shape))
+    mask = torch.ones(s, s, dtype=torch.bool).triu(1) | pad.view(b, 1, 1, s) | pad.view(b, 1, s, 1)
+    ones = dict.fromkeys(SCALES, 1.0)  # step 1
+    ref_out, ref_grads = reference(*(_bhsd(t) for t in (q, k, v, do)), d**-0.5, mask, "delayed", ones)
+    _assert_bits(_bhsd(out.reshape(b, s, h, d)), ref_out, "O")
+    for name, g, r in zip("QKV", (q_.grad, k_.grad, v_.grad), ref_grads, strict=True):
         _assert_bits(_bhsd(g), r, f"d{name}")
 
 
