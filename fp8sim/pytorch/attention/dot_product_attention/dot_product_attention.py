@@ -338,7 +338,8 @@ class DotProductAttention(nn.Module):
         cfg = AttentionConfig(
             self.softmax_scale, mask, bias, core_attention_bias_type, self.attention_dropout if self.training else 0.0
         )
-        self._configure_fp8(cfg, core_attention_bias_type, sq, skv, qb.shape[-1], vb.shape[-1])
+        trainable = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        self._configure_fp8(cfg, core_attention_bias_type, sq, skv, qb.shape[-1], vb.shape[-1], trainable)
         out = attention(qb, kb, vb, cfg)
         if "padding" in mask_type:  # padded query rows are zero
             out = out.masked_fill(mask.all(dim=-1, keepdim=True), 0.0)
@@ -347,7 +348,9 @@ class DotProductAttention(nn.Module):
             return utils.bhsd_to_thd(out, thd["cu_q"], thd["off_q"], q.shape[0])
         return utils.from_bhsd(out, fmt)
 
-    def _configure_fp8(self, cfg: AttentionConfig, bias_type: str, sq: int, skv: int, dqk: int, dv: int) -> None:
+    def _configure_fp8(
+        self, cfg: AttentionConfig, bias_type: str, sq: int, skv: int, dqk: int, dv: int, trainable: bool = True
+    ) -> None:
         st = current_state()
         if not st.enabled or st.calibrating:
             return
@@ -370,7 +373,7 @@ class DotProductAttention(nn.Module):
         # cuDNN's accumulation inside attention is not documented: a device name picks its fast preset
         cfg.accumulator = {"hopper": "hopper_fast", "ada": "ada_fast", "blackwell": "blackwell"}.get(acc, acc)
         self.group = st.group
-        if _register(self):  # the region's first FP8 module: its backward runs last and updates every scale
+        if _register(self, trainable):  # the region's first trainable FP8 module: its backward runs last
             region = st.modules
             cfg.on_backward_end = lambda: [m._update_backward_scales() for m in list(region)]
 
