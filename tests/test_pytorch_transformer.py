@@ -323,3 +323,47 @@ def test_dpa_extra_state_is_te_format_and_refused_without_opt_in(monkeypatch):
     monkeypatch.setenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1")
     fresh.set_extra_state(state)
     assert fresh.fwd.amax_history.shape == (5, 9) and np.array_equal(fresh.bwd.scale, dpa.bwd.scale)
+
+
+def test_te_llama_style_block_through_the_shim_trains():
+    """TE's te_llama pattern (docs/examples/te_llama): TransformerLayer(normalization="RMSNorm",
+    activation="swiglu", attn_input_format="bshd", num_gqa_groups, fuse_qkv_params=False) with
+    RotaryPositionEmbedding, imported as ``transformer_engine.pytorch`` under the shim."""
+    import importlib
+
+    import fp8sim.shim as shim
+
+    shim.install()
+    try:
+        tep = importlib.import_module("transformer_engine.pytorch")
+        recipe_mod = importlib.import_module("transformer_engine.common.recipe")
+        torch.manual_seed(8)
+        layer = tep.TransformerLayer(
+            64,
+            128,
+            4,
+            num_gqa_groups=2,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            normalization="RMSNorm",
+            activation="swiglu",
+            attn_input_format="bshd",
+            fuse_qkv_params=False,
+            bias=False,
+        )
+        rope = tep.attention.RotaryPositionEmbedding(16)(32)
+        x, target = torch.randn(2, 32, 64), torch.randn(2, 32, 64)
+        opt = torch.optim.SGD(layer.parameters(), lr=0.05)
+        recipe = recipe_mod.DelayedScaling(fp8_dpa=True, amax_history_len=8)
+        losses = []
+        for _ in range(5):
+            with tep.autocast(recipe=recipe):
+                out = layer(x, rotary_pos_emb=rope)
+            loss = torch.nn.functional.mse_loss(out, target)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(float(loss.detach()))
+        assert losses[-1] < losses[0], losses
+    finally:
+        shim.uninstall()
