@@ -339,7 +339,9 @@ class DotProductAttention(nn.Module):
             self.softmax_scale, mask, bias, core_attention_bias_type, self.attention_dropout if self.training else 0.0
         )
         trainable = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        self._configure_fp8(cfg, core_attention_bias_type, sq, skv, qb.shape[-1], vb.shape[-1], trainable)
+        self._configure_fp8(
+            cfg, core_attention_bias_type, sq, skv, qb.shape[-1], vb.shape[-1], trainable, bool(fp8_output)
+        )
         out = attention(qb, kb, vb, cfg)
         if "padding" in mask_type:  # padded query rows are zero
             out = out.masked_fill(mask.all(dim=-1, keepdim=True), 0.0)
@@ -349,7 +351,15 @@ class DotProductAttention(nn.Module):
         return utils.from_bhsd(out, fmt)
 
     def _configure_fp8(
-        self, cfg: AttentionConfig, bias_type: str, sq: int, skv: int, dqk: int, dv: int, trainable: bool = True
+        self,
+        cfg: AttentionConfig,
+        bias_type: str,
+        sq: int,
+        skv: int,
+        dqk: int,
+        dv: int,
+        trainable: bool = True,
+        fp8_output: bool = False,
     ) -> None:
         st = current_state()
         if not st.enabled or st.calibrating:
@@ -359,6 +369,8 @@ class DotProductAttention(nn.Module):
             return
         if bias_type != "no_bias":
             raise NotImplementedError("fp8sim's FP8 attention emulates core_attention_bias_type='no_bias' only")
+        if fp8_output:
+            raise NotImplementedError("fp8sim's DotProductAttention returns O in high precision (fp8_output=True)")
         if isinstance(recipe, MXFP8BlockScaling) and (sq % 128 or skv % 128 or dqk % 32 or dv % 32):
             raise AssertionError(
                 "MXFP8 quantization requires s_q % 128 == 0, s_kv % 128 == 0, d_qk % 32 == 0, d_v % 32"
