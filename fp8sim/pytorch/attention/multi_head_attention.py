@@ -8,10 +8,12 @@ Submodule names follow TE: self attention has ``layernorm_qkv`` (``input_layerno
 ``[np/ng + 2, ng, hn]``.
 
 FP8 boundaries: with ``fp8_dpa`` (or ``fp8_mha``) the DPA casts Q, K, V to FP8 and returns O in high
-precision, and the projections quantize their inputs as usual.  TE additionally removes the
-boundary casts under ``fp8_mha`` (QKV GEMM writes FP8, proj reads DPA's FP8 O, proj's dgrad writes FP8
-dO); fp8sim's Linear modules have no FP8-output/FP8-input path yet, so those boundaries still round
-trip through high precision (the values agree whenever the two scales agree).
+precision, and the projections quantize their inputs and gradients as usual.  TE instead hands DPA's
+FP8 O to ``proj`` (``fp8_dpa``, delayed and current scaling; ``multi_head_attention.py``
+``dpa_fp8_output``), lets ``proj``'s dgrad write FP8 dO (delayed scaling), and under ``fp8_mha`` lets
+the QKV GEMM write FP8 Q, K, V and DPA return FP8 dQKV (delayed scaling, no RoPE).  fp8sim's Linear
+modules have no FP8-input/FP8-output path yet, so those boundaries are quantized again from float32
+with the consumer's own scale (equal values where the two scales agree).
 """
 
 from __future__ import annotations
