@@ -15,6 +15,7 @@ import enum
 import functools
 import math
 import numbers
+import operator
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -40,9 +41,34 @@ class _Invalid(Exception):
         self.message, self.kind = message, kind
 
 
+def _number_like(v: Any) -> int | float | None:
+    """pydantic-core's lax fallback for other objects: ``__index__`` reads as an int, else
+    ``__float__`` as a float (numpy scalars and 0-d arrays, Decimal, Fraction); None if neither."""
+    if isinstance(v, bytes | str | bytearray):
+        return None
+    if hasattr(type(v), "__index__"):
+        try:
+            return operator.index(v)
+        except TypeError:
+            pass
+    if hasattr(type(v), "__float__"):
+        try:
+            return float(v)
+        except (TypeError, ValueError, OverflowError):
+            return None
+    return None
+
+
 def _int(v: Any) -> int:
     if isinstance(v, bool | numbers.Integral):
         return int(v)
+    if not isinstance(v, float | bytes | str | bytearray):
+        n = _number_like(v)
+        if n is None:
+            raise _Invalid("Input should be a valid integer", "int_type")
+        v = n
+        if isinstance(v, int):
+            return v
     if isinstance(v, float):
         if not math.isfinite(v):
             raise _Invalid("Input should be a finite number", "finite_number")
@@ -70,6 +96,9 @@ def _int(v: Any) -> int:
 def _bool(v: Any) -> bool:
     if isinstance(v, bool):
         return v
+    if not isinstance(v, numbers.Integral | float | bytes | str):
+        n = _number_like(v)
+        v = v if n is None else n
     if isinstance(v, numbers.Integral | float):
         if v in (0, 1):
             return bool(v)
@@ -86,11 +115,20 @@ def _bool(v: Any) -> bool:
 
 
 def _float(v: Any) -> float:
+    if not isinstance(v, bool | numbers.Real | bytes | str):
+        n = _number_like(v)
+        v = v if n is None else n
     if isinstance(v, bool | numbers.Real):
-        return float(v)
-    if isinstance(v, bytes | str):
         try:
-            return float(v.decode() if isinstance(v, bytes) else v)
+            return float(v)
+        except OverflowError:  # an int beyond the float range
+            raise _Invalid("Input should be a valid number", "float_type") from None
+    if isinstance(v, bytes | str):
+        s = v.decode() if isinstance(v, bytes) else v
+        try:
+            if not s.isascii():  # Python's float() also reads other scripts' digits; pydantic does not
+                raise ValueError(s)
+            return float(s)
         except ValueError:
             msg = "Input should be a valid number, unable to parse string as a number"
             raise _Invalid(msg, "float_parsing") from None

@@ -122,6 +122,11 @@ def test_parallel_arguments_take_single_process_semantics() -> None:
         te.Linear(16, 16, parallel_mode="diag")
 
 
+def test_fp8_outputs_are_refused_not_ignored() -> None:
+    with pytest.raises(NotImplementedError, match="fp8_output"):
+        te.Linear(16, 16)(torch.randn(8, 16), fp8_output=True)
+
+
 def test_outside_autocast_the_input_dtype_must_match_the_parameters() -> None:
     """TE base.py set_activation_dtype: TypeError naming both dtypes."""
     with pytest.raises(TypeError, match="Data types for parameters must match when outside of autocasted region"):
@@ -350,3 +355,34 @@ def test_quantized_model_init_holds_fp8_weights_and_the_gemm_uses_their_codes(re
         te.quantized_model_init(recipe=MXFP8BlockScaling()),
     ):
         te.Linear(32, 32)
+
+
+def test_module_quantizers_follow_the_recipe_state() -> None:
+    """TE quantization.py RecipeState.make_quantizers: 3 forward and 2 backward slots per GEMM;
+    delayed scaling's quantizers read and write the module's live state."""
+    m = te.LayerNormMLP(16, 16)
+    with te.autocast(recipe=DelayedScaling()):
+        m(torch.randn(16, 16))
+    q = m.quantizers
+    assert len(q["scaling_fwd"]) == 6 and len(q["scaling_bwd"]) == 4
+    assert isinstance(q["scaling_fwd"][4], te.Float8Quantizer)
+    m.fp8_gemms["fc2"].fwd.scale[1] = 4.0
+    assert float(q["scaling_fwd"][4].scale) == 4.0  # fc2's WEIGHT slot, a live view
+    lin = te.Linear(32, 32)
+    with te.autocast(recipe=MXFP8BlockScaling(enable_2d_quantization=True)):
+        lin(torch.randn(32, 32))
+    fwd = lin.quantizers["scaling_fwd"]
+    assert isinstance(fwd[0], te.MXFP8Quantizer) and fwd[1].with_2d_quantization and not fwd[0].with_2d_quantization
+
+
+def test_accelerate_documented_reverse_conversion_keeps_a_missing_bias_missing() -> None:
+    """TE represents ``bias=False`` by an empty tensor, which passes accelerate's ``module.bias is not None``
+    (accelerate utils/transformer_engine.py convert_model); documented=True converts back without a bias."""
+    import fp8sim.accelerate as fa
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32, bias=False))
+    with torch.no_grad():
+        fa.convert_model(model)
+        assert isinstance(model[0], te.Linear) and model[0].bias.numel() == 0
+        fa.convert_model(model, to_transformer_engine=False, documented=True)
+    assert isinstance(model[0], torch.nn.Linear) and model[0].bias is None

@@ -79,7 +79,9 @@ def test_mxfp8_layout_and_values(shape: tuple, fp8: DType) -> None:
 
 
 def test_mxfp8_2d_tiles_share_one_scale() -> None:
-    """``with_2d_quantization``: a 32x32 tile whose maximum sits in every row and every column
+    """``with_2d_quantization`` (TE ``common/cast/mxfp8/quantize_mxfp8.cuh``, ``kIs2DBlockScaling``
+    branches at lines 265 and 421: one E8M0 exponent from the 32x32 tile's amax, used by every row
+    and column of the tile): a 32x32 tile whose maximum sits in every row and every column
     (here: on its diagonal) has the 1-D row and column scales equal to the tile scale, so the 2-D
     codes equal the 1-D ones; and the two 2-D copies always agree."""
     x = _x((64, 64)) / 8
@@ -199,3 +201,39 @@ def test_common_ops_on_block_scaled_tensors(make) -> None:  # noqa: ANN001
     q.set_usage(columnwise=False)
     with pytest.raises(ValueError, match="needs rowwise or columnwise usage"):
         q(x)
+
+
+def _ref_float_to_e8m0(d: np.float32) -> int:
+    """TE ``common/util/ptx_arch_spec.cuh`` ``float_to_e8m0`` (software path, rounding up): the
+    exponent of d, plus one when any mantissa bit is set; fp32 subnormals, Inf and the cap as TE."""
+    bits = int(np.float32(d).view(np.uint32))
+    exp, mant = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    if exp == 0xFF:
+        return 0xFF if mant else 0xFE
+    if exp == 0:
+        return 1 if mant > 0x400000 else 0
+    return min(exp + (1 if mant else 0), 0xFE)
+
+
+@pytest.mark.parametrize("shape", [(64, 96), (96, 32)])
+def test_mxfp8_2d_against_a_per_tile_reference(shape: tuple) -> None:
+    """Per 32x32 tile: ``e = float_to_e8m0(fl32(amax * fl32(1/448)))``, codes ``satfinite(RN(fl32(x *
+    2^(127-e))))`` (``quantize_mxfp8.cuh`` lines 421-470)."""
+    import ml_dtypes
+
+    x = _x(shape, seed=7)
+    x[0, 0] = 1e-30  # a tile-mate of normal values; a whole tiny tile follows
+    x[32:64, :32] *= 1e-36
+    t = MXFP8Quantizer(DType.kFloat8E4M3, with_2d_quantization=True)(x)
+    m, k = shape
+    xs = x.numpy()
+    for i in range(0, m, 32):
+        for j in range(0, k, 32):
+            tile = xs[i : i + 32, j : j + 32]
+            d = np.float32(np.abs(tile).max()) * np.float32(1 / 448)
+            e = _ref_float_to_e8m0(d)
+            r = np.float32(2.0 ** (127 - e))
+            want = np.clip(tile * r, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+            assert np.array_equal(t._rowwise_data[i : i + 32, j : j + 32].numpy(), want), (i, j)
+            assert (t._rowwise_scale_inv[i : i + 32, j // 32] == e).all()
+            assert (t._columnwise_scale_inv[i // 32, j : j + 32] == e).all()

@@ -10,6 +10,8 @@ so a case compares what pydantic coerces a value to, or whether it refuses it, w
 
 from __future__ import annotations
 
+import decimal
+import fractions
 import warnings
 from collections.abc import Callable
 from enum import Enum
@@ -197,3 +199,58 @@ def test_validation_error_is_a_value_error_as_pydantics_is() -> None:
     assert issubclass(r.RecipeValidationError, ValueError)
     with pytest.raises(r.RecipeValidationError, match=r"1 validation error for DelayedScaling\nmargin\n"):
         r.DelayedScaling(margin=0.5)
+
+
+@pyd_dataclass(frozen=True)
+class TeQParams:  # TE's QParams fields (recipe/__init__.py lines 86-90)
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+    random_hadamard_transform: bool = False
+    stochastic_rounding: bool = False
+    fp4_2d_quantization: bool = False
+
+
+def _numpy(name: str, *args: Any) -> Any:
+    np = pytest.importorskip("numpy")
+    return getattr(np, name)(*args)
+
+
+_NUMBER_LIKE = [
+    decimal.Decimal("1"),
+    decimal.Decimal("0"),
+    decimal.Decimal("2.5"),
+    decimal.Decimal("1E+1"),
+    fractions.Fraction(3, 1),
+    fractions.Fraction(1, 2),
+    ("float16", 1.0),
+    ("float16", 0.5),
+    ("bool_", True),
+    ("int32", 1),
+    ("array", 1),
+    10**400,  # beyond the float range: pydantic refuses it for a float field (no OverflowError)
+    "\uff11",  # a fullwidth digit: Python's float() reads it, pydantic does not
+    "1e400",
+]
+
+
+@pytest.mark.parametrize("raw", _NUMBER_LIKE, ids=lambda v: repr(v)[:24])
+@pytest.mark.parametrize(
+    ("cls", "oracle", "field"),
+    [
+        (r.DelayedScaling, TeDelayedScaling, "margin"),
+        (r.DelayedScaling, TeDelayedScaling, "reduce_amax"),
+        (r.QParams, TeQParams, "amax_epsilon"),
+        (r.QParams, TeQParams, "power_2_scale"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_number_like_objects_coerce_as_pydantic(cls: type, oracle: type, field: str, raw: Any) -> None:
+    """pydantic-core's lax mode reads objects with ``__index__`` as ints and with ``__float__`` as
+    floats (numpy scalars, Decimal, Fraction); an int beyond the float range is a ValidationError."""
+    value = _numpy(*raw) if isinstance(raw, tuple) else raw
+    want = _outcome(oracle, field, value)
+    if field == "margin" and want[0] == "ok" and not r.MARGIN_RANGE[0] <= want[1][1] <= r.MARGIN_RANGE[1]:
+        with pytest.raises(r.RecipeValidationError, match="margin must be an int in"):  # fp8sim's extra refusal
+            cls(margin=value)
+        return
+    assert _outcome(cls, field, value) == want

@@ -94,7 +94,9 @@ def convert_model(
             _copy_params(new, module, has_bias)
             setattr(model, name, new)
         elif isinstance(module, te.Linear) and not to_transformer_engine and _convert_linear:
-            has_bias = module.bias is not None
+            has_bias = module.bias is not None  # accelerate's test: TE's empty tensor for "no bias" passes it
+            if doc:
+                has_bias = bool(getattr(module, "use_bias", has_bias))
             dtype_kw = {"dtype": module.weight.dtype} if doc else _reverse_quirk(name, module)
             new = nn.Linear(module.in_features, module.out_features, bias=has_bias, **dtype_kw)
             _copy_params(new, module, has_bias)

@@ -152,10 +152,11 @@ def quantize_operand(
 
 
 def _e8m0_ceil(amax: np.ndarray, fmax: float) -> np.ndarray:
-    """TE's E8M0 scale code for a block amax: the exponent of ``fl32(amax / fmax)``, rounded up
-    when the mantissa is nonzero (not past 254; subnormals at most half an ulp round to 0); 0 for
-    amax 0 (TE ``tests/pytorch/test_mxfp8_2d_quantize.py`` ``_float_to_e8m0``)."""
-    val = (amax.astype(np.float32) / np.float32(fmax)).astype(np.float32)
+    """TE's E8M0 scale code for a tile amax: the exponent of ``fl32(amax * fl32(1/fmax))`` (the kernel
+    multiplies by ``max_norm_rcp``: ``common/cast/mxfp8/quantize_mxfp8.cuh`` lines 440-441), rounded
+    up when the mantissa is nonzero (not past 254; subnormals at most half an ulp round to 0); 0 for
+    amax 0 (the ceil rule as TE's ``tests/pytorch/test_mxfp8_2d_quantize.py`` ``_float_to_e8m0``)."""
+    val = (amax.astype(np.float32) * np.float32(1.0 / fmax)).astype(np.float32)
     bits = val.view(np.uint32)
     exponent = ((bits >> 23) & 0xFF).astype(np.int32)
     mantissa = bits & 0x7FFFFF

@@ -108,6 +108,10 @@ class LayerNormLinear(TransformerEngineBaseModule):
         """``norm(inp) W^T + b``; with ``return_bias`` the bias comes back apart, with
         ``return_layernorm_output`` the norm output too: ``out``, ``(out, bias)``, ``(out, ln_out)`` or
         ``(out, bias, ln_out)`` (TE's order)."""
+        if fp8_output:
+            raise NotImplementedError(
+                "transformer_engine.pytorch: FP8 outputs (fp8_output / fp8_grad) are not emulated by fp8sim"
+            )
         self._check_input_dtype(inp)
         x, ln, act, fused = norm_for_gemm(self, inp, self.return_layernorm_output)
         weight = cat_params(self, self.weight_names)

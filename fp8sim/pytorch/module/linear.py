@@ -95,6 +95,10 @@ class Linear(TransformerEngineBaseModule):
         fp8_grad: bool | None = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``inp W^T + b`` (``return_bias=True``: ``(inp W^T, b)``, the bias in the activation dtype)."""
+        if fp8_output or fp8_grad:
+            raise NotImplementedError(
+                "transformer_engine.pytorch: FP8 outputs (fp8_output / fp8_grad) are not emulated by fp8sim"
+            )
         self._check_input_dtype(inp)
         weight = cat_params(self, self.weight_names)
         bias = cat_params(self, self.bias_names) if self.use_bias else None

@@ -286,12 +286,40 @@ class Float8Tensor(QuantizedTensor):
             if self._data is None:
                 raise RuntimeError("Float8Tensor has no rowwise data to build the transpose from")
             self._transpose, self._transpose_invalid = _columnwise(self._data), False
-        if rowwise_usage and self._data is None:
-            self._data = self._transpose.movedim(0, -1).contiguous() if self._transpose.dim() > 1 else self._transpose
+        if rowwise_usage and self._data is None:  # TE (storage/float8_tensor_storage.py update_usage)
+            raise RuntimeError("Cannot generate FP8 data, even from FP8 data transpose")
         if rowwise_usage is False:
             self._data = None
         if columnwise_usage is False:
             self._transpose, self._transpose_invalid = None, True
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """TE's Float8Tensor rules (``tensor/float8_tensor.py`` ``__torch_dispatch__``): slicing,
+        indexing and ``split`` give Float8Tensors over the sliced codes (and transpose); ``copy_``
+        between Float8Tensors copies the codes and ``_scale_inv`` into the destination's buffers."""
+        kwargs = kwargs or {}
+        if func in (torch.ops.aten.slice.Tensor, torch.ops.aten.select.int):
+            return _slice(func, args, kwargs)
+        if func == torch.ops.aten.split.Tensor and args[0]._data is not None:
+            return _split(args, kwargs)
+        if (
+            func == torch.ops.aten.copy_.default
+            and isinstance(args[0], Float8Tensor)
+            and isinstance(args[1], Float8Tensor)
+        ):
+            dst, src = args[0], args[1]
+            with torch.no_grad():
+                if dst._data is not None:
+                    dst._data.copy_(src._data.detach())
+                dst._scale_inv.copy_(src._scale_inv.view(dst._scale_inv.size()))
+                if dst._transpose is not None and not dst._transpose_invalid:
+                    if not src._transpose_invalid:
+                        dst._transpose.copy_(src._transpose)
+                    else:  # TE's _create_transpose from the destination's own codes
+                        dst._transpose.copy_(_columnwise(dst._data))
+            return dst
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
     def view(self, *shape: Any) -> Float8Tensor:  # type: ignore[override]
         return _Reshape.apply(self, _shape_arg(shape))
@@ -303,6 +331,51 @@ class Float8Tensor(QuantizedTensor):
         return (
             f"Float8Tensor(fp8_dtype={self._fp8_dtype}, scale_inv={self._scale_inv.item()}, data={self.dequantize()})"
         )
+
+
+def _columnwise_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(shape) if len(shape) == 0 else (shape[-1], *shape[:-1])
+
+
+def _slice(func: Any, args: tuple, kwargs: dict) -> Any:
+    """TE's slice/select: the rowwise codes are sliced as the logical tensor; the transpose is sliced
+    along the matching dimension (logical dim d is transpose dim d+1, the last one is dim 0)."""
+    tensor = args[0]
+    if tensor.dim() == 0:
+        return func(tensor.dequantize(), *args[1:], **kwargs)
+    data = func(tensor._data, *args[1:], **kwargs) if tensor._data is not None else None
+    transpose = None
+    if tensor._transpose is not None and not tensor._transpose_invalid:
+        ndim = tensor.dim()
+        dim = (args[1] if len(args) > 1 else 0) % ndim
+        t_dim = 0 if dim == ndim - 1 else dim + 1
+        transpose = func(tensor._transpose, t_dim, *args[2:], **kwargs)
+        if func == torch.ops.aten.select.int and dim == ndim - 1 and transpose.dim() > 1:
+            transpose = transpose.movedim(-1, 0).contiguous()
+    if data is not None:
+        shape = data.shape
+    else:
+        shape = func(torch.empty(tensor.shape, device="meta"), *args[1:], **kwargs).shape
+        if transpose is None:
+            raise RuntimeError("Float8Tensor slice/select requires rowwise or columnwise data")
+        if tuple(transpose.shape) != _columnwise_shape(shape):
+            raise RuntimeError(
+                "Float8Tensor slice/select produced incompatible columnwise storage: "
+                f"expected {_columnwise_shape(shape)}, got {tuple(transpose.shape)}"
+            )
+    return tensor._rebuilt(shape, data, transpose)
+
+
+def _split(args: tuple, kwargs: dict) -> list[Float8Tensor]:
+    """TE's split (FSDP2): each piece is a Float8Tensor over the split codes and transpose."""
+    tensor = args[0]
+    dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
+    pieces = torch.ops.aten.split.Tensor(tensor._data, args[1], dim)
+    t_pieces: list[Any] = [None] * len(pieces)
+    if tensor._transpose is not None and not tensor._transpose_invalid:
+        t_dim = 0 if dim == tensor.dim() - 1 else dim + 1
+        t_pieces = list(torch.ops.aten.split.Tensor(tensor._transpose, args[1], t_dim))
+    return [tensor._rebuilt(p.shape, p, t) for p, t in zip(pieces, t_pieces, strict=True)]
 
 
 def _shape_arg(shape: tuple) -> tuple[int, ...]:

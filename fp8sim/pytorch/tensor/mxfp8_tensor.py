@@ -7,8 +7,9 @@ data in the logical shape for both copies, E8M0 scale codes (uint8) of shape
 ``(round_up(M, 128), round_up(K / 32, 4))`` rowwise and ``(round_up(M / 32, 4), round_up(K, 128))``
 columnwise, with ``M = prod(shape[:-1])``, ``K = shape[-1]``; the scales are not swizzled.
 ``with_2d_quantization`` (weights under ``MXFP8BlockScaling(enable_2d_quantization=True)``): one
-scale per 32x32 tile, shared by both copies (so their codes agree); the tile rule is inferred from
-TE's recipe description, not read from its kernel.
+scale per 32x32 tile (``float_to_e8m0(tile_amax * fl32(1/max))``), written on each row of the tile
+in the rowwise scales and each column in the columnwise ones, so both copies have the same codes
+(``quantize_mxfp8.cuh``, ``kIs2DBlockScaling``).
 """
 
 from __future__ import annotations

@@ -195,10 +195,39 @@ class QuantizedTensor(torch.Tensor):
         raise NotImplementedError(f"{type(self).__name__} class does not implement get_metadata function")
 
     def _assign_from(self, other: QuantizedTensor) -> None:
-        """Take over ``other``'s data (same shape): the in-place quantize."""
+        """Take over ``other``'s data (same shape): the in-place quantize.  As TE's kernels write into
+        the destination's buffers (``csrc/quantizer.cpp`` ``convert_and_update_tensor``), a buffer
+        of the same shape and dtype is overwritten in place (views of it see the new data), and the
+        destination keeps its own ``_quantizer`` (TE's C++ never assigns it)."""
         if tuple(other.shape) != tuple(self.shape):
             raise ValueError(f"cannot quantize a tensor of shape {tuple(other.shape)} into {tuple(self.shape)}")
-        self._init(**other.get_metadata())
+        old, meta = self.get_metadata(), other.get_metadata()
+        with torch.no_grad():
+            for key, value in meta.items():
+                buf = old.get(key)
+                if (
+                    isinstance(value, torch.Tensor)
+                    and isinstance(buf, torch.Tensor)
+                    and buf is not value
+                    and buf.shape == value.shape
+                    and buf.dtype == value.dtype
+                ):
+                    buf.copy_(value)
+                    meta[key] = buf
+        quantizer = self._quantizer
+        self._init(**meta)
+        self._quantizer = quantizer
+
+    def _copy_raw_from(self, src: QuantizedTensor) -> None:
+        """TE's ``copy_`` between tensors of one quantizer type and the same usages
+        (``quantized_tensor.py`` ``__torch_dispatch__``): each data/scale buffer of ``src`` is copied
+        into this tensor's buffer, in place; the quantizer and other attributes stay this tensor's."""
+        dst_meta, src_meta = self.get_metadata(), src.get_metadata()
+        with torch.no_grad():
+            for key, buf in dst_meta.items():
+                value = src_meta.get(key)
+                if isinstance(buf, torch.Tensor) and isinstance(value, torch.Tensor):
+                    buf.copy_(value)
 
     def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} class does not implement dequantize function")
@@ -274,8 +303,12 @@ class QuantizedTensor(torch.Tensor):
         if func == torch.ops.aten.copy_.default:
             dst, src = args[0], args[1]
             if isinstance(dst, QuantizedTensor):
-                if isinstance(src, QuantizedTensor) and type(src) is type(dst) and src.shape == dst.shape:
-                    dst._assign_from(type(src).make_like(src)._with_data(src._cloned_data()))
+                if (
+                    isinstance(src, QuantizedTensor)
+                    and type(dst._quantizer) is type(src._quantizer)
+                    and src.get_usages() == dst.get_usages()
+                ):
+                    dst._copy_raw_from(src)
                 else:
                     dst.quantize_(src.dequantize() if isinstance(src, QuantizedTensor) else src)
             else:

@@ -10,7 +10,7 @@ from transformer_engine.common.recipe import DelayedScaling
 assert torch.cuda.is_available(), "needs a GPU"
 torch.cuda.manual_seed(0)
 device = torch.device("cuda")
-model = torch.nn.Sequential(te.Linear(32, 32, device="cuda"), torch.nn.ReLU()).cuda()
+model = torch.nn.Sequential(te.Linear(32, 32, device="cuda"), torch.nn.ReLU()).cuda().to("cuda")
 x = torch.randn(16, 32, device=device).to("cuda:0")
 y_idx = torch.zeros(16, dtype=torch.long).cuda()
 with torch.autocast(device_type="cuda", dtype=torch.bfloat16), te.fp8_autocast(fp8_recipe=DelayedScaling()):

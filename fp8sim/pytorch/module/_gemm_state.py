@@ -1,0 +1,110 @@
+"""The FP8 state of one GEMM: TE's delayed-scaling scalers (forward INPUT=0, WEIGHT=1, OUTPUT=2;
+backward GRAD_OUTPUT=0, GRAD_INPUT=1), the cached FP8 weight, statistics; and ``fp8_meta``'s view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...recipe import DelayedScaling, Recipe
+from ...scaling.delayed import DelayedScaler
+from ..quantization import add_fp8_tensors_to_global_buffer
+from ._fp8_params import is_fp8_weight, operand_from_fp8_weight
+from ._operands import PER_TENSOR, Operand, quantize_operand
+
+__all__ = ["_GemmState", "_ScalingMeta"]
+
+
+class _GemmState:
+    """FP8 state of one GEMM: delayed-scaling scalers, the weight cache, statistics."""
+
+    def __init__(self) -> None:
+        self.fwd: DelayedScaler | None = None
+        self.bwd: DelayedScaler | None = None
+        self.weight_cache: tuple[Operand, Operand] | None = None
+        self.group: Any = None
+        self.calls = 0
+        self.stats: dict | None = None
+        self.key: tuple | None = None
+
+    def ensure(self, recipe: Recipe, group: Any = None) -> None:
+        """Delayed-scaling state for ``recipe``: created once, then carried over to a new
+        DelayedScaling recipe as TE's ``set_meta_tensor`` does (scale kept, history cut or padded),
+        and registered in TE's global buffer under the recipe and group."""
+        if not isinstance(recipe, DelayedScaling):
+            return
+        if self.fwd is None:
+            self.fwd = DelayedScaler(recipe, n=3, forward=True)
+            self.bwd = DelayedScaler(recipe, n=2, forward=False)
+        elif self.fwd.recipe == recipe and self.key == (repr(recipe), id(group)):
+            return
+        elif self.fwd.recipe != recipe:
+            self.fwd.set_recipe(recipe)
+            self.bwd.set_recipe(recipe)
+        self.key = (repr(recipe), id(group))
+        add_fp8_tensors_to_global_buffer(self.fwd, self.bwd, recipe, group)
+
+    @staticmethod
+    def _per_tensor(recipe: Recipe) -> bool:
+        return isinstance(recipe, PER_TENSOR)
+
+    def _quantize(self, x: torch.Tensor, recipe: Recipe, kind: str, k_axis: int) -> Operand:
+        self.calls += 1
+        scaler = self.bwd if kind == "grad" else self.fwd
+        index = {"input": 0, "weight": 1, "grad": 0}[kind]
+        return quantize_operand(x, recipe, kind, k_axis, scaler=scaler, index=index, seed=self.calls, stats=self.stats)
+
+    def _weight_operands(self, w: torch.Tensor, recipe: Recipe, is_first_microbatch: bool | None) -> tuple:
+        if is_first_microbatch is False and self.weight_cache is not None:
+            return self.weight_cache  # TE reuses the cached FP8 weight and its old scale_inv
+        if is_fp8_weight(w):  # an FP8 primary weight: its own codes and scale_inv
+            if not self._per_tensor(recipe):
+                raise NotImplementedError(
+                    f"FP8 primary weights under {type(recipe).__name__}: fp8sim emulates them for per-tensor recipes"
+                )
+            op = operand_from_fp8_weight(w)
+            return op, op
+        row = self._quantize(w, recipe, "weight", 1)
+        col = row if self._per_tensor(recipe) else self._quantize(w, recipe, "weight", 0)
+        if is_first_microbatch is not None:
+            self.weight_cache = (row, col)
+        return row, col
+
+    def _update_forward_scales(self) -> None:
+        if self.fwd is not None:
+            self.fwd.update(group=self.group)
+
+    def _update_backward_scales(self) -> None:
+        if self.bwd is not None:
+            self.bwd.update(group=self.group)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        if self.fwd is None:
+            return {}
+        return {
+            "fwd_scale": torch.from_numpy(self.fwd.scale.copy()),
+            "fwd_amax_history": torch.from_numpy(self.fwd.amax_history.copy()),
+            "bwd_scale": torch.from_numpy(self.bwd.scale.copy()),
+            "bwd_amax_history": torch.from_numpy(self.bwd.amax_history.copy()),
+        }
+
+    def load(self, st: dict[str, torch.Tensor]) -> None:
+        if not st:
+            return
+        hist_len = st["fwd_amax_history"].shape[0]
+        recipe = self.fwd.recipe if self.fwd is not None else DelayedScaling(amax_history_len=hist_len)
+        self.ensure(recipe)
+        self.fwd.load_state_dict({"scale": st["fwd_scale"].numpy(), "amax_history": st["fwd_amax_history"].numpy()})
+        self.bwd.load_state_dict({"scale": st["bwd_scale"].numpy(), "amax_history": st["bwd_amax_history"].numpy()})
+
+
+class _ScalingMeta:
+    """``fp8_meta["scaling_fwd"]``: ``scale``, ``amax_history`` and ``scale_inv`` (float32 tensors)."""
+
+    def __init__(self, scale: torch.Tensor, amax_history: torch.Tensor) -> None:
+        self.scale, self.amax_history = scale, amax_history
+
+    @property
+    def scale_inv(self) -> torch.Tensor:
+        return torch.reciprocal(self.scale)

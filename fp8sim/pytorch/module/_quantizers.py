@@ -1,0 +1,61 @@
+"""A module's ``quantizers`` as TE exposes them: ``{"scaling_fwd": [...], "scaling_bwd": [...]}``.
+
+TE ``module/base.py`` builds them from the recipe state (``quantization.py`` ``RecipeState.make_quantizers``):
+``3 * num_gemms`` forward slots (input, weight, output per GEMM) and ``2 * num_gemms`` backward slots
+(grad_output, grad_input).  Delayed scaling gives live views of the module's state; the stateless
+recipes give quantizers configured as TE configures them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...recipe import DelayedScaling, Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling, Recipe, tensor_format
+
+__all__ = ["module_quantizers"]
+
+
+def _dtype(recipe: Recipe, forward: bool) -> Any:
+    from ..constants import DType
+
+    return DType.kFloat8E4M3 if tensor_format(recipe.fp8_format, forward).name == "e4m3" else DType.kFloat8E5M2
+
+
+def _stateless(recipe: Recipe, forward: bool, slot: int) -> Any:
+    from ..tensor import Float8BlockQuantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer
+
+    role = ("input", "weight", "output")[slot % 3] if forward else ("grad", "grad")[slot % 2]
+    dt = _dtype(recipe, forward)
+    if isinstance(recipe, Float8CurrentScaling):
+        qp = {"input": recipe.fp8_quant_fwd_inp, "weight": recipe.fp8_quant_fwd_weight}.get(
+            role, recipe.fp8_quant_bwd_grad
+        )
+        return Float8CurrentScalingQuantizer(dt, force_pow_2_scales=qp.power_2_scale, amax_epsilon=qp.amax_epsilon)
+    if isinstance(recipe, MXFP8BlockScaling):
+        two_d = forward and role == "weight" and getattr(recipe, "enable_2d_quantization", False)
+        return MXFP8Quantizer(dt, with_2d_quantization=two_d)
+    if isinstance(recipe, Float8BlockScaling):
+        dim = {"input": recipe.x_block_scaling_dim, "weight": recipe.w_block_scaling_dim}.get(
+            role, recipe.grad_block_scaling_dim
+        )
+        return Float8BlockQuantizer(dt, rowwise=True, columnwise=True, block_scaling_dim=dim)
+    raise NotImplementedError(f"module.quantizers for {type(recipe).__name__} is not emulated by fp8sim")
+
+
+def module_quantizers(module: Any, recipe: Recipe) -> dict[str, list]:
+    """The ``quantizers`` of ``module`` under ``recipe``."""
+    from ..tensor import delayed_scaling_quantizers
+
+    gemms = list(module.fp8_gemms.values())
+    if isinstance(recipe, DelayedScaling):
+        for g in gemms:
+            g.ensure(recipe)
+        return {
+            "scaling_fwd": [q for g in gemms for q in delayed_scaling_quantizers(g.fwd)],
+            "scaling_bwd": [q for g in gemms for q in delayed_scaling_quantizers(g.bwd)],
+        }
+    n = len(gemms)
+    return {
+        "scaling_fwd": [_stateless(recipe, True, i) for i in range(3 * n)],
+        "scaling_bwd": [_stateless(recipe, False, i) for i in range(2 * n)],
+    }
