@@ -335,7 +335,7 @@ def test_te_llama_style_block_through_the_shim_trains():
 
     import fp8sim.shim as shim
 
-    shim.install()
+    shim.install(quiet=True)  # quiet: the once-per-process banner stays for test_shim to see
     try:
         tep = importlib.import_module("transformer_engine.pytorch")
         recipe_mod = importlib.import_module("transformer_engine.common.recipe")
