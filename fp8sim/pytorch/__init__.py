@@ -7,6 +7,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from . import constants, utils
 from .constants import DType
+from .distributed import checkpoint
 from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm, TransformerEngineBaseModule
 from .quantization import (
     FP8GlobalStateManager,
@@ -29,12 +30,14 @@ from .tensor import (
     Float8CurrentScalingQuantizer,
     Float8Quantizer,
     Float8Tensor,
+    IdentityQuantizer,
     MXFP8Quantizer,
     MXFP8Tensor,
     NVFP4Quantizer,
     NVFP4Tensor,
     QuantizedTensor,
     Quantizer,
+    QuantizerRole,
 )
 from .utils import get_device_compute_capability, is_bf16_available
 
@@ -74,4 +77,7 @@ __all__ = [
     "Float8BlockwiseQTensor",
     "NVFP4Quantizer",
     "NVFP4Tensor",
+    "IdentityQuantizer",
+    "QuantizerRole",
+    "checkpoint",
 ]
