@@ -386,3 +386,19 @@ def test_accelerate_documented_reverse_conversion_keeps_a_missing_bias_missing()
         assert isinstance(model[0], te.Linear) and model[0].bias.numel() == 0
         fa.convert_model(model, to_transformer_engine=False, documented=True)
     assert isinstance(model[0], torch.nn.Linear) and model[0].bias is None
+
+
+def test_save_original_input_and_checkpoint_are_accepted_with_unchanged_numerics() -> None:
+    """TE linear.py: ``save_original_input`` re-quantizes the saved input in backward (the same
+    values: the columnwise copy comes from the same high-precision input); LayerNormMLP ``checkpoint``
+    recomputes the forward in backward (fp8sim keeps the activations instead: same numerics)."""
+    torch.manual_seed(7)
+    a, b = te.Linear(16, 16, save_original_input=True), te.Linear(16, 16)
+    with torch.no_grad():
+        b.weight.copy_(a.weight)
+    x, g = torch.randn(16, 16, requires_grad=True), torch.randn(16, 16)
+    for mod in (a, b):
+        with te.autocast(recipe=MXFP8BlockScaling()):
+            mod(x).backward(g)
+    assert a.save_original_input and torch.equal(a.weight.grad, b.weight.grad)
+    assert te.LayerNormMLP(16, 16, checkpoint=True).checkpoint

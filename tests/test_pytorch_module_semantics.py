@@ -393,3 +393,24 @@ def _mx1d(x: torch.Tensor) -> torch.Tensor:
     b = x.reshape(x.shape[0], -1, 32)
     sinv = torch.pow(2.0, _float_to_e8m0(b.abs().amax(-1)).to(torch.float32) - 127)[..., None]
     return ((b / sinv).to(torch.float8_e4m3fn).float() * sinv).reshape(x.shape)
+
+
+def test_nvte_backward_override_env_sets_the_recipe_default_and_the_module_honours_it() -> None:
+    """TE common/recipe/__init__.py: ``backward_override = os.getenv("NVTE_BACKWARD_OVERRIDE", None)``
+    (read when the recipe module is imported); the modules then run the high-precision backward."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, fp8sim.pytorch as te\n"
+        "from fp8sim.recipe import Float8CurrentScaling\n"
+        "r = Float8CurrentScaling(); assert r.backward_override == 'high_precision', r\n"
+        "torch.manual_seed(0); m = te.Linear(16, 16, bias=False)\n"
+        "x = torch.randn(16, 16, requires_grad=True); g = torch.randn(16, 16)\n"
+        "with te.autocast(recipe=r):\n    y = m(x)\n"
+        "y.backward(g); assert torch.equal(x.grad, g @ m.weight.detach()); print('ok')\n"
+    )
+    env = {**os.environ, "NVTE_BACKWARD_OVERRIDE": "high_precision", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -50,8 +50,9 @@ def test_install_and_uninstall_are_explicit_and_reversible(capsys: pytest.Captur
         assert is_transformer_engine_available()
         pt = importlib.import_module("fp8sim.pytorch")
         assert te.TransformerLayer is pt.TransformerLayer and te.DotProductAttention is pt.DotProductAttention
-        with te.fp8_model_init(enabled=True):  # TE's deprecated name: FP8 primary weights
-            assert isinstance(te.Linear(16, 16).weight, te.Float8Tensor)
+        with pytest.warns(DeprecationWarning, match="fp8_model_init is deprecated"):
+            with te.fp8_model_init(enabled=True):  # TE's deprecated name: FP8 primary weights
+                assert isinstance(te.Linear(16, 16).weight, te.Float8Tensor)
         assert capsys.readouterr().err.count("transformer_engine is emulated by fp8sim") == 1
     finally:
         shim.uninstall()

@@ -8,6 +8,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from . import constants, utils
 from .attention import DotProductAttention, MultiheadAttention, RotaryPositionEmbedding, apply_rotary_pos_emb
 from .constants import DType
+from .distributed import checkpoint
 from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm, TransformerEngineBaseModule
 from .quantization import (
     FP8GlobalStateManager,
@@ -30,12 +31,14 @@ from .tensor import (
     Float8CurrentScalingQuantizer,
     Float8Quantizer,
     Float8Tensor,
+    IdentityQuantizer,
     MXFP8Quantizer,
     MXFP8Tensor,
     NVFP4Quantizer,
     NVFP4Tensor,
     QuantizedTensor,
     Quantizer,
+    QuantizerRole,
 )
 from .transformer import TransformerLayer
 from .utils import get_device_compute_capability, is_bf16_available
@@ -76,6 +79,9 @@ __all__ = [
     "Float8BlockwiseQTensor",
     "NVFP4Quantizer",
     "NVFP4Tensor",
+    "IdentityQuantizer",
+    "QuantizerRole",
+    "checkpoint",
     "DotProductAttention",
     "MultiheadAttention",
     "TransformerLayer",

@@ -21,6 +21,13 @@ __all__ = [
     "TE_DType_To_Torch",
     "FP8FwdTensorIdx",
     "FP8BwdTensorIdx",
+    "AttnMaskTypes",
+    "AttnTypes",
+    "AttnBiasTypes",
+    "QKVLayouts",
+    "LayerTypes",
+    "GemmParallelModes",
+    "dist_group_type",
     "MXFP8_BLOCK_SCALING_SIZE",
     "NVFP4_BLOCK_SCALING_SIZE",
     "get_fp8_torch_dtype",
@@ -65,6 +72,27 @@ FP8FwdTensorIdx = SimpleNamespace(
 FP8BwdTensorIdx = SimpleNamespace(
     GRAD_OUTPUT1=0, GRAD_INPUT1=1, GRAD_OUTPUT2=2, GRAD_INPUT2=3, GRAD_OUTPUT3=4, GRAD_INPUT3=5
 )
+
+AttnMaskTypes = (
+    "no_mask",
+    "padding",
+    "causal",
+    "padding_causal",
+    "causal_bottom_right",
+    "padding_causal_bottom_right",
+    "arbitrary",
+)
+AttnTypes = ("self", "cross")
+AttnBiasTypes = ("pre_scale_bias", "post_scale_bias", "no_bias", "alibi")
+QKVLayouts = tuple(
+    "sb3hd sbh3d sbhd_sb2hd sbhd_sbh2d sbhd_sbhd_sbhd bs3hd bsh3d bshd_bs2hd bshd_bsh2d bshd_bshd_bshd "
+    "t3hd th3d thd_t2hd thd_th2d thd_thd_thd sbhd_bshd_bshd bshd_sbhd_sbhd thd_bshd_bshd thd_sbhd_sbhd "
+    "paged_kv_bshd_bshd_bshd paged_kv_bshd_sbhd_sbhd paged_kv_sbhd_bshd_bshd paged_kv_sbhd_sbhd_sbhd "
+    "paged_kv_thd_bshd_bshd paged_kv_thd_sbhd_sbhd".split()
+)
+LayerTypes = ("encoder", "decoder")
+GemmParallelModes = ("row", "column", None)
+dist_group_type = getattr(getattr(torch, "distributed", None), "ProcessGroup", object)
 
 MXFP8_BLOCK_SCALING_SIZE = 32
 NVFP4_BLOCK_SCALING_SIZE = 16

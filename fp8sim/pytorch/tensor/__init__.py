@@ -9,9 +9,10 @@ from .custom_recipe import (
 )
 from .float8_blockwise_tensor import Float8BlockQuantizer, Float8BlockwiseQTensor
 from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor, delayed_scaling_quantizers
+from .identity_tensor import IdentityQuantizer, IdentityTensor
 from .mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
 from .nvfp4_tensor import NVFP4Quantizer, NVFP4Tensor
-from .quantized_tensor import QuantizedTensor, Quantizer
+from .quantized_tensor import QuantizedTensor, Quantizer, prepare_for_saving, restore_from_saved
 
 __all__ = [
     "Quantizer",
@@ -31,4 +32,8 @@ __all__ = [
     "DelayedScalingRequest",
     "CustomQuantizers",
     "custom_recipe_quantizers",
+    "IdentityQuantizer",
+    "IdentityTensor",
+    "prepare_for_saving",
+    "restore_from_saved",
 ]

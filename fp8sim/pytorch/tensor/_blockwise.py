@@ -5,6 +5,7 @@ high-precision input (never one from the other)."""
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,7 @@ class BlockScaledTensor(QuantizedTensor):
 
     _extra_fields: tuple[str, ...] = ()
     _dtype_field = "fp8_dtype"
+    _saved_fields = ("_rowwise_data", "_columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv")
 
     def _init(
         self,
@@ -107,11 +109,69 @@ class BlockScaledTensor(QuantizedTensor):
             return _StraightThrough.apply(self, out)
         return out
 
+    def view(self, *shape: Any) -> torch.Tensor:  # type: ignore[override]
+        return _BlockView.apply(self, _shape_arg(shape), True)
+
+    def reshape(self, *shape: Any) -> torch.Tensor:  # type: ignore[override]
+        return _BlockView.apply(self, _shape_arg(shape), False)
+
+    def _view_refusal(self, shape: tuple[int, ...], view: bool) -> tuple[type | None, str] | None:
+        """None if ``shape`` keeps the data's block layout, else (exception or None to warn, message)."""
+        return None if shape == tuple(self.shape) else (None, f"{type(self).__name__} cannot change its shape")
+
+    def _viewed(self, shape: tuple[int, ...], view: bool) -> BlockScaledTensor:
+        """A tensor of ``shape`` over views of this one's data, sharing its scales."""
+        meta = self.get_metadata()
+        for key in ("rowwise_data", "columnwise_data"):
+            if meta[key] is not None:
+                new = self._data_shape(shape, key == "columnwise_data")
+                meta[key] = meta[key].view(*new) if view else meta[key].reshape(*new)
+        return type(self)(shape=shape, dtype=self.dtype, device=self.device, **meta)
+
+    def _data_shape(self, shape: tuple[int, ...], columnwise: bool) -> tuple[int, ...]:
+        return shape
+
     def _dequantize_rowwise(self) -> torch.Tensor:
         raise NotImplementedError
 
     def _dequantize_columnwise(self) -> torch.Tensor:
         raise NotImplementedError
+
+
+_FSDP_NOTE = (
+    "If you are using this for FSDP2 without compiled_autograd_enabled, "
+    "then ignore this warning since this view is not going to be used anywhere."
+)
+
+
+class _BlockView(torch.autograd.Function):
+    """TE's ``_ViewFunc`` / ``_ReshapeFunc`` of the block-scaled tensors: the data are viewed (the
+    scales, laid out by the flattened rows, are shared) when the subclass's ``_view_refusal`` allows
+    the new shape; otherwise TE warns (or raises) and returns the dequantized values reshaped."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: BlockScaledTensor, shape: tuple[int, ...], view: bool) -> torch.Tensor:
+        ctx.shape = tensor.shape
+        shape = tuple(torch.empty(tensor.shape, device="meta").reshape(*shape).shape)
+        refusal = tensor._view_refusal(shape, view)
+        if refusal is not None:
+            exc, message = refusal
+            if exc is not None:
+                raise exc(message)
+            warnings.warn(message, stacklevel=4)
+            values = tensor.dequantize()
+            return values.view(*shape) if view else values.reshape(*shape)
+        return tensor._viewed(shape, view)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return grad.reshape(ctx.shape), None, None
+
+
+def _shape_arg(shape: tuple) -> tuple[int, ...]:
+    if len(shape) == 1 and not isinstance(shape[0], int):
+        return tuple(shape[0])
+    return tuple(shape)
 
 
 class _StraightThrough(torch.autograd.Function):

@@ -21,7 +21,7 @@ import torch
 from ...formats import get_format
 from ...scaling.block import quantize_block_scaling
 from ..constants import DType, TE_DType_To_Torch
-from ._blockwise import BlockScaledTensor, check_usage, flatten_2d, padded, round_up
+from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
 from .quantized_tensor import Quantizer, _check_high_precision
 
 __all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensor"]
@@ -137,6 +137,27 @@ class Float8BlockwiseQTensor(BlockScaledTensor):
     ``_is_2D_scaled``."""
 
     _extra_fields = ("is_2D_scaled",)
+
+    def _view_refusal(self, shape: tuple[int, ...], view: bool) -> tuple[type | None, str] | None:
+        """TE (``float8_blockwise_tensor.py`` ``_ViewFunc``/``_ReshapeFunc``): 1x128 blocks keep the
+        last dim, 128x128 blocks the last two; otherwise a warning and the dequantized values."""
+        kept = 2 if self._is_2D_scaled else 1
+        if len(shape) >= kept and shape[-kept:] == tuple(self.shape)[-kept:]:
+            return None
+        what = "the last 2 dimensions " if self._is_2D_scaled else "the last dimension "
+        verb = "view " if view else "reshaping "
+        return None, (
+            f"{'2D' if self._is_2D_scaled else '1D'} scaled Float8BlockwiseQTensor does not support {verb}{what}"
+            f"(attempted to {'view' if view else 'reshape'} dims={tuple(self.shape)} to {shape}). {_FSDP_NOTE}"
+        )
+
+    def _viewed(self, shape: tuple[int, ...], view: bool) -> Float8BlockwiseQTensor:
+        if shape == tuple(self.shape):  # TE returns the tensor itself
+            return self
+        return super()._viewed(shape, view)
+
+    def _data_shape(self, shape: tuple[int, ...], columnwise: bool) -> tuple[int, ...]:
+        return (shape[-1], *shape[:-1]) if columnwise else shape
 
     def _grid(self, data2d: torch.Tensor, scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
         """``data2d`` (rows x cols) times its block scales, float32."""

@@ -209,24 +209,41 @@ class _Dequantize(torch.autograd.Function):
 
 
 class _Reshape(torch.autograd.Function):
+    """TE's ``_ViewFunc`` / ``_ReshapeFunc`` (``tensor/float8_tensor.py``): the codes are viewed or
+    reshaped; the transpose is kept only where its shape already is the new shape's columnwise one
+    (so a real shape change drops it, and a columnwise-only tensor can only keep its shape)."""
+
     @staticmethod
-    def forward(ctx: Any, tensor: Float8Tensor, shape: Sequence[int]) -> Float8Tensor:
+    def forward(ctx: Any, tensor: Float8Tensor, shape: Sequence[int], view: bool) -> Float8Tensor:
         ctx.shape = tensor.shape
-        data = tensor._data.reshape(shape) if tensor._data is not None else None
-        if data is None:  # columnwise only: reshape the logical values' codes
-            data_logical = tensor._transpose.movedim(0, -1).reshape(shape)
-            return tensor._rebuilt(data_logical.shape, None, _columnwise(data_logical))
-        transpose = _columnwise(data) if tensor._transpose is not None else None
-        return tensor._rebuilt(data.shape, data, transpose)
+        if tensor._data is not None:
+            data = tensor._data.view(*shape) if view else tensor._data.reshape(*shape)
+            out_shape = data.shape
+        else:
+            data, out_shape = None, torch.empty(tensor.shape, device="meta").reshape(*shape).shape
+        transpose = None if tensor._transpose_invalid else tensor._transpose
+        if transpose is not None:
+            if tuple(transpose.shape) != _columnwise_shape(out_shape):
+                transpose = None
+            else:
+                transpose = transpose.view(*_columnwise_shape(out_shape))
+        if data is None and transpose is None:
+            raise NotImplementedError(
+                "Float8Tensor view with columnwise-only data is only supported "
+                "when the requested shape preserves the columnwise layout"
+            )
+        return tensor._rebuilt(out_shape, data, transpose)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return grad.reshape(ctx.shape), None
+        return grad.reshape(ctx.shape), None, None
 
 
 class Float8Tensor(QuantizedTensor):
     """FP8 data with one scale: ``_data`` (uint8 codes), ``_scale_inv`` (float32, shape [1]),
     ``_fp8_dtype`` (``DType``), ``_transpose`` (columnwise codes or None), ``_quantizer``."""
+
+    _saved_fields = ("_data", "_transpose", "_scale_inv")
 
     def _init(
         self,
@@ -303,6 +320,8 @@ class Float8Tensor(QuantizedTensor):
             return _slice(func, args, kwargs)
         if func == torch.ops.aten.split.Tensor and args[0]._data is not None:
             return _split(args, kwargs)
+        if func == torch.ops.aten.new_zeros.default:
+            return _new_zeros(args, kwargs)
         if (
             func == torch.ops.aten.copy_.default
             and isinstance(args[0], Float8Tensor)
@@ -321,11 +340,21 @@ class Float8Tensor(QuantizedTensor):
             return dst
         return super().__torch_dispatch__(func, types, args, kwargs)
 
+    def contiguous(self, memory_format: torch.memory_format = torch.contiguous_format) -> Float8Tensor:
+        """TE's: ``self`` when the codes (and transpose) are contiguous, else a copy that is."""
+        if all(t is None or t.is_contiguous(memory_format=memory_format) for t in (self._data, self._transpose)):
+            return self
+        data = None if self._data is None else self._data.contiguous(memory_format=memory_format)
+        transpose = None
+        if self._transpose is not None and not self._transpose_invalid:
+            transpose = self._transpose.contiguous(memory_format=memory_format)
+        return self._rebuilt(self.shape, data, transpose)
+
     def view(self, *shape: Any) -> Float8Tensor:  # type: ignore[override]
-        return _Reshape.apply(self, _shape_arg(shape))
+        return _Reshape.apply(self, _shape_arg(shape), True)
 
     def reshape(self, *shape: Any) -> Float8Tensor:  # type: ignore[override]
-        return _Reshape.apply(self, _shape_arg(shape))
+        return _Reshape.apply(self, _shape_arg(shape), False)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return (
@@ -376,6 +405,29 @@ def _split(args: tuple, kwargs: dict) -> list[Float8Tensor]:
         t_dim = 0 if dim == tensor.dim() - 1 else dim + 1
         t_pieces = list(torch.ops.aten.split.Tensor(tensor._transpose, args[1], t_dim))
     return [tensor._rebuilt(p.shape, p, t) for p, t in zip(pieces, t_pieces, strict=True)]
+
+
+def _new_zeros(args: tuple, kwargs: dict) -> Float8Tensor:
+    """TE's new_zeros: zero codes (and a zero transpose where the source has one), a copy of
+    ``_scale_inv``, the same quantizer; ``dtype`` is the nominal dtype."""
+    tensor, size = args[0], tuple(args[1])
+    dtype = kwargs.get("dtype") or tensor.dtype
+    if tensor._data is None and (tensor._transpose is None or tensor._transpose_invalid):
+        raise RuntimeError("Float8Tensor.new_zeros requires rowwise or columnwise data")
+    data = torch.zeros(size, dtype=torch.uint8) if tensor._data is not None else None
+    transpose = None
+    if tensor._transpose is not None and not tensor._transpose_invalid:
+        transpose = torch.zeros(_columnwise_shape(size), dtype=torch.uint8)
+    return Float8Tensor(
+        shape=size,
+        dtype=dtype,
+        data=data,
+        fp8_scale_inv=tensor._scale_inv.detach().clone(),
+        fp8_dtype=tensor._fp8_dtype,
+        data_transpose=transpose,
+        quantizer=tensor._quantizer,
+        device=tensor.device,
+    )
 
 
 def _shape_arg(shape: tuple) -> tuple[int, ...]:

@@ -132,6 +132,20 @@ class MXFP8Tensor(BlockScaledTensor):
 
     _extra_fields = ("with_gemm_swizzled_scales",)
 
+    def _view_refusal(self, shape: tuple[int, ...], view: bool) -> tuple[type | None, str] | None:
+        """TE (``mxfp8_tensor.py`` ``_ViewFunc``/``_ReshapeFunc``): the last dim must stay; a view
+        warns and dequantizes, a reshape raises."""
+        if shape[-1] == self.shape[-1]:
+            return None
+        dims = f"(attempted to reshape dims={tuple(self.shape)} to {shape})"
+        if not view:
+            return RuntimeError, f"MXFP8Tensor does not support reshaping inner dimension {dims}"
+        return None, (
+            f"MXFP8Tensor does not support reshaping inner dimension. {dims}"
+            "If you are using this for FSDP2 without compiled_autograd_enabled,"
+            "then ignore this warning. Since this view is not going to be used anywhere. "
+        )
+
     def _values(self, data: torch.Tensor, scale_inv: torch.Tensor, columnwise: bool) -> torch.Tensor:
         m, k = flatten_2d(self.shape)
         fp8 = TE_DType_To_Torch[self._fp8_dtype]

@@ -14,6 +14,7 @@ Philox bits are not emulated, spec section 10); 4over6 is not emulated.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ from ...scaling.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from ...scaling.packing import pack_fp4, unpack_fp4
 from ...scaling.quantized import QuantizedTensor as _SimQT
 from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType
-from ._blockwise import BlockScaledTensor, check_usage, flatten_2d, padded, round_up
+from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
 from .quantized_tensor import Quantizer, _check_high_precision
 
 __all__ = ["NVFP4Quantizer", "NVFP4Tensor"]
@@ -169,6 +170,24 @@ class NVFP4Tensor(BlockScaledTensor):
     ``_amax_columnwise``, ``_fp4_dtype``."""
 
     _extra_fields = ("amax_rowwise", "amax_columnwise", "with_2d_quantization")
+    _saved_fields = (*BlockScaledTensor._saved_fields, "_amax_rowwise", "_amax_columnwise")
+
+    def _view_refusal(self, shape: tuple[int, ...], view: bool) -> tuple[type | None, str] | None:
+        """TE (``nvfp4_tensor.py`` ``_ViewFunc``): the last dim must stay, else a warning and the
+        dequantized values."""
+        if shape[-1] == self.shape[-1]:
+            return None
+        return None, (
+            "NVFP4Tensor does not support reshaping inner dimension "
+            f"(attempted to reshape dims={tuple(self.shape)} to {shape}). {_FSDP_NOTE}"
+        )
+
+    def _data_shape(self, shape: tuple[int, ...], columnwise: bool) -> tuple[int, ...]:
+        """Packed bytes: rowwise ``(..., K / 2)``, columnwise 2-D ``(K, M / 2)``."""
+        if columnwise:
+            return (shape[-1], math.prod(shape[:-1]) // 2)
+        return (*shape[:-1], shape[-1] // 2)
+
     _dtype_field = "fp4_dtype"
 
     def _copy(self, data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, rows: int, cols: int) -> np.ndarray:

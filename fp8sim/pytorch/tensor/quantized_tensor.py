@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-__all__ = ["Quantizer", "QuantizedTensor"]
+__all__ = ["Quantizer", "QuantizedTensor", "prepare_for_saving", "restore_from_saved"]
 
 _HIGH_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -92,6 +92,7 @@ class Quantizer(abc.ABC):
         self, src: torch.Tensor, dst: QuantizedTensor, *, noop_flag: torch.Tensor | None = None
     ) -> QuantizedTensor:
         """Quantize ``src`` into ``dst`` in place (skipped when ``noop_flag`` is 1, as TE's kernels)."""
+        _check_destination(self, dst)
         if noop_flag is not None and float(noop_flag.reshape(-1)[0]) == 1.0:
             return dst
         if isinstance(src, QuantizedTensor):
@@ -111,8 +112,15 @@ class Quantizer(abc.ABC):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{type(self).__name__} quantizes a torch.Tensor, got {type(tensor).__name__}")
         if not self.internal and torch.is_grad_enabled() and tensor.requires_grad:
-            return _QuantizeFunc.apply(tensor, self.quantize_impl)
-        return self.quantize_impl(tensor.detach())
+            result = _QuantizeFunc.apply(tensor, self.quantize_impl)
+        else:
+            result = self.quantize_impl(tensor.detach())
+        # TE: the amax reduction group never persists on a tensor's quantizer (its own copy)
+        result_quantizer = getattr(result, "_quantizer", None)
+        if getattr(result_quantizer, "with_amax_reduction", False):
+            result_quantizer.with_amax_reduction = False
+            result_quantizer.amax_reduction_group = None
+        return result
 
     def __call__(self, tensor: torch.Tensor) -> QuantizedTensor:
         return self.quantize(tensor)
@@ -143,6 +151,33 @@ class Quantizer(abc.ABC):
     def is_quantizable(self, inp: torch.Tensor) -> bool:
         del inp
         return True
+
+
+# TE's refusals of a destination of the wrong class (each quantizer's ``update_quantized``).
+_DESTINATIONS = {
+    "Float8Quantizer": ("Float8Tensor", ValueError, "Float8Quantizer can only update Float8Tensor"),
+    "Float8CurrentScalingQuantizer": (
+        "Float8Tensor",
+        ValueError,
+        "Float8CurrentScalingQuantizer can only update Float8Tensor",
+    ),
+    "MXFP8Quantizer": ("MXFP8Tensor", AssertionError, "Cannot store quantized MXFP8 in {} type."),
+    "Float8BlockQuantizer": (
+        "Float8BlockwiseQTensor",
+        AssertionError,
+        "Cannot store quantized blockwise tensor in {} type.",
+    ),
+    "NVFP4Quantizer": ("NVFP4Tensor", AssertionError, "Cannot store quantized NVFP4 in {} type."),
+}
+
+
+def _check_destination(quantizer: Quantizer, dst: Any) -> None:
+    for cls in type(quantizer).__mro__:
+        if cls.__name__ in _DESTINATIONS:
+            want, exc, message = _DESTINATIONS[cls.__name__]
+            if not any(c.__name__ == want for c in type(dst).__mro__):
+                raise exc(message.format(type(dst)))
+            return
 
 
 def _check_high_precision(tensor: torch.Tensor, who: str) -> None:
@@ -229,6 +264,24 @@ class QuantizedTensor(torch.Tensor):
                 if isinstance(buf, torch.Tensor) and isinstance(value, torch.Tensor):
                     buf.copy_(value)
 
+    _saved_fields: tuple[str, ...] = ()
+    """The buffers ``prepare_for_saving`` hands out, in TE's order (attribute names)."""
+
+    def prepare_for_saving(self) -> tuple[list[torch.Tensor | None], QuantizedTensor]:
+        """TE's ``prepare_for_saving``: the data/scale buffers in TE's order, detached from this
+        tensor (its attributes become None) until :meth:`restore_from_saved`."""
+        tensors = [getattr(self, name) for name in self._saved_fields]
+        for name in self._saved_fields:
+            setattr(self, name, None)
+        return tensors, self
+
+    def restore_from_saved(self, tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Put back the buffers :meth:`prepare_for_saving` gave; returns the rest of the list."""
+        n = len(self._saved_fields)
+        for name, t in zip(self._saved_fields, tensors[:n], strict=True):
+            setattr(self, name, t)
+        return tensors[n:]
+
     def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} class does not implement dequantize function")
 
@@ -300,6 +353,28 @@ class QuantizedTensor(torch.Tensor):
             return type(args[0]).make_like(args[0])._with_data(args[0]._cloned_data())
         if func == torch.ops.aten.numel.default:
             return math.prod(args[0].shape)
+        if func == torch.ops.aten.new_empty.default:  # TE: a quantized tensor from the quantizer
+            tensor = args[0]
+            if tensor._quantizer is None:
+                raise RuntimeError(
+                    f"{type(tensor).__name__} does not have a quantizer; cannot create new_empty QuantizedTensor"
+                )
+            return tensor._quantizer.make_empty(
+                torch.Size(args[1]),
+                dtype=kwargs.get("dtype") or tensor.dtype,
+                device=kwargs.get("device") or tensor.device,
+                requires_grad=tensor.requires_grad,
+            )
+        if func == torch.ops.aten.empty_like.default and args[0]._quantizer is not None:
+            tensor = args[0]  # TE: the quantizer with the tensor's usages makes it
+            quantizer = tensor._quantizer.copy()
+            quantizer.set_usage(**tensor.get_usages())
+            return quantizer.make_empty(
+                tensor.shape,
+                dtype=tensor.dtype,
+                device=kwargs.get("device") or tensor.device,
+                requires_grad=kwargs.get("requires_grad", tensor.requires_grad),
+            )
         if func == torch.ops.aten.copy_.default:
             dst, src = args[0], args[1]
             if isinstance(dst, QuantizedTensor):
@@ -323,17 +398,61 @@ class QuantizedTensor(torch.Tensor):
 
         if func._schema.is_mutable:  # in place: dequantize, run, quantize back (TE's rule)
             new_args, new_kwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
-            func(*new_args, **new_kwargs)
+            out = func(*new_args, **new_kwargs)
+            schema = {sa.name: sa for sa in func._schema.arguments}
             for a, na, sa in zip(args, new_args, func._schema.arguments, strict=False):
-                alias = getattr(sa, "alias_info", None)
-                if isinstance(a, QuantizedTensor) and alias is not None and alias.is_write:
-                    a.quantize_(na)
-            return args[0]
+                _requantize_written(a, na, sa)
+            for name, a in kwargs.items():  # e.g. ``out=``: TE re-quantizes keyword arguments too
+                _requantize_written(a, new_kwargs[name], schema.get(name))
+            return args[0] if args and isinstance(args[0], QuantizedTensor) else out
         return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
 
     def _with_data(self, data: dict[str, Any]) -> QuantizedTensor:
         self._init(**data)
         return self
+
+
+def _requantize_written(arg: Any, new_arg: Any, schema_arg: Any) -> None:
+    """TE's ``maybe_update_inplace``: quantize back what an in-place op wrote (lists recursively)."""
+    alias = getattr(schema_arg, "alias_info", None)
+    if isinstance(arg, QuantizedTensor) and isinstance(new_arg, torch.Tensor):
+        if alias is not None and alias.is_write:
+            arg.quantize_(new_arg)
+    elif isinstance(arg, list | tuple) and isinstance(new_arg, list | tuple):
+        for a, na in zip(arg, new_arg, strict=False):
+            _requantize_written(a, na, schema_arg)
+
+
+def prepare_for_saving(*tensors: Any) -> tuple[list[Any], list[Any]]:
+    """TE's module-level ``prepare_for_saving`` (``quantized_tensor.py``): tensors (quantized tensors
+    included, being ``torch.Tensor`` subclasses) and None are kept as they are; other storages give
+    their buffers.  Returns the tensors for ``save_for_backward`` and the objects to restore into."""
+    tensor_list: list[Any] = []
+    objects: list[Any] = []
+    for tensor in tensors:
+        if tensor is None or isinstance(tensor, torch.Tensor):
+            tensor_list.append(tensor)
+            objects.append(None)
+        else:
+            t, obj = tensor.prepare_for_saving()
+            tensor_list.extend(t)
+            objects.append(obj)
+    return tensor_list, objects
+
+
+def restore_from_saved(tensors: list[Any], saved_tensors: list[Any], return_saved_tensors: bool = False) -> Any:
+    """TE's ``restore_from_saved``: recombine what :func:`prepare_for_saving` split (``tensors``: its
+    second result)."""
+    out = []
+    saved = list(saved_tensors)
+    for tensor in tensors:
+        if tensor is None or isinstance(tensor, torch.Tensor):
+            out.append(saved[0])
+            saved = saved[1:]
+        else:
+            saved = tensor.restore_from_saved(saved)
+            out.append(tensor)
+    return (out, saved) if return_saved_tensors else out
 
 
 def _rebuild(cls: type, shape: tuple, dtype: torch.dtype, meta: dict[str, Any]) -> QuantizedTensor:
