@@ -6,7 +6,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("fp8sim.pytorch needs torch: pip install 'fp8sim[torch]'") from exc
 
 from . import constants, utils
+from .attention import DotProductAttention, MultiheadAttention, RotaryPositionEmbedding, apply_rotary_pos_emb
 from .constants import DType
+from .distributed import checkpoint
 from .module import (
     GroupedLinear,  # noqa: E402 - issue 17
     LayerNorm,
@@ -37,13 +39,16 @@ from .tensor import (
     Float8CurrentScalingQuantizer,
     Float8Quantizer,
     Float8Tensor,
+    IdentityQuantizer,
     MXFP8Quantizer,
     MXFP8Tensor,
     NVFP4Quantizer,
     NVFP4Tensor,
     QuantizedTensor,
     Quantizer,
+    QuantizerRole,
 )
+from .transformer import TransformerLayer
 from .utils import get_device_compute_capability, is_bf16_available
 
 __all__ = [
@@ -83,4 +88,12 @@ __all__ = [
     "Float8BlockwiseQTensor",
     "NVFP4Quantizer",
     "NVFP4Tensor",
+    "IdentityQuantizer",
+    "QuantizerRole",
+    "checkpoint",
+    "DotProductAttention",
+    "MultiheadAttention",
+    "TransformerLayer",
+    "RotaryPositionEmbedding",
+    "apply_rotary_pos_emb",
 ]

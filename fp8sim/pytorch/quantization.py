@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..recipe import DelayedScaling, Recipe
+from .constants import get_fp8_torch_dtype
 
 __all__ = [
+    "get_fp8_torch_dtype",
     "autocast",
     "fp8_autocast",
     "is_fp8_enabled",
@@ -378,3 +380,16 @@ def fp8_model_init(
     )
     with quantized_model_init(enabled, recipe, preserve_high_precision_init_val):
         yield
+
+
+# TE defines the custom-recipe request classes in quantization.py; fp8sim's live in tensor/custom_recipe.py,
+# which imports this module, hence the lazy re-export
+_CUSTOM_RECIPE_NAMES = ("QuantizerRole", "QuantizerRequest", "DelayedScalingRequest")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CUSTOM_RECIPE_NAMES:
+        from .tensor import custom_recipe
+
+        return getattr(custom_recipe, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

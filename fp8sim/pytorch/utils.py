@@ -9,13 +9,20 @@ recipe on any emulated device; the probes only say what TE would say there.
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
 
 from .module.base import get_default_init_method, init_method_constant, init_method_normal
 
 __all__ = [
     "init_method_normal",
     "init_method_constant",
+    "scaled_init_method_normal",
+    "attention_mask_func",
     "get_default_init_method",
     "get_device_compute_capability",
     "is_bf16_available",
@@ -52,3 +59,19 @@ def is_non_tn_fp8_gemm_supported() -> bool:
     """TE: FP8 GEMMs take non-TN layouts on capability [10.0, 12.0) and >= 13.0."""
     cc = get_device_compute_capability()
     return (10, 0) <= cc < (12, 0) or cc >= (13, 0)
+
+
+def scaled_init_method_normal(sigma: float, num_layers: int) -> Callable[[torch.Tensor], Any]:
+    """TE ``utils.scaled_init_method_normal``: ``init_(t)`` fills ``t`` from ``N(0, sigma / sqrt(2 * num_layers))``."""
+    std = sigma / math.sqrt(2.0 * num_layers)
+
+    def init_(tensor: torch.Tensor) -> Any:
+        return torch.nn.init.normal_(tensor, mean=0.0, std=std)
+
+    return init_
+
+
+def attention_mask_func(attention_scores: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """TE ``utils.attention_mask_func``: fills the masked (True) scores with -10000.0, in place."""
+    attention_scores.masked_fill_(attention_mask, -10000.0)
+    return attention_scores

@@ -29,7 +29,25 @@ from ._gemm_state import _GemmState, _ScalingMeta
 from ._linear_function import LinearOptions, fp8_linear, hp_linear
 from ._operands import nan_skipping_amax
 
-__all__ = ["TransformerEngineBaseModule", "assert_dim_for_fp8_exec", "get_default_init_method", "init_method_constant"]
+__all__ = [
+    "TransformerEngineBaseModule",
+    "assert_dim_for_fp8_exec",
+    "get_default_init_method",
+    "init_method_constant",
+    "get_dummy_wgrad",
+]
+_dummy_wgrads: dict[tuple, torch.Tensor] = {}
+
+
+def get_dummy_wgrad(shape: list, dtype: torch.dtype, zero: bool = False) -> torch.Tensor:
+    """TE ``module.base.get_dummy_wgrad``: one cached uninitialised buffer per (shape, dtype), on the CPU
+    (TE's is on the GPU); ``zero=True`` zeroes it first.  Returned detached: every call shares the storage."""
+    key = (*shape, dtype)
+    if key not in _dummy_wgrads:
+        _dummy_wgrads[key] = torch.empty(shape, dtype=dtype, requires_grad=False)
+    if zero:
+        _dummy_wgrads[key].fill_(0)
+    return _dummy_wgrads[key].detach()
 
 
 def get_default_init_method() -> Callable[[torch.Tensor], Any]:

@@ -1,0 +1,327 @@
+"""The attention core, high precision and FP8, on the internal layout ``[b, h, s, d]`` in float32.
+
+One autograd function computes ``O = dropout(softmax(scale * Q K^T + bias, masked)) V`` and its
+gradients with the quantization points of TE's FP8 fused attention (``FusedAttnFunc`` in TE's
+``attention/dot_product_attention/backends.py``; quantizer roles from ``get_attention_quantizers`` in
+``utils.py``).  With no quantizers it is the high-precision path.
+
+Quantization points (forward ``Q, K, V -> S -> P -> O``, backward ``dO -> dP -> dS -> dQ, dK, dV``;
+TE's slot names in brackets, HYBRID: forward E4M3, backward E5M2):
+
+- Q, K, V [QKV]: one per-tensor scale over the three (``combine_and_quantize``); MXFP8: each tensor
+  separately, 1x32 blocks along the GEMM's reduction axis (Q, K along d for ``QK^T``; V along the
+  sequence for ``PV``; Q, K along the sequence again for ``dK``, ``dQ``).
+- P [S]: the softmax output after dropout, before ``PV`` and ``P^T dO``.  Delayed scaling uses the
+  S slot; current scaling uses a delayed-scaling S slot as TE does (history 1, ``most_recent``,
+  ``NVTE_DPA_FP8DS_*``); MXFP8: TE hands P to cuDNN unquantized and cuDNN's choice is not in TE's
+  code (``mxfp8_softmax="none"`` keeps P as TE's own emulation does, ``"mxfp8"`` blocks it by 32).
+- O [O]: delayed scaling only (cuDNN writes O in FP8; TE dequantizes it for the caller); current
+  scaling and MXFP8 return O in high precision (``NVTE_DPA_FP8CS_O_in_F16=1``, TE's default).
+- dO [dO]: every recipe; MXFP8 rowwise (for ``dO V^T``) and columnwise (for ``P^T dO``).
+- dS [dP]: the gradient of the scaled scores, before ``dQ = scale dS K`` and ``dK = scale dS^T Q``;
+  slots as for P.
+- dQ, dK, dV [dQKV]: delayed scaling only, one scale over the three; the others return them in high
+  precision.
+
+Choices TE's code leaves to cuDNN and that fp8sim fixes (documented, not verified on hardware):
+GEMMs sum exact products in float32 (or the named accumulator model) and apply
+``fl32(scale_inv_a * scale_inv_b)`` after the sum, then the softmax scale; the softmax runs in float32
+with ``exp`` of ``s - rowmax``; the softmax backward uses the unquantized P and
+``D = rowsum(dO * O)`` on the dequantized dO and the O that the backward receives (FP8 under delayed
+scaling); amaxes are taken of exactly the tensor each quantizer casts; rows with every key masked give
+0 (cuDNN zero-fills them).  ``NVTE_FP8_DPA_BWD=0`` runs the backward in high precision from the
+unquantized Q, K, V, the returned O and the FP8 forward's softmax statistics (log-sum-exp), which TE
+hands to the F16 backward kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ....cast import decode, encode
+from ....formats import FloatFormat
+
+__all__ = ["AttentionConfig", "Quantizer", "attention"]
+
+
+@dataclass
+class _Q:
+    """A quantized tensor: decoded values and a per-tensor ``sinv`` (float32), or block-dequantized ``dq``."""
+
+    vals: torch.Tensor | None = None
+    sinv: float | None = None
+    dq: torch.Tensor | None = None
+    fmt: FloatFormat | None = None
+    codes: torch.Tensor | None = None
+
+    def value(self) -> torch.Tensor:
+        if self.dq is not None:
+            return self.dq
+        return self.vals * torch.tensor(self.sinv, dtype=torch.float32)
+
+    def t(self) -> _Q:
+        tr = lambda x: None if x is None else x.transpose(-1, -2)  # noqa: E731
+        return _Q(tr(self.vals), self.sinv, tr(self.dq), self.fmt, tr(self.codes))
+
+
+def _amax(*xs: torch.Tensor) -> np.float32:
+    """max|x| over the tensors, NaN skipped as TE's ``fmaxf`` reduction (one ``aminmax`` pass)."""
+    out = np.float32(0)
+    for x in xs:
+        if not x.numel():
+            continue
+        lo, hi = torch.aminmax(x.detach())
+        a = max(float(hi), -float(lo))
+        if a != a:  # rare: skip the NaNs
+            t = x.detach().abs()
+            a = float(torch.where(torch.isnan(t), torch.zeros((), dtype=t.dtype), t).max())
+        out = np.fmax(out, np.float32(a))
+    return out
+
+
+def _torch_fp8(fmt: FloatFormat) -> Any:
+    return {"e4m3": getattr(torch, "float8_e4m3fn", None), "e5m2": getattr(torch, "float8_e5m2", None)}.get(fmt.name)
+
+
+def _cast_per_tensor(x: torch.Tensor, fmt: FloatFormat, scale: np.float32) -> _Q:
+    """``satfinite(RN(fl32(x) * scale))``: clamp then torch's RN cast, which equals the satfinite cast
+    for every non-NaN input (spec 2.3; checked against ml_dtypes on 6e8 float32 patterns, torch 2.13)."""
+    scaled = x.detach().float() * torch.tensor(float(scale), dtype=torch.float32)
+    sinv = float(np.float32(1) / np.float32(scale))
+    dt = _torch_fp8(fmt)
+    if dt is None:
+        codes = encode(scaled, fmt, saturate=True)
+        return _Q(decode(codes, fmt), sinv, fmt=fmt, codes=codes)
+    q = scaled.clamp_(-fmt.max, fmt.max).to(dt)
+    return _Q(q.float(), sinv, fmt=fmt, codes=q.view(torch.uint8))
+
+
+@dataclass
+class Quantizer:
+    """One attention quantization point.  ``kind``: "delayed" (``scaler.scale[index]``, amax folded
+    into the staging row), "current" (scale from this tensor's amax) or "mxfp8" (E8M0 per 32 along
+    ``axis``, TE's RCEIL rule)."""
+
+    kind: str
+    fmt: FloatFormat
+    scaler: Any = None
+    index: int = 0
+
+    def __call__(self, *xs: torch.Tensor, axis: int = -1) -> list[_Q]:
+        if self.kind == "mxfp8":
+            from ....scaling.mx import quantize_mx
+
+            out = []
+            for x in xs:
+                q = quantize_mx(
+                    x.detach().float().contiguous().numpy(), self.fmt, axis=axis, scale_rule="rceil", flavor="te"
+                )
+                out.append(_Q(dq=torch.from_numpy(q.dequantize()), fmt=self.fmt))
+            return out
+        amax = _amax(*xs)
+        if self.kind == "delayed":
+            hist = self.scaler.amax_history
+            hist[0, self.index] = np.fmax(hist[0, self.index], amax)
+            scale = np.float32(self.scaler.scale[self.index])
+        else:
+            from ....scaling.current import compute_scale_from_amax
+
+            scale = np.float32(compute_scale_from_amax(amax, self.fmt.max))
+        return [_cast_per_tensor(x, self.fmt, scale) for x in xs]
+
+
+@dataclass
+class AttentionConfig:
+    """Everything the core needs besides Q, K, V.  Quantizers are None for high precision."""
+
+    softmax_scale: float
+    mask: torch.Tensor | None = None  # bool, True = masked, broadcastable to [b, h, sq, skv]
+    bias: torch.Tensor | None = None  # float32, added before (pre_scale) or after the scale
+    bias_type: str = "no_bias"
+    dropout_p: float = 0.0
+    qkv: Quantizer | None = None
+    s: Quantizer | None = None
+    o: Quantizer | None = None
+    do: Quantizer | None = None
+    dp: Quantizer | None = None
+    dqkv: Quantizer | None = None
+    bwd_fp8: bool = True
+    accumulator: str | None = None
+    on_backward_end: Any = None  # callable run after the backward (TE: the first module updates scales)
+    saved: dict = field(default_factory=dict)
+
+
+def _mm(a: _Q, b: _Q, accumulator: str | None) -> torch.Tensor:
+    """Batched ``a @ b`` in float32 with the per-tensor scales applied after the sum."""
+    if a.vals is None or b.vals is None:
+        if accumulator is not None:
+            raise NotImplementedError("fp8sim runs MXFP8 attention GEMMs only with accumulator=None")
+        return torch.matmul(a.value(), b.value())
+    alpha = torch.tensor(np.float32(a.sinv) * np.float32(b.sinv), dtype=torch.float32)
+    if accumulator is None:
+        return torch.matmul(a.vals, b.vals) * alpha
+    from ....gemm import scaled_mm
+
+    ac, bc = a.codes, b.codes
+    lead = torch.broadcast_shapes(ac.shape[:-2], bc.shape[:-2])
+    ac = ac.expand(*lead, *ac.shape[-2:]).reshape(-1, *ac.shape[-2:])
+    bc = bc.expand(*lead, *bc.shape[-2:]).reshape(-1, *bc.shape[-2:])
+    outs = [
+        torch.from_numpy(
+            scaled_mm(
+                ac[i].contiguous().numpy(),
+                bc[i].contiguous().numpy(),
+                np.float32(a.sinv),
+                np.float32(b.sinv),
+                out_dtype="float32",
+                accumulator=accumulator,
+                a_format=a.fmt,
+                b_format=b.fmt,
+                strict=False,
+            )
+        )
+        for i in range(ac.shape[0])
+    ]
+    return torch.stack(outs).reshape(*lead, ac.shape[-2], bc.shape[-1])
+
+
+def _hp(x: torch.Tensor) -> _Q:
+    return _Q(dq=x)
+
+
+def _expand(x: _Q, groups: int) -> _Q:
+    if groups == 1:
+        return x
+    rep = lambda t: None if t is None else t.repeat_interleave(groups, dim=1)  # noqa: E731
+    return _Q(rep(x.vals), x.sinv, rep(x.dq), x.fmt, rep(x.codes))
+
+
+def _softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    scores = scores.masked_fill(mask, float("-inf"))
+    empty = mask.all(dim=-1, keepdim=True)  # every key masked: cuDNN writes zeros
+    p = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1)
+    return p.masked_fill(empty, 0.0)
+
+
+def _scores(q: _Q, k: _Q, cfg: AttentionConfig) -> torch.Tensor:
+    s = _mm(q, k.t(), cfg.accumulator)
+    if cfg.bias_type == "pre_scale_bias":
+        return (s + cfg.bias) * cfg.softmax_scale
+    s = s * cfg.softmax_scale
+    return s + cfg.bias if cfg.bias is not None else s
+
+
+def _recompute_p(
+    q: torch.Tensor, k: torch.Tensor, cfg: AttentionConfig, groups: int, lse: torch.Tensor
+) -> torch.Tensor:
+    """cuDNN's F16 backward after an FP8 forward (``NVTE_FP8_DPA_BWD=0``): it recomputes the scores from
+    the high-precision Q, K and exponentiates them against the forward kernel's softmax statistics
+    (TE passes the FP8 forward's ``aux_ctx_tensors`` to the F16 ``fused_attn_bwd``)."""
+    s = _scores(_hp(q), _expand(_hp(k), groups), cfg)
+    if cfg.mask is not None:
+        s = s.masked_fill(cfg.mask, float("-inf"))
+    p = torch.exp(s - lse)
+    return p if cfg.mask is None else p.masked_fill(cfg.mask.all(dim=-1, keepdim=True), 0.0)
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: AttentionConfig) -> torch.Tensor:
+        groups = q.shape[1] // k.shape[1]
+        if cfg.qkv is None:
+            qq, kq, vq = _hp(q), _hp(k), _hp(v)
+        elif cfg.qkv.kind == "mxfp8":  # Q, K blocked along d (for QK^T), V along the sequence (for PV)
+            qq, kq = cfg.qkv(q, k, axis=-1)
+            (vq,) = cfg.qkv(v, axis=-2)
+        else:
+            qq, kq, vq = cfg.qkv(q, k, v)
+        scores = _scores(qq, _expand(kq, groups), cfg)
+        p = _softmax(scores, cfg.mask)
+        if cfg.qkv is not None and not cfg.bwd_fp8:  # the softmax statistics the high-precision backward reuses
+            masked = scores if cfg.mask is None else scores.masked_fill(cfg.mask, float("-inf"))
+            ctx.lse = torch.logsumexp(masked, dim=-1, keepdim=True)
+        keep = None
+        if cfg.dropout_p > 0:
+            keep = torch.rand_like(p) >= cfg.dropout_p
+            pd = p * keep / (1.0 - cfg.dropout_p)
+        else:
+            pd = p
+        pq = cfg.s(pd, axis=-1)[0] if cfg.s is not None else _hp(pd)
+        o = _mm(pq, _expand(vq, groups), cfg.accumulator)
+        oq = cfg.o(o)[0] if cfg.o is not None else None
+        out = oq.value() if oq is not None else o
+        ctx.cfg, ctx.groups, ctx.keep = cfg, groups, keep
+        ctx.quant = (qq, kq, vq, pq)
+        ctx.save_for_backward(q, k, v, p, out, pd)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, d_out: torch.Tensor) -> tuple:
+        cfg, g = ctx.cfg, ctx.groups
+        q, k, v, p, out, pd = ctx.saved_tensors
+        fp8 = cfg.qkv is not None and cfg.bwd_fp8
+        d_out = d_out.to(q.dtype)
+        if fp8:
+            qq, kq, vq, pq = ctx.quant
+            mx = cfg.qkv.kind == "mxfp8"
+            if mx:  # each GEMM's operands blocked along its reduction axis, from the high-precision tensors
+                do_row, do_col = cfg.do(d_out, axis=-1)[0], cfg.do(d_out, axis=-2)[0]
+                (vq_row,) = cfg.qkv(v, axis=-1)
+                qq_col, kq_col = cfg.qkv(q, k, axis=-2)
+                if cfg.s is not None:
+                    pq = cfg.s(pd, axis=-2)[0]  # P^T dO reduces over s_q
+            else:
+                do_row = do_col = cfg.do(d_out)[0]
+                vq_row, qq_col, kq_col = vq, qq, kq
+        else:
+            qq_col = _hp(q)
+            kq_col = _hp(k)
+            vq_row = _hp(v)
+            do_row = do_col = _hp(d_out)
+            if cfg.qkv is not None:  # FP8 forward, F16 backward: P = exp(S - LSE) with the forward's LSE
+                p = _recompute_p(q, k, cfg, g, ctx.lse)
+                pd = p if ctx.keep is None else p * ctx.keep / (1.0 - cfg.dropout_p)
+            pq = _hp(pd)
+        acc = cfg.accumulator
+        dv = _mm(pq.t(), do_col, acc)
+        dp = _mm(do_row, _expand(vq_row, g).t(), acc)
+        if ctx.keep is not None:
+            dp = dp * ctx.keep / (1.0 - cfg.dropout_p)
+        o_used = out
+        delta = (do_row.value() * o_used).sum(dim=-1, keepdim=True)
+        ds = p * (dp - delta)
+        if fp8 and cfg.dp is not None:
+            ds_row = cfg.dp(ds, axis=-1)[0]
+            ds_col = ds_row if cfg.dp.kind != "mxfp8" else cfg.dp(ds, axis=-2)[0]
+        else:
+            ds_row = ds_col = _hp(ds)
+        dq = _mm(ds_row, _expand(kq_col, g), acc) * cfg.softmax_scale
+        dk = _mm(ds_col.t(), qq_col, acc) * cfg.softmax_scale
+        if g > 1:
+            dk = dk.reshape(dk.shape[0], -1, g, *dk.shape[2:]).sum(2)
+            dv = dv.reshape(dv.shape[0], -1, g, *dv.shape[2:]).sum(2)
+        if fp8 and cfg.dqkv is not None:
+            dq, dk, dv = (t.value() for t in cfg.dqkv(dq, dk, dv))
+        if cfg.on_backward_end is not None:
+            cfg.on_backward_end()
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: AttentionConfig) -> torch.Tensor:
+    """``[b, h, sq, d]`` x ``[b, hg, skv, d]`` x ``[b, hg, skv, dv]`` -> ``[b, h, sq, dv]`` in float32
+    (float64 for float64 inputs in high precision).
+
+    The bias (``core_attention_bias``) gets no gradient here (TE returns one for learnable biases only
+    through cuDNN; fp8sim treats it as a constant)."""
+    if q.shape[1] % k.shape[1]:
+        raise AssertionError("The number of attention heads must be divisible by the number of GQA groups!")
+    dt = torch.float64 if q.dtype == torch.float64 and cfg.qkv is None else torch.float32
+    if cfg.bias is not None:
+        cfg.bias = cfg.bias.to(dt)
+    return _Attention.apply(q.to(dt), k.to(dt), v.to(dt), cfg)

@@ -1,0 +1,259 @@
+"""TE's ``MultiheadAttention`` (``attention/multi_head_attention.py``): QKV projection (optionally
+after a LayerNorm/RMSNorm), optional rotary embeddings, ``DotProductAttention``, output ``proj``.
+
+Submodule names follow TE: self attention has ``layernorm_qkv`` (``input_layernorm=True``) or
+``qkv``; cross attention has ``layernorm_query`` or ``query_layer`` plus ``key_value``; then
+``core_attention`` and ``proj``.  The fused QKV output is split as TE splits it: with
+``qkv_weight_interleaved`` (only with ``fuse_qkv_params``) the rows are ``[ng, np/ng + 2, hn]``, else
+``[np/ng + 2, ng, hn]``.
+
+FP8 boundaries: with ``fp8_dpa`` (or ``fp8_mha``) the DPA casts Q, K, V to FP8 and returns O in high
+precision, and the projections quantize their inputs and gradients as usual.  TE instead hands DPA's
+FP8 O to ``proj`` (``fp8_dpa``, delayed and current scaling; ``multi_head_attention.py``
+``dpa_fp8_output``), lets ``proj``'s dgrad write FP8 dO (delayed scaling), and under ``fp8_mha`` lets
+the QKV GEMM write FP8 Q, K, V and DPA return FP8 dQKV (delayed scaling, no RoPE).  fp8sim's Linear
+modules have no FP8-input/FP8-output path yet, so those boundaries are quantized again from float32
+with the consumer's own scale (equal values where the two scales agree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import module as _module
+from .dot_product_attention import DotProductAttention
+from .rope import apply_rotary_pos_emb
+
+__all__ = ["MultiheadAttention"]
+
+
+class MultiheadAttention(nn.Module):
+    """TE ``MultiheadAttention(hidden_size, num_attention_heads, kv_channels=None, attention_dropout=0.1,
+    layernorm_epsilon=1e-5, ..., attn_mask_type="causal", num_gqa_groups=None, input_layernorm=False,
+    attention_type="self", fuse_qkv_params=False, zero_centered_gamma=False,
+    qkv_weight_interleaved=True, rotary_pos_interleaved=False, bias=True, normalization="LayerNorm",
+    qkv_format="sbhd")``; ``forward(hidden_states, attention_mask=None, encoder_output=None, ...,
+    rotary_pos_emb=None, ...)``.  Tensor/sequence parallelism and userbuffers are not emulated."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_attention_heads: int,
+        kv_channels: int | None = None,
+        attention_dropout: float = 0.1,
+        layernorm_epsilon: float = 1e-5,
+        init_method: Callable | None = None,
+        output_layer_init_method: Callable | None = None,
+        layer_number: int | None = None,
+        attn_mask_type: str = "causal",
+        window_size: tuple[int, int] | None = None,
+        bottom_right_diagonal: bool | None = None,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        num_gqa_groups: int | None = None,
+        fuse_wgrad_accumulation: bool = False,
+        get_rng_state_tracker: Callable | None = None,
+        sequence_parallel: bool = False,
+        params_dtype: torch.dtype | None = None,
+        return_bias: bool = False,
+        return_layernorm_output: bool = False,
+        input_layernorm: bool = False,
+        attention_type: str = "self",
+        set_parallel_mode: bool = False,
+        fuse_qkv_params: bool = False,
+        zero_centered_gamma: bool = False,
+        qkv_weight_interleaved: bool = True,
+        rotary_pos_interleaved: bool = False,
+        ub_overlap_ag: bool = False,
+        ub_overlap_rs: bool = False,
+        ub_overlap_rs_dgrad: bool = False,
+        ub_bulk_dgrad: bool = False,
+        ub_bulk_wgrad: bool = False,
+        bias: bool = True,
+        normalization: str = "LayerNorm",
+        device: Any = "cpu",
+        qkv_format: str = "sbhd",
+        name: str | None = None,
+        qk_norm_type: str | None = None,
+        qk_norm_eps: float = 1e-6,
+        qk_norm_before_rope: bool = False,
+        seq_length: int | None = None,
+        micro_batch_size: int | None = None,
+        softmax_type: str = "vanilla",
+    ) -> None:
+        super().__init__()
+        if tp_size != 1 or tp_group is not None or set_parallel_mode or sequence_parallel:
+            raise NotImplementedError("fp8sim's MultiheadAttention does not emulate tensor or sequence parallelism")
+        if qk_norm_type is not None:
+            raise NotImplementedError("fp8sim does not emulate qk_norm_type")
+        if attention_type not in ("self", "cross"):
+            raise AssertionError(f"attention_type {attention_type} not supported")
+        if layer_number is not None and layer_number <= 0:
+            raise AssertionError("layer_number must be a positive integer")
+        if return_bias:
+            raise NotImplementedError("fp8sim's MultiheadAttention does not emulate return_bias")
+        self.qkv_format, self.attn_mask_type, self.window_size = qkv_format, attn_mask_type, window_size
+        self.bottom_right_diagonal = bottom_right_diagonal
+        self.layer_number = 1 if layer_number is None else layer_number
+        self.input_layernorm, self.attention_type = input_layernorm, attention_type
+        self.return_layernorm_output = return_layernorm_output
+        self.params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        self.num_attention_heads = num_attention_heads
+        kv_channels = kv_channels if kv_channels else hidden_size // num_attention_heads
+        self.qkv_weight_interleaved = qkv_weight_interleaved if fuse_qkv_params else False
+        self.rotary_pos_interleaved = rotary_pos_interleaved
+        self.num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
+        if num_attention_heads % self.num_gqa_groups:
+            raise AssertionError("The number of attention heads must be divisible by the number of GQA groups!")
+        self.num_attention_heads_per_partition = num_attention_heads
+        self.num_gqa_groups_per_partition = self.num_gqa_groups
+        self.hidden_size_per_attention_head = kv_channels
+        self.hidden_size_q = kv_channels * num_attention_heads
+        self.hidden_size_kv = kv_channels * self.num_gqa_groups
+        kw = {"params_dtype": self.params_dtype, "device": device, "bias": bias, "init_method": init_method}
+        ln_kw = {
+            **kw,
+            "eps": layernorm_epsilon,
+            "zero_centered_gamma": zero_centered_gamma,
+            "return_layernorm_output": return_layernorm_output,
+            "normalization": normalization,
+        }
+        LNL, Lin = _module.LayerNormLinear, _module.Linear
+        if attention_type == "self":
+            out = self.hidden_size_q + 2 * self.hidden_size_kv
+            split = None  # TE: separate query/key/value parameters unless fuse_qkv_params
+            if not fuse_qkv_params:
+                split = {"query": self.hidden_size_q, "key": self.hidden_size_kv, "value": self.hidden_size_kv}
+            if input_layernorm:
+                self.layernorm_qkv = LNL(hidden_size, out, parameters_split=split, **ln_kw)
+            else:
+                self.qkv = Lin(hidden_size, out, parameters_split=split, **kw)
+        else:
+            if input_layernorm:
+                q_split = None if fuse_qkv_params else ("query",)
+                self.layernorm_query = LNL(hidden_size, self.hidden_size_q, parameters_split=q_split, **ln_kw)
+            else:
+                self.query_layer = Lin(hidden_size, self.hidden_size_q, **kw)
+            kv_split = None if fuse_qkv_params else ("key", "value")
+            self.key_value = Lin(hidden_size, 2 * self.hidden_size_kv, parameters_split=kv_split, **kw)
+        self.core_attention = DotProductAttention(
+            num_attention_heads,
+            kv_channels,
+            num_gqa_groups=self.num_gqa_groups,
+            attention_dropout=attention_dropout,
+            qkv_format=qkv_format,
+            layer_number=self.layer_number,
+            attention_type=attention_type,
+            softmax_type=softmax_type,
+            name=None if name is None else name + ".core_attention",
+        )
+        self.proj = Lin(self.hidden_size_q, hidden_size, **{**kw, "init_method": output_layer_init_method})
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        if self.qkv_format == "thd":
+            return x.reshape(x.shape[0], -1, self.hidden_size_per_attention_head)
+        return x.reshape(x.shape[0], x.shape[1], -1, self.hidden_size_per_attention_head)
+
+    def _split_qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ng, hn = self.num_gqa_groups_per_partition, self.hidden_size_per_attention_head
+        per = self.num_attention_heads_per_partition // ng
+        if self.qkv_weight_interleaved:  # [.., ng, np/ng + 2, hn]
+            mixed, dim = mixed.view(*mixed.shape[:-1], ng, per + 2, hn), -2
+        else:  # [.., np/ng + 2, ng, hn]
+            mixed, dim = mixed.view(*mixed.shape[:-1], per + 2, ng, hn), -3
+        q, k, v = torch.split(mixed, (per, 1, 1), dim=dim)
+        return self._heads(q), self._heads(k), self._heads(v)
+
+    def _split_kv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ng, hn = self.num_gqa_groups_per_partition, self.hidden_size_per_attention_head
+        if self.qkv_weight_interleaved:  # [.., ng, 2 * hn]
+            mixed, dim = mixed.view(*mixed.shape[:-1], ng, 2 * hn), -1
+        else:  # [.., 2 * ng, hn]
+            mixed, dim = mixed.view(*mixed.shape[:-1], 2 * ng, hn), -2
+        k, v = torch.split(mixed, mixed.shape[dim] // 2, dim=dim)
+        return self._heads(k), self._heads(v)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: Any = None,
+        encoder_output: torch.Tensor | None = None,
+        attn_mask_type: str | None = None,
+        window_size: tuple[int, int] | None = None,
+        bottom_right_diagonal: bool | None = None,
+        is_first_microbatch: bool | None = None,
+        checkpoint_core_attention: bool = False,
+        inference_params: Any = None,
+        rotary_pos_emb: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
+        core_attention_bias_type: str = "no_bias",
+        core_attention_bias: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
+        cu_seqlens_q: torch.Tensor | None = None,
+        cu_seqlens_kv: torch.Tensor | None = None,
+        cu_seqlens_q_padded: torch.Tensor | None = None,
+        cu_seqlens_kv_padded: torch.Tensor | None = None,
+        max_seqlen_q: int | None = None,
+        max_seqlen_kv: int | None = None,
+        fast_zero_fill: bool = True,
+        pad_between_seqs: bool | None = None,
+    ) -> Any:
+        if attn_mask_type is None:
+            attn_mask_type = self.attn_mask_type
+        if window_size is None:
+            window_size = self.window_size
+        ln_out = None
+        if self.attention_type == "self":
+            if self.input_layernorm:
+                res = self.layernorm_qkv(hidden_states, is_first_microbatch=is_first_microbatch)
+                mixed, ln_out = res if self.return_layernorm_output else (res, None)
+            else:
+                mixed = self.qkv(hidden_states, is_first_microbatch=is_first_microbatch)
+            q, k, v = self._split_qkv(mixed)
+        else:
+            if encoder_output is None:
+                raise ValueError("encoder_output must be given for attention_type='cross'")
+            k, v = self._split_kv(self.key_value(encoder_output, is_first_microbatch=is_first_microbatch))
+            if self.input_layernorm:
+                res = self.layernorm_query(hidden_states, is_first_microbatch=is_first_microbatch)
+                q, ln_out = res if self.return_layernorm_output else (res, None)
+            else:
+                q = self.query_layer(hidden_states, is_first_microbatch=is_first_microbatch)
+            q = self._heads(q)
+        if rotary_pos_emb is not None:
+            q_emb, k_emb = rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
+            cu_q = cu_seqlens_q_padded if pad_between_seqs else cu_seqlens_q
+            cu_kv = cu_seqlens_kv_padded if pad_between_seqs else cu_seqlens_kv
+            q = apply_rotary_pos_emb(
+                q, q_emb, self.qkv_format, fused=True, cu_seqlens=cu_q, interleaved=self.rotary_pos_interleaved
+            )
+            k = apply_rotary_pos_emb(
+                k, k_emb, self.qkv_format, fused=True, cu_seqlens=cu_kv, interleaved=self.rotary_pos_interleaved
+            )
+        context = self.core_attention(
+            q,
+            k,
+            v,
+            attention_mask=attention_mask,
+            qkv_format=self.qkv_format,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv,
+            cu_seqlens_q_padded=cu_seqlens_q_padded,
+            cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_kv=max_seqlen_kv,
+            attn_mask_type=attn_mask_type,
+            window_size=window_size,
+            bottom_right_diagonal=bottom_right_diagonal,
+            core_attention_bias_type=core_attention_bias_type,
+            core_attention_bias=core_attention_bias,
+            alibi_slopes=alibi_slopes,
+            inference_params=inference_params,
+        )
+        out = self.proj(context, is_first_microbatch=is_first_microbatch)
+        if self.input_layernorm and self.return_layernorm_output:
+            return out, ln_out
+        return out

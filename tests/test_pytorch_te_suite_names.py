@@ -1,0 +1,99 @@
+"""TE names that TE's own tests/pytorch suite imports at module level (the acceptance run of issue 13).
+
+References are written here from TE's source at commit d0067d0 (transformer_engine/pytorch/...).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fp8sim.pytorch as te  # noqa: E402
+from fp8sim.pytorch import quantization, utils  # noqa: E402
+from fp8sim.pytorch.module import base  # noqa: E402
+from fp8sim.recipe import DelayedScaling  # noqa: E402
+
+
+def test_scaled_init_method_normal_matches_te_std() -> None:
+    """utils.py:261: N(0, sigma / sqrt(2 * num_layers)) drawn by torch.nn.init.normal_."""
+    torch.manual_seed(3)
+    got = utils.scaled_init_method_normal(0.02, 6)(torch.empty(64, 32))
+    torch.manual_seed(3)
+    want = torch.nn.init.normal_(torch.empty(64, 32), mean=0.0, std=0.02 / math.sqrt(12.0))
+    assert torch.equal(got, want)
+
+
+def test_attention_mask_func_fills_in_place() -> None:
+    """utils.py:219: masked_fill_(mask, -10000.0) on the scores, returned."""
+    scores = torch.arange(6.0).reshape(2, 3)
+    mask = torch.tensor([[True, False, False], [False, False, True]])
+    out = utils.attention_mask_func(scores, mask)
+    assert out is scores
+    assert scores.tolist() == [[-10000.0, 1.0, 2.0], [3.0, 4.0, -10000.0]]
+
+
+def test_get_dummy_wgrad_is_cached_per_shape_and_dtype() -> None:
+    """module/base.py:134: one buffer per (shape, dtype), detached, zeroed on request."""
+    a = base.get_dummy_wgrad([3, 4], torch.float32, zero=True)
+    b = base.get_dummy_wgrad([3, 4], torch.float32)
+    assert a.data_ptr() == b.data_ptr() and not b.requires_grad
+    assert torch.equal(a, torch.zeros(3, 4))
+    assert base.get_dummy_wgrad([3, 4], torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_quantization_reexports_te_names() -> None:
+    """quantization.py:44-46 and :281; __init__.py:54 and :99 (QuantizerRole, IdentityQuantizer)."""
+    from fp8sim.pytorch.constants import get_fp8_torch_dtype
+    from fp8sim.pytorch.tensor import DelayedScalingRequest, IdentityQuantizer, QuantizerRole
+
+    assert quantization.get_fp8_torch_dtype is get_fp8_torch_dtype
+    assert quantization.QuantizerRole is QuantizerRole is te.QuantizerRole
+    assert quantization.DelayedScalingRequest is DelayedScalingRequest
+    assert te.IdentityQuantizer is IdentityQuantizer
+    with pytest.raises(AttributeError):
+        quantization.NoSuchName  # noqa: B018
+
+
+def _linear_and_input() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return te.Linear(32, 16, params_dtype=torch.float32), torch.randn(16, 32, requires_grad=True)
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_checkpoint_equals_plain_forward_and_backward(use_reentrant: bool) -> None:
+    """distributed.py:660: TE replays the forward with its FP8 state, so results equal the plain call."""
+    results = []
+    for ckpt in (False, True):
+        layer, x = _linear_and_input()
+        with te.autocast(enabled=True, recipe=DelayedScaling()):
+            y = te.checkpoint(layer, x, use_reentrant=use_reentrant) if ckpt else layer(x)
+        y.sum().backward()
+        results.append((y.detach(), x.grad, layer.weight.grad))
+    for got, want in zip(results[1], results[0], strict=True):
+        assert torch.equal(got, want)
+
+
+def test_checkpoint_plain_module_uses_torch_checkpoint_and_legacy_args() -> None:
+    """distributed.py:709 (positional legacy form warns) and :732 (no TE module: torch's checkpoint)."""
+    lin = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4, requires_grad=True)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        y = te.checkpoint(lin, False, lambda: None, None, x)
+    assert any(issubclass(w.category, DeprecationWarning) for w in rec)
+    assert y.grad_fn is not None and "Checkpoint" in type(y.grad_fn).__name__
+    assert torch.equal(y, lin(x))
+    # TE's legacy test needs a callable second argument: (False, None, None, x) are tensors to the function
+    with pytest.raises(TypeError):
+        te.checkpoint(lin, False, None, None, x)
+
+
+def test_checkpoint_distribute_saved_activations_needs_process_group() -> None:
+    """distributed.py:761: reentrant distribute_saved_activations without torch.distributed raises."""
+    layer, x = _linear_and_input()
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
+        te.checkpoint(layer, x, distribute_saved_activations=True)
