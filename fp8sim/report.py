@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import datetime as _dt
 import glob
-import os
 import platform
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import __version__
+from ._atomic import atomic_dir
+from ._outpaths import check_output_dir, write_marker
 from ._progress import Progress
 from .formats import FORMATS
 
-__all__ = ["formats_table", "write_compare_report", "build_default_report"]
+__all__ = ["formats_table", "write_compare_report", "build_default_report", "publish_dir", "DEFAULT_OUT"]
+
+DEFAULT_OUT = "reports/latest"  # not tracked (.gitignore): running the main job leaves the checkout clean
 
 
 def _plt() -> Any:
@@ -35,10 +40,26 @@ def _plt() -> Any:
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Atomic text write (temporary name, then rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Text into a file of a folder being built (the folder is published whole, :func:`publish_dir`)."""
+    path.write_text(text)
+
+
+def publish_dir(out_dir: str | Path, kind: str, build: Callable[[Path], Path], *, force: bool = False) -> Path:
+    """Build an output folder in a temporary folder next to ``out_dir`` (``build(tmp)`` returns the
+    main file in it) and publish it whole: an interrupted run leaves the old folder as it was.  An
+    existing folder is replaced only if fp8sim wrote it (or with ``force``).  Returns the main
+    file's final path."""
+    out = Path(out_dir)
+    exists = check_output_dir(out, force=force)
+    with atomic_dir(out, replace=exists) as tmp:
+        main = build(tmp)
+        write_marker(tmp, kind)
+    return out / main.relative_to(tmp)
+
+
+def _known(*parts: tuple[str, Any]) -> str:
+    """``label value`` pairs joined by commas, leaving out unknown (None or empty) values."""
+    return ", ".join(f"{label} {v}".strip() for label, v in parts if v not in (None, "", []))
 
 
 def _versions() -> str:
@@ -92,9 +113,13 @@ def _group(name: str) -> str:
     return "/".join(parts[:2])
 
 
-def write_compare_report(result: Any, out_dir: str | Path, title: str | None = None) -> Path:
-    """Markdown + PNGs for a :class:`fp8sim.native.compare.CompareResult`; returns the .md path."""
-    out = Path(out_dir)
+def write_compare_report(result: Any, out_dir: str | Path, title: str | None = None, *, force: bool = False) -> Path:
+    """Markdown + PNGs for a :class:`fp8sim.native.compare.CompareResult` in ``out_dir``, published
+    whole (:func:`publish_dir`); returns the report.md path."""
+    return publish_dir(out_dir, "compare", lambda d: _compare_report_into(result, d, title), force=force)
+
+
+def _compare_report_into(result: Any, out: Path, title: str | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     meta = result.meta
     ops = [o for o in result.ops if o.skipped is None]
@@ -102,10 +127,22 @@ def write_compare_report(result: Any, out_dir: str | Path, title: str | None = N
     lines = [
         f"# {title or 'Capture vs emulator'}",
         "",
-        f"- capture: `{Path(result.path).name}`; device: **{meta.get('device_name')}** ({meta.get('device')}, "
-        f"compute capability {meta.get('compute_capability')}, CUDA {meta.get('cuda')}, driver {meta.get('driver')})",
-        f"- captured with torch {meta.get('torch')}, torchao {meta.get('torchao')}, TE "
-        f"{meta.get('transformer_engine')}, fp8sim {meta.get('fp8sim')} on {meta.get('date')}",
+        f"- capture: `{Path(result.path).name}`; device: **{meta.get('device_name') or 'unknown'}** ("
+        + _known(
+            ("", meta.get("device")),
+            ("compute capability", ".".join(map(str, meta.get("compute_capability") or [])) or None),
+            ("CUDA", meta.get("cuda")),
+            ("driver", meta.get("driver")),
+        )
+        + ")",
+        "- captured with "
+        + _known(
+            ("torch", meta.get("torch")),
+            ("torchao", meta.get("torchao")),
+            ("TE", meta.get("transformer_engine")),
+            ("fp8sim", meta.get("fp8sim")),
+        )
+        + (f" on {meta['date']}" if meta.get("date") else ""),
         f"- compared with {_versions()}",
         "- casts: nearest-even; each row names the convention used (saturation, NaN codes, E8M0 rule are the"
         " convention's); GEMMs: the accumulator model named per row; ULP = distance on the output grid",
@@ -156,6 +193,17 @@ def write_compare_report(result: Any, out_dir: str | Path, title: str | None = N
     return path
 
 
+def _save(fig: Any, ax: Any, path: Path, title: str, legend: bool = False) -> Path:
+    """Title on every figure; the legend outside the axes so that it never hides data."""
+    plt = _plt()
+    ax.set_title(title, fontsize=10)
+    if legend:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def _plot_gemm_k(gemms: list[Any], path: Path) -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -171,35 +219,35 @@ def _plot_gemm_k(gemms: list[Any], path: Path) -> Path:
             series.setdefault(label, {}).setdefault(o.extra["k"], []).append(o.extra[key])
     for label, byk in series.items():
         ks = sorted(byk)
+        emu = label.startswith("emulator")
         ax.plot(
-            ks, [np.mean(byk[k]) + 1e-3 for k in ks], marker="o", label=label, linestyle="--" if "emu" in label else "-"
+            ks,
+            [np.mean(byk[k]) + 1e-3 for k in ks],
+            marker="x" if emu else "o",
+            markersize=7 if emu else 5,
+            label=label,
+            linestyle="--" if emu else "-",
         )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("K")
     ax.set_ylabel("mean ULP distance from the exact sum (+1e-3)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path, "GEMM output: distance from the exact sum against K", legend=bool(series))
 
 
 def _plot_rates(groups: dict[str, list[Any]], path: Path) -> Path:
     plt = _plt()
     names = list(groups)
     rates = [min(o.rate for o in groups[g]) for g in names]
-    fig, ax = plt.subplots(figsize=(7.0, 0.28 * len(names) + 1.2))
+    fig, ax = plt.subplots(figsize=(7.0, 0.28 * len(names) + 1.4))
     ax.barh(range(len(names)), rates, color=["tab:green" if r == 1 else "tab:orange" for r in rates])
     ax.set_yticks(range(len(names)))
     ax.set_yticklabels(names, fontsize=7)
+    ax.invert_yaxis()  # first group on top, as in the table
     ax.set_xlim(0, 1)
     ax.set_xlabel("lowest bit-exact rate in the group")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path, "Bit-exact rate per op group (green: every op bit-exact)")
 
 
 # ---- the default report -------------------------------------------------------------------------
@@ -277,21 +325,32 @@ def _library_rows() -> list[str]:
 
 
 def _grid_plot(path: Path) -> None:
+    """Each format's positive finite values on a log2 axis; E8M0 (2^-127 ... 2^127) on its own axis
+    below, so that its range does not squash the others."""
     from .cast._tables import code_values
 
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.0, 3.6))
-    for i, f in enumerate(FORMATS.values()):
-        v = code_values(f)
-        pos = np.unique(v[np.isfinite(v) & (v > 0)])
-        ax.scatter(pos, np.full(pos.size, i), s=4)
-    ax.set_xscale("log", base=2)
-    ax.set_yticks(range(len(FORMATS)))
-    ax.set_yticklabels(list(FORMATS))
-    ax.set_xlabel("positive finite values")
-    ax.grid(True, axis="x", alpha=0.3)
+    wide = [f for f in FORMATS.values() if f.ebits >= 8]
+    narrow = [f for f in FORMATS.values() if f.ebits < 8]
+    fig, axes = plt.subplots(
+        2, 1, figsize=(7.0, 0.32 * len(FORMATS) + 2.2), gridspec_kw={"height_ratios": [len(narrow), len(wide) + 0.6]}
+    )
+    for ax, fmts in zip(axes, (narrow, wide), strict=True):
+        for i, f in enumerate(fmts):
+            v = code_values(f)
+            pos = np.unique(v[np.isfinite(v) & (v > 0)])
+            ax.scatter(pos, np.full(pos.size, i), s=5, marker="|" if pos.size > 200 else "o")
+        ax.set_xscale("log", base=2)
+        ax.set_yticks(range(len(fmts)))
+        ax.set_yticklabels([f.name for f in fmts])
+        ax.set_ylim(-0.6, len(fmts) - 0.4)
+        ax.invert_yaxis()
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[1].set_xlabel("positive finite values (log2 axis)")
+    axes[1].set_title("formats with 8 exponent bits (own axis)", fontsize=8)
+    fig.suptitle("Value grids of every format", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -326,19 +385,27 @@ def _scaling_study(n_steps: int, rng: np.random.Generator) -> tuple[list[str], d
 
 
 def build_default_report(
-    out_dir: str | Path = "reports/default",
+    out_dir: str | Path = DEFAULT_OUT,
     *,
     quick: bool = False,
     progress: bool = True,
     captures: str | Path = "reports/captures",
+    force: bool = False,
 ) -> Path:
-    """The main job: formats, backend conformance, bundled captures, scaling study, error vs K."""
+    """The main job: formats, backend conformance, bundled captures, scaling study, error vs K.
+    Built in a temporary folder and published whole at ``out_dir`` (:func:`publish_dir`)."""
+    _plt()  # a missing matplotlib is one line before the work, not a traceback after it
+    return publish_dir(
+        out_dir, "report", lambda d: _default_report_into(d, quick, progress, Path(captures)), force=force
+    )
+
+
+def _default_report_into(out: Path, quick: bool, progress: bool, captures: Path) -> Path:
     from .conformance import run as run_conformance
     from .gemm.study import error_vs_k
     from .native.compare import compare_capture
+    from .native.fileformat import CaptureFileError
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     capture_files = sorted(glob.glob(str(Path(captures) / "*.fp8cap")))
     bar = Progress(6 + len(capture_files), progress, prefix="report ")
     rng = np.random.default_rng(0)
@@ -347,7 +414,7 @@ def build_default_report(
         "",
         f"- generated {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')} on {platform.platform()}",
         f"- {_versions()}",
-        "- regenerate with `fp8sim report` (this folder is overwritten)",
+        "- regenerate with `fp8sim report` (this folder is replaced whole)",
         "",
         "## Formats",
         "",
@@ -384,16 +451,24 @@ def build_default_report(
     if not capture_files:
         lines.append(f"No capture in `{captures}`: record one with `fp8sim capture --out {captures}/NAME.fp8cap`.")
     for f in capture_files:
-        res = compare_capture(f)
+        name = Path(f).name
+        try:
+            res = compare_capture(f)
+        except (CaptureFileError, OSError) as exc:  # one bad file must not sink the report
+            print(f"fp8sim report: skipping {f}: {exc}", file=sys.stderr)
+            lines.append(f"- `{name}`: **not compared**: {exc}")
+            bar.step(name)
+            continue
         sub = out / "captures" / Path(f).stem
-        write_compare_report(res, sub, title=f"Capture {Path(f).name} vs emulator")
+        _compare_report_into(res, sub, title=f"Capture {name} vs emulator")
         n_exact = sum(o.skipped is None and o.bit_exact == o.n for o in res.ops)
         n_ops = sum(o.skipped is None for o in res.ops)
+        where = _known(("", res.meta.get("device")), ("torch", res.meta.get("torch")))
         lines.append(
-            f"- [{Path(f).name}](captures/{Path(f).stem}/report.md): {res.meta.get('device_name')} "
-            f"({res.meta.get('device')}), torch {res.meta.get('torch')}: **{n_exact}/{n_ops} ops bit-exact**"
+            f"- [{name}](captures/{Path(f).stem}/report.md): {res.meta.get('device_name') or 'unknown device'} "
+            f"({where}): **{n_exact}/{n_ops} ops bit-exact**"
         )
-        bar.step(Path(f).name)
+        bar.step(name)
 
     names, snr = _scaling_study(4 if quick else 16, rng)
     lines += [
@@ -410,16 +485,16 @@ def build_default_report(
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 3.2))
     ax.barh(names, [snr[n] for n in names], color="tab:blue")
+    ax.invert_yaxis()  # the table's order
     ax.set_xlabel("SNR (dB), higher is better")
-    fig.tight_layout()
-    fig.savefig(out / "scaling_snr.png", dpi=110)
-    plt.close(fig)
+    _save(fig, ax, out / "scaling_snr.png", "Quantize-dequantize SNR on heavy-tailed activations")
     lines += ["", "![scaling SNR](scaling_snr.png)"]
     bar.step("scaling")
 
     ks = (128, 512, 2048) if quick else (128, 256, 512, 1024, 2048, 4096, 8192)
     study = error_vs_k(ks=ks, m=16 if quick else 48, n=16 if quick else 48)
-    study.plot(str(out / "error_vs_k.png"))
+    fig = study.plot()
+    _save(fig, fig.axes[0], out / "error_vs_k.png", f"Accumulator error against K ({fig.axes[0].get_title()})", True)
     lines += [
         "",
         "## Accumulator error against K",
