@@ -221,9 +221,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     return 2
 
 
-def _compare(
-    args: argparse.Namespace, check_input_file: Callable, check_output_dir: Callable, require: Callable
-) -> int:
+def _compare(args: argparse.Namespace) -> int:
+    from ._deps import require
+    from ._outpaths import check_input_file, check_output_dir
     from .native.compare import compare_capture
     from .native.fileformat import CaptureFileError
 
