@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 DEFAULT_REPORT = "reports/latest"  # untracked (.gitignore): the main job never dirties the checkout
-DEFAULT_STUDY = "reports/latest-study"
+DEFAULT_STUDY = "reports/latest-study"  # untracked too
 _COMMANDS = ("formats", "verify", "capture", "compare", "report", "run", "study")
 
 

@@ -32,7 +32,8 @@ def _plt() -> Any:
     try:
         import matplotlib
 
-        matplotlib.use("Agg", force=False)
+        if "matplotlib.pyplot" not in sys.modules:  # keep the backend of a notebook or an application
+            matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("reports draw plots with matplotlib: pip install 'fp8sim[plot]'") from exc

@@ -246,13 +246,14 @@ def plot_losses(result: StudyResult, fig: Any = None) -> Any:
         fig = plt.figure(figsize=(8.0, 6.4))
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     styles = ["-", "--", "-.", (0, (5, 1)), (0, (3, 1, 1, 1))]
+    palette = [c for j, c in enumerate(plt.get_cmap("tab10").colors) if j != 3]  # red marks the unsound run
     ref = _running_mean(result.losses["fp32"]) if "fp32" in result.losses else None
     for i, r in enumerate(result.recipes):
         unsound = r.startswith("unsound")
         kw = (
             {"color": "tab:red", "linewidth": 2.4, "linestyle": ":", "zorder": 5}
             if unsound
-            else {"color": plt.get_cmap("tab10")(i % 10), "linewidth": 1.3, "linestyle": styles[i % len(styles)]}
+            else {"color": palette[i % len(palette)], "linewidth": 1.3, "linestyle": styles[i % len(styles)]}
         )
         top.plot(result.losses[r], label=r, **kw)
         if ref is not None:
