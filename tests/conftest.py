@@ -4,9 +4,9 @@
 ml_dtypes decodes them) as equal, and reports the first mismatch with its input, both codes in hex
 and the format.
 
-``ref_encode`` is the exact rounding rule of ``docs/semantics.md`` section 2 (2.1, 2.2) written with ``fractions.Fraction`` over the sorted list of a format's values (taken from
-``FloatFormat.code_value``, which ``test_cast_ml_dtypes`` checks against ml_dtypes).  It shares no
-code with ``fp8sim.cast``.
+``ref_encode`` is the exact rounding rule of ``docs/semantics.md`` section 2 (2.1, 2.2) written with
+``fractions.Fraction`` over the sorted list of a format's values (taken from ``FloatFormat.code_value``,
+which ``test_cast_ml_dtypes`` checks against ml_dtypes).  It shares no code with ``fp8sim.cast``.
 """
 
 from __future__ import annotations
