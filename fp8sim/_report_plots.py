@@ -11,7 +11,7 @@ import numpy as np
 
 from .formats import FORMATS
 
-__all__ = ["plt_module", "save_figure", "plot_gemm_k", "plot_rates", "grid_plot"]
+__all__ = ["plt_module", "save_figure", "plot_gemm_k", "plot_rates", "grid_plot", "grid_figure"]
 
 
 def plt_module() -> Any:
@@ -84,6 +84,14 @@ def plot_rates(groups: dict[str, list[Any]], path: Path) -> Path:
 
 
 def grid_plot(path: Path) -> None:
+    """Save :func:`grid_figure` to ``path``."""
+    plt = plt_module()
+    fig = grid_figure()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def grid_figure() -> Any:
     """Each format's positive finite values on a log2 axis; E8M0 (2^-127 ... 2^127) on its own axis
     below, so that its range does not squash the others."""
     from .cast._tables import code_values
@@ -109,5 +117,4 @@ def grid_plot(path: Path) -> None:
     axes[1].set_title("formats with 8 exponent bits (own axis)", fontsize=8)
     fig.suptitle("Value grids of every format", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    return fig

@@ -274,3 +274,51 @@ def test_ml_dtypes_float8_e5m2_arrays_are_accepted_as_input() -> None:
     got = fp8sim.encode(x, "e4m3", saturate=False)
     nan = np.isnan(x.astype(np.float32))
     assert (got[~nan] == want[~nan]).all() and (got[nan] & 0x7F == 0x7F).all()
+
+
+# -- items 12 and 14: study threads, readable plots ----------------------------------------------
+
+
+def test_run_study_trains_with_one_torch_thread_and_restores_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's default (a thread per core) made the study ten times slower on a loaded CPU."""
+    torch = pytest.importorskip("torch")
+    from fp8sim import study
+
+    seen = []
+    monkeypatch.setattr(study, "_train_all", lambda *a: seen.append(torch.get_num_threads()) or "done")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert study.run_study(("fp32",), steps=1, progress=False) == "done"
+        assert seen == [1] and torch.get_num_threads() == 2
+        study.run_study(("fp32",), steps=1, progress=False, threads=None)
+        assert seen == [1, 2]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_plots_have_titles_legends_beside_the_data_and_e8m0_on_its_own_axis() -> None:
+    pytest.importorskip("torch")
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from fp8sim._report_plots import grid_figure
+    from fp8sim.study import StudyResult, plot_losses
+
+    fig = grid_figure()
+    top, bottom = fig.axes
+    assert [t.get_text() for t in top.get_yticklabels()] == [n for n in fp8sim.FORMATS if n != "e8m0"]
+    assert [t.get_text() for t in bottom.get_yticklabels()] == ["e8m0"]
+    assert top.get_xlim()[0] > 2.0**-30 and bottom.get_xlim()[0] < 2.0**-120  # E8M0 does not squash the rest
+    assert fig._suptitle.get_text()
+    plt.close(fig)
+    res = StudyResult(["fp32", "current", "unsound_e4m3_grads_unscaled"])
+    res.losses = {r: [2.0 - 0.01 * i + 0.1 * j for i in range(20)] for j, r in enumerate(res.recipes)}
+    fig = plot_losses(res)
+    ax = fig.axes[0]
+    assert ax.get_title()
+    legend = ax.get_legend()
+    assert legend is not None and legend.get_bbox_to_anchor().x0 > ax.get_window_extent().x1  # beside the axes
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    assert lines["unsound_e4m3_grads_unscaled"].get_linewidth() > lines["fp32"].get_linewidth()
+    colors = [ln.get_color() for ln in ax.get_lines()]
+    assert len(set(map(str, colors))) == len(colors)  # every run its own colour
+    plt.close(fig)

@@ -288,8 +288,13 @@ def test_dangling_symlink_at_the_target_is_not_replaced_without_force(tmp_path: 
 _KILLED_WRITER = """
 import sys, time
 sys.path.insert(0, {root!r})
-from fp8sim._atomic import atomic_file, install_signal_cleanup
+from fp8sim._atomic import atomic_dir, atomic_file, install_signal_cleanup
 install_signal_cleanup()
+if {folder!r}:
+    with atomic_dir({target!r}, replace=True) as d:
+        (d / "README.md").write_text("new, half done")
+        print("writing", flush=True)
+        time.sleep(600)
 with atomic_file({target!r}) as f:
     f.write(b"partial")
     f.flush()
@@ -298,17 +303,22 @@ with atomic_file({target!r}) as f:
 """
 
 
-def test_sigterm_during_a_write_leaves_nothing_behind(tmp_path: Path) -> None:
-    target = tmp_path / "out.fp8cap"
+@pytest.mark.parametrize("folder", [False, True], ids=["file", "report folder"])
+def test_sigterm_during_a_write_leaves_nothing_behind(tmp_path: Path, folder: bool) -> None:
+    target = tmp_path / ("report" if folder else "out.fp8cap")
+    if folder:  # an old report that must survive
+        target.mkdir()
+        (target / "README.md").write_text("old")
     root = str(Path(__file__).resolve().parents[1])
-    p = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_WRITER.format(root=root, target=str(target))], stdout=subprocess.PIPE, text=True
-    )
+    script = _KILLED_WRITER.format(root=root, target=str(target), folder=folder)
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "writing"
-    assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]  # the temporary exists while writing
+    assert [n for n in os.listdir(tmp_path) if ".tmp" in n]  # the temporary exists while writing
     p.send_signal(signal.SIGTERM)
     assert p.wait() == -signal.SIGTERM
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == (["report"] if folder else [])
+    if folder:
+        assert os.listdir(target) == ["README.md"] and (target / "README.md").read_text() == "old"
 
 
 def test_temporaries_of_dead_writers_are_swept_by_the_next_write(tmp_path: Path) -> None:
