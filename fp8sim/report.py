@@ -1,6 +1,6 @@
 """Reports: the comparison of a capture with the emulator, and the default report (the main job).
 
-Every report starts with a header that records what the numbers depend on (spec pitfall 14):
+Every report starts with a header that records what the numbers depend on (``docs/semantics.md`` section 11):
 device, library versions, conventions and accumulator models.  Plots are PNG files next to the
 Markdown; matplotlib is needed for them (``pip install 'fp8sim[plot]'``).
 """

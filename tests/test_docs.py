@@ -11,13 +11,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_semantics_are_documented_in_the_repository_and_pointed_to() -> None:
     doc = (ROOT / "docs" / "semantics.md").read_text()
-    for section in ("## 1. Formats", "## 2. Casts", "## 3. MX block scales", "## 4. TransformerEngine recipes"):
-        assert section in doc
+    headings = re.findall(r"^## (\d+)\. ", doc, re.M)
+    assert headings == [str(i) for i in range(1, 12)]  # the numbering the tests' "spec section N" cite
     assert "docs/semantics.md" in (ROOT / "README.md").read_text()
     assert "../docs/semantics.md" in (ROOT / "notebooks" / "src" / "01_format_explorer.py").read_text()
-    pointing = [ROOT / "README.md", ROOT / "tests" / "conftest.py", *(ROOT / "notebooks" / "src").glob("*.py")]
+    pointing = [ROOT / "README.md", *(ROOT / "tests").glob("*.py"), *(ROOT / "notebooks" / "src").glob("*.py")]
     for path in pointing:
-        assert "shared/spec" not in path.read_text(), f"{path.relative_to(ROOT)} points outside the repository"
+        if path.name != "test_docs.py":
+            assert "shared/spec" not in path.read_text(), f"{path.relative_to(ROOT)} points outside the repository"
 
 
 def test_readme_set_up_is_two_commands_and_the_first_runs_the_main_job() -> None:
