@@ -82,7 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
         "report", help="build the default report (the main job): formats, conformance, captures, studies"
     )
     r.add_argument("--out", default=DEFAULT_REPORT, help=f"output folder, replaced whole (default {DEFAULT_REPORT})")
-    r.add_argument("--captures", default="reports/captures", help="folder of .fp8cap files to include")
+    r.add_argument(
+        "--captures",
+        default=None,
+        help="folder of .fp8cap files to include (default reports/captures, skipped where there is none)",
+    )
     r.add_argument("--quick", action="store_true", help="smaller sweeps (for tests)")
     r.add_argument("--force", action="store_true", help="replace an --out folder fp8sim did not write")
     r.add_argument("--no-progress", action="store_true", help=_NO_PROGRESS)
@@ -194,7 +198,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "report":
         _check(require, "matplotlib", "fp8sim report")
         _check(check_output_dir, args.out, force=args.force)
-        if not os.path.isdir(args.captures):
+        if args.captures is None:  # outside a checkout there are no bundled captures: not an error
+            args.captures = "reports/captures"
+        elif not os.path.isdir(args.captures):
             raise UsageError(f"--captures {args.captures}: no such folder")
         from .report import build_default_report
 

@@ -131,6 +131,9 @@ def test_report_study_and_compare_outputs_checked_before_the_work(
             err = capsys.readouterr().err
             assert err.count("\n") == 1 and out in err and reason in err, (argv, err)
     assert (foreign / "notes.txt").read_text() == "keep me"
+    none = tmp_path / "none"
+    assert cli.main(["report", "--out", str(tmp_path / "r"), "--captures", str(none), "--no-progress"]) == 2
+    assert capsys.readouterr().err == f"fp8sim report: --captures {none}: no such folder\n"
 
 
 def test_compare_report_replaces_its_own_folder_and_a_foreign_one_only_with_force(
