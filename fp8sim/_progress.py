@@ -1,4 +1,4 @@
-"""A one-line progress bar on stderr (no dependency)."""
+"""A one-line progress bar on stderr (no dependency), drawn only when stderr is a terminal."""
 
 from __future__ import annotations
 
@@ -6,11 +6,21 @@ import sys
 import time
 
 
+def _is_tty(stream: object) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except (ValueError, OSError):  # a closed or detached stream
+        return False
+
+
 class Progress:
-    """``step(label)`` advances by one of ``total``; silent when ``enabled`` is False."""
+    """``step(label)`` advances by one of ``total``; silent when ``enabled`` is False or stderr is
+    not a terminal (a log file or CI output gets no carriage-return bars)."""
 
     def __init__(self, total: int, enabled: bool = True, prefix: str = "") -> None:
-        self.total, self.done, self.enabled, self.prefix = total, 0, enabled, prefix
+        self.total, self.done, self.prefix = total, 0, prefix
+        self.enabled = enabled and _is_tty(sys.stderr)
         self.t0 = time.monotonic()
 
     def step(self, label: str = "") -> None:

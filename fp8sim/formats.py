@@ -8,7 +8,7 @@ for unsigned formats).  ``specials`` says how the top of the code space is used:
 - ``"fnuz"``: the negative-zero code is the single NaN; no Inf and no -0 (E4M3FNUZ, E5M2FNUZ).
 - ``"none"``: every code is a finite number (FP4/FP6).
 
-Semantics: ``../shared/spec/semantics.md`` section 1.
+Semantics: ``docs/semantics.md`` section 1.
 """
 
 from __future__ import annotations
@@ -68,6 +68,18 @@ class FloatFormat:
             raise ValueError("specials='fnuz' needs a signed format (its NaN is the -0 code)")
         if self.specials == "ieee" and self.ebits < 2:
             raise ValueError("specials='ieee' needs ebits >= 2")
+        if not isinstance(self.bias, int) or isinstance(self.bias, bool):
+            raise TypeError(f"bias must be an integer; got {self.bias!r}")
+        # values are decoded to float32: the largest must stay below 2^128 and the smallest at or
+        # above float32's smallest subnormal 2^-149
+        top_field = (self.max_code >> self.mbits) & ((1 << self.ebits) - 1)
+        lo = top_field - 127
+        hi = (150 - self.mbits) if self.subnormals else 149
+        if not lo <= self.bias <= hi:
+            raise ValueError(
+                f"bias={self.bias} puts {self.name}'s values outside float32's range; "
+                f"for ebits={self.ebits}, mbits={self.mbits} the bias must be in [{lo}, {hi}]"
+            )
 
     # -- layout -----------------------------------------------------------------------------
     @property

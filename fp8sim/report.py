@@ -1,6 +1,6 @@
 """Reports: the comparison of a capture with the emulator, and the default report (the main job).
 
-Every report starts with a header that records what the numbers depend on (spec pitfall 14):
+Every report starts with a header that records what the numbers depend on (``docs/semantics.md`` section 11):
 device, library versions, conventions and accumulator models.  Plots are PNG files next to the
 Markdown; matplotlib is needed for them (``pip install 'fp8sim[plot]'``).
 """
@@ -9,36 +9,51 @@ from __future__ import annotations
 
 import datetime as _dt
 import glob
-import os
 import platform
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import __version__
+from ._atomic import atomic_dir
+from ._outpaths import check_output_dir, write_marker
 from ._progress import Progress
+from ._report_plots import grid_plot as _grid_plot
+from ._report_plots import plot_gemm_k as _plot_gemm_k
+from ._report_plots import plot_rates as _plot_rates
+from ._report_plots import plt_module as _plt
+from ._report_plots import save_figure as _save
 from .formats import FORMATS
 
-__all__ = ["formats_table", "write_compare_report", "build_default_report"]
+__all__ = ["formats_table", "write_compare_report", "build_default_report", "publish_dir", "DEFAULT_OUT"]
 
-
-def _plt() -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("reports draw plots with matplotlib: pip install 'fp8sim[plot]'") from exc
-    return plt
+DEFAULT_OUT = "reports/latest"  # not tracked (.gitignore): running the main job leaves the checkout clean
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Atomic text write (temporary name, then rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Text into a file of a folder being built (the folder is published whole, :func:`publish_dir`)."""
+    path.write_text(text)
+
+
+def publish_dir(out_dir: str | Path, kind: str, build: Callable[[Path], Path], *, force: bool = False) -> Path:
+    """Build an output folder in a temporary folder next to ``out_dir`` (``build(tmp)`` returns the
+    main file in it) and publish it whole: an interrupted run leaves the old folder as it was.  An
+    existing folder is replaced only if fp8sim wrote it (or with ``force``).  Returns the main
+    file's final path."""
+    out = Path(out_dir)
+    exists = check_output_dir(out, force=force)
+    with atomic_dir(out, replace=exists) as tmp:
+        main = build(tmp)
+        write_marker(tmp, kind)
+    return out / main.relative_to(tmp)
+
+
+def _known(*parts: tuple[str, Any]) -> str:
+    """``label value`` pairs joined by commas, leaving out unknown (None or empty) values."""
+    return ", ".join(f"{label} {v}".strip() for label, v in parts if v not in (None, "", []))
 
 
 def _versions() -> str:
@@ -92,9 +107,13 @@ def _group(name: str) -> str:
     return "/".join(parts[:2])
 
 
-def write_compare_report(result: Any, out_dir: str | Path, title: str | None = None) -> Path:
-    """Markdown + PNGs for a :class:`fp8sim.native.compare.CompareResult`; returns the .md path."""
-    out = Path(out_dir)
+def write_compare_report(result: Any, out_dir: str | Path, title: str | None = None, *, force: bool = False) -> Path:
+    """Markdown + PNGs for a :class:`fp8sim.native.compare.CompareResult` in ``out_dir``, published
+    whole (:func:`publish_dir`); returns the report.md path."""
+    return publish_dir(out_dir, "compare", lambda d: _compare_report_into(result, d, title), force=force)
+
+
+def _compare_report_into(result: Any, out: Path, title: str | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     meta = result.meta
     ops = [o for o in result.ops if o.skipped is None]
@@ -102,10 +121,22 @@ def write_compare_report(result: Any, out_dir: str | Path, title: str | None = N
     lines = [
         f"# {title or 'Capture vs emulator'}",
         "",
-        f"- capture: `{Path(result.path).name}`; device: **{meta.get('device_name')}** ({meta.get('device')}, "
-        f"compute capability {meta.get('compute_capability')}, CUDA {meta.get('cuda')}, driver {meta.get('driver')})",
-        f"- captured with torch {meta.get('torch')}, torchao {meta.get('torchao')}, TE "
-        f"{meta.get('transformer_engine')}, fp8sim {meta.get('fp8sim')} on {meta.get('date')}",
+        f"- capture: `{Path(result.path).name}`; device: **{meta.get('device_name') or 'unknown'}** ("
+        + _known(
+            ("", meta.get("device")),
+            ("compute capability", ".".join(map(str, meta.get("compute_capability") or [])) or None),
+            ("CUDA", meta.get("cuda")),
+            ("driver", meta.get("driver")),
+        )
+        + ")",
+        "- captured with "
+        + _known(
+            ("torch", meta.get("torch")),
+            ("torchao", meta.get("torchao")),
+            ("TE", meta.get("transformer_engine")),
+            ("fp8sim", meta.get("fp8sim")),
+        )
+        + (f" on {meta['date']}" if meta.get("date") else ""),
         f"- compared with {_versions()}",
         "- casts: nearest-even; each row names the convention used (saturation, NaN codes, E8M0 rule are the"
         " convention's); GEMMs: the accumulator model named per row; ULP = distance on the output grid",
@@ -156,52 +187,6 @@ def write_compare_report(result: Any, out_dir: str | Path, title: str | None = N
     lines += ["", "## Bit-exact rate per op group", "", "![bit-exact rates](bit_exact_rates.png)", ""]
     path = out / "report.md"
     _write_text(path, "\n".join(lines) + "\n")
-    return path
-
-
-def _plot_gemm_k(gemms: list[Any], path: Path) -> Path:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    # one series per (formats, accumulation) over float32-output tensorwise cases only, so that every
-    # point is one case and the ULPs are float32 ULPs
-    series: dict[str, dict[int, list[float]]] = {}
-    for o in gemms:
-        if o.extra["out_dtype"] != "float32" or o.extra["layout"] != "tensorwise":
-            continue
-        mode = "fast" if o.extra["fast_accum"] else "split"
-        for who, key in (("native", "native_vs_exact_mean_ulp"), ("emulator", "emulator_vs_exact_mean_ulp")):
-            label = f"{who} {o.extra['formats']} ({mode})"
-            series.setdefault(label, {}).setdefault(o.extra["k"], []).append(o.extra[key])
-    for label, byk in series.items():
-        ks = sorted(byk)
-        ax.plot(
-            ks, [np.mean(byk[k]) + 1e-3 for k in ks], marker="o", label=label, linestyle="--" if "emu" in label else "-"
-        )
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("K")
-    ax.set_ylabel("mean ULP distance from the exact sum (+1e-3)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _plot_rates(groups: dict[str, list[Any]], path: Path) -> Path:
-    plt = _plt()
-    names = list(groups)
-    rates = [min(o.rate for o in groups[g]) for g in names]
-    fig, ax = plt.subplots(figsize=(7.0, 0.28 * len(names) + 1.2))
-    ax.barh(range(len(names)), rates, color=["tab:green" if r == 1 else "tab:orange" for r in rates])
-    ax.set_yticks(range(len(names)))
-    ax.set_yticklabels(names, fontsize=7)
-    ax.set_xlim(0, 1)
-    ax.set_xlabel("lowest bit-exact rate in the group")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
@@ -279,25 +264,6 @@ def _library_rows() -> list[str]:
     return rows
 
 
-def _grid_plot(path: Path) -> None:
-    from .cast._tables import code_values
-
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.0, 3.6))
-    for i, f in enumerate(FORMATS.values()):
-        v = code_values(f)
-        pos = np.unique(v[np.isfinite(v) & (v > 0)])
-        ax.scatter(pos, np.full(pos.size, i), s=4)
-    ax.set_xscale("log", base=2)
-    ax.set_yticks(range(len(FORMATS)))
-    ax.set_yticklabels(list(FORMATS))
-    ax.set_xlabel("positive finite values")
-    ax.grid(True, axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def _scaling_study(n_steps: int, rng: np.random.Generator) -> tuple[list[str], dict[str, float]]:
     """SNR (dB) of each recipe's quantize-dequantize on heavy-tailed activations (Student t, 2 dof,
     with per-row magnitudes over 12 binades and a few outliers)."""
@@ -329,19 +295,27 @@ def _scaling_study(n_steps: int, rng: np.random.Generator) -> tuple[list[str], d
 
 
 def build_default_report(
-    out_dir: str | Path = "reports/default",
+    out_dir: str | Path = DEFAULT_OUT,
     *,
     quick: bool = False,
     progress: bool = True,
     captures: str | Path = "reports/captures",
+    force: bool = False,
 ) -> Path:
-    """The main job: formats, backend conformance, bundled captures, scaling study, error vs K."""
+    """The main job: formats, backend conformance, bundled captures, scaling study, error vs K.
+    Built in a temporary folder and published whole at ``out_dir`` (:func:`publish_dir`)."""
+    _plt()  # a missing matplotlib is one line before the work, not a traceback after it
+    return publish_dir(
+        out_dir, "report", lambda d: _default_report_into(d, quick, progress, Path(captures)), force=force
+    )
+
+
+def _default_report_into(out: Path, quick: bool, progress: bool, captures: Path) -> Path:
     from .conformance import run as run_conformance
     from .gemm.study import error_vs_k
     from .native.compare import compare_capture
+    from .native.fileformat import CaptureFileError
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     capture_files = sorted(glob.glob(str(Path(captures) / "*.fp8cap")))
     bar = Progress(6 + len(capture_files), progress, prefix="report ")
     rng = np.random.default_rng(0)
@@ -350,7 +324,7 @@ def build_default_report(
         "",
         f"- generated {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')} on {platform.platform()}",
         f"- {_versions()}",
-        "- regenerate with `fp8sim report` (this folder is overwritten)",
+        "- regenerate with `fp8sim report` (this folder is replaced whole)",
         "",
         "## Formats",
         "",
@@ -387,16 +361,24 @@ def build_default_report(
     if not capture_files:
         lines.append(f"No capture in `{captures}`: record one with `fp8sim capture --out {captures}/NAME.fp8cap`.")
     for f in capture_files:
-        res = compare_capture(f)
+        name = Path(f).name
+        try:
+            res = compare_capture(f)
+        except (CaptureFileError, OSError) as exc:  # one bad file must not sink the report
+            print(f"fp8sim report: skipping {f}: {exc}", file=sys.stderr)
+            lines.append(f"- `{name}`: **not compared**: {exc}")
+            bar.step(name)
+            continue
         sub = out / "captures" / Path(f).stem
-        write_compare_report(res, sub, title=f"Capture {Path(f).name} vs emulator")
+        _compare_report_into(res, sub, title=f"Capture {name} vs emulator")
         n_exact = sum(o.skipped is None and o.bit_exact == o.n for o in res.ops)
         n_ops = sum(o.skipped is None for o in res.ops)
+        where = _known(("", res.meta.get("device")), ("torch", res.meta.get("torch")))
         lines.append(
-            f"- [{Path(f).name}](captures/{Path(f).stem}/report.md): {res.meta.get('device_name')} "
-            f"({res.meta.get('device')}), torch {res.meta.get('torch')}: **{n_exact}/{n_ops} ops bit-exact**"
+            f"- [{name}](captures/{Path(f).stem}/report.md): {res.meta.get('device_name') or 'unknown device'} "
+            f"({where}): **{n_exact}/{n_ops} ops bit-exact**"
         )
-        bar.step(Path(f).name)
+        bar.step(name)
     from .native.hardware import hardware_section  # published real-GPU measurements (issue 15)
 
     lines += hardware_section()
@@ -416,16 +398,16 @@ def build_default_report(
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 3.2))
     ax.barh(names, [snr[n] for n in names], color="tab:blue")
+    ax.invert_yaxis()  # the table's order
     ax.set_xlabel("SNR (dB), higher is better")
-    fig.tight_layout()
-    fig.savefig(out / "scaling_snr.png", dpi=110)
-    plt.close(fig)
+    _save(fig, ax, out / "scaling_snr.png", "Quantize-dequantize SNR on heavy-tailed activations")
     lines += ["", "![scaling SNR](scaling_snr.png)"]
     bar.step("scaling")
 
     ks = (128, 512, 2048) if quick else (128, 256, 512, 1024, 2048, 4096, 8192)
     study = error_vs_k(ks=ks, m=16 if quick else 48, n=16 if quick else 48)
-    study.plot(str(out / "error_vs_k.png"))
+    fig = study.plot()
+    _save(fig, fig.axes[0], out / "error_vs_k.png", f"Accumulator error against K ({fig.axes[0].get_title()})", True)
     lines += [
         "",
         "## Accumulator error against K",

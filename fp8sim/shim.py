@@ -264,7 +264,8 @@ def run(argv: list[str]) -> int:
             f.write("import fp8sim.shim\nfp8sim.shim.install(quiet=True)\n" + (scaled_mm_line or ""))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (boot, env.get("PYTHONPATH", "")) if p)
         target = argv[0]
-        cmd = [sys.executable, *argv] if os.path.exists(target) else [sys.executable, "-m", *argv]
+        explicit = os.path.exists(target) or target.startswith("-")  # a script, or python's own -m / -c
+        cmd = [sys.executable, *argv] if explicit else [sys.executable, "-m", *argv]
         return subprocess.call(cmd, env=env)
     finally:
         shutil.rmtree(boot, ignore_errors=True)

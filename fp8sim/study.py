@@ -19,7 +19,7 @@ from typing import Any
 
 from ._progress import Progress
 
-__all__ = ["StudyResult", "run_study", "STUDY_RECIPES"]
+__all__ = ["StudyResult", "run_study", "write_study", "plot_losses", "STUDY_RECIPES"]
 
 STUDY_RECIPES = (
     "fp32",
@@ -117,15 +117,48 @@ def run_study(
     lr: float = 3e-3,
     seed: int = 0,
     progress: bool = True,
+    threads: int | None = 1,
 ) -> StudyResult:
-    """Train one student per recipe; returns loss curves and FP8 statistics."""
-    import torch
+    """Train one student per recipe; returns loss curves and FP8 statistics.
 
+    ``threads``: torch's intra-op threads while training (restored afterwards).  The default 1 is
+    the fastest for matrices this small, and it keeps the run from slowing down tenfold on a busy
+    machine, where torch's default of one thread per core oversubscribes the CPU; None keeps
+    torch's setting."""
+    from ._deps import require
+
+    torch = require("torch", "fp8sim.study")
     from . import pytorch as te
 
     unknown = [r for r in recipes if r not in STUDY_RECIPES]
     if unknown:
         raise ValueError(f"unknown study recipes {unknown}; known: {', '.join(STUDY_RECIPES)}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be None or a positive integer, got {threads!r}")
+    saved = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _train_all(recipes, steps, batch, d, hidden, depth, lr, seed, progress, torch, te)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _train_all(
+    recipes: tuple[str, ...],
+    steps: int,
+    batch: int,
+    d: int,
+    hidden: int,
+    depth: int,
+    lr: float,
+    seed: int,
+    progress: bool,
+    torch: Any,
+    te: Any,
+) -> StudyResult:
     torch.manual_seed(seed)
     teacher = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.Tanh(), torch.nn.Linear(4 * d, 16))
     gen = torch.Generator().manual_seed(seed + 1)
@@ -202,30 +235,71 @@ def _step_fn(name: str, model: Any, torch: Any, te: Any) -> Callable[[Any, Any],
     return fp8
 
 
-def write_study(result: StudyResult, out_dir: str | Path) -> Path:
-    """Loss curves (CSV + PNG) and the table (Markdown) into ``out_dir``; returns the .md path."""
-    from .report import _plt, _write_text
+def plot_losses(result: StudyResult, fig: Any = None) -> Any:
+    """The loss curves (log scale) above each run's loss relative to fp32 (a 10-step running mean),
+    one colour and line style per run, the unsound run thick and red; the legend beside the axes.
+    Returns the matplotlib figure."""
+    from .report import _plt
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".losses.csv.tmp"
-    with open(tmp, "w", newline="") as f:
+    plt = _plt()
+    if fig is None:
+        fig = plt.figure(figsize=(8.0, 6.4))
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    styles = ["-", "--", "-.", (0, (5, 1)), (0, (3, 1, 1, 1))]
+    palette = [c for j, c in enumerate(plt.get_cmap("tab10").colors) if j != 3]  # red marks the unsound run
+    ref = _running_mean(result.losses["fp32"]) if "fp32" in result.losses else None
+    for i, r in enumerate(result.recipes):
+        unsound = r.startswith("unsound")
+        kw = (
+            {"color": "tab:red", "linewidth": 2.4, "linestyle": ":", "zorder": 5}
+            if unsound
+            else {"color": palette[i % len(palette)], "linewidth": 1.3, "linestyle": styles[i % len(styles)]}
+        )
+        top.plot(result.losses[r], label=r, **kw)
+        if ref is not None:
+            rel = [a / b if b > 0 else float("nan") for a, b in zip(_running_mean(result.losses[r]), ref, strict=True)]
+            bottom.plot(rel, **kw)
+    top.set_yscale("log")
+    top.set_ylabel("training loss (MSE, log)")
+    top.set_title("FP8 training study: loss per step (same weights and batches for every run)", fontsize=10)
+    top.grid(True, which="both", alpha=0.3)
+    top.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
+    bottom.axhline(1.0, color="black", linewidth=0.8)
+    bottom.set_ylabel("loss / fp32 loss\n(10-step mean)")
+    bottom.set_xlabel("step")
+    bottom.grid(True, alpha=0.3)
+    return fig
+
+
+def _running_mean(v: list[float], window: int = 10) -> list[float]:
+    out, acc = [], []
+    for x in v:
+        acc.append(x)
+        tail = acc[-window:]
+        out.append(sum(tail) / len(tail))
+    return out
+
+
+def write_study(result: StudyResult, out_dir: str | Path, *, force: bool = False) -> Path:
+    """Loss curves (CSV + PNG) and the table (Markdown) into ``out_dir``, built in a temporary folder
+    and published whole; returns the README.md path."""
+    from .report import _plt, publish_dir
+
+    _plt()
+    return publish_dir(out_dir, "study", lambda d: _write_study_into(result, d), force=force)
+
+
+def _write_study_into(result: StudyResult, out: Path) -> Path:
+    with open(out / "losses.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["step", *result.recipes])
         for i in range(len(result.losses[result.recipes[0]])):
             w.writerow([i, *[f"{result.losses[r][i]:.6g}" for r in result.recipes]])
-    tmp.replace(out / "losses.csv")
+    from .report import _plt
+
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.0, 4.4))
-    for r in result.recipes:
-        ax.plot(result.losses[r], label=r, linewidth=1.2, linestyle=":" if r.startswith("unsound") else "-")
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (MSE)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "losses.png", dpi=110)
+    fig = plot_losses(result)
+    fig.savefig(out / "losses.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     text = "\n".join(
         [
@@ -243,5 +317,5 @@ def write_study(result: StudyResult, out_dir: str | Path) -> Path:
         ]
     )
     path = out / "README.md"
-    _write_text(path, text)
+    path.write_text(text)
     return path

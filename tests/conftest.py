@@ -4,10 +4,9 @@
 ml_dtypes decodes them) as equal, and reports the first mismatch with its input, both codes in hex
 and the format.
 
-``ref_encode`` is the exact rounding rule of spec section 2 (``shared/spec/semantics.md`` 2.1, 2.2,
-2.4) written with ``fractions.Fraction`` over the sorted list of a format's values (taken from
-``FloatFormat.code_value``, which ``test_cast_ml_dtypes`` checks against ml_dtypes).  It shares no
-code with ``fp8sim.cast``.
+``ref_encode`` is the exact rounding rule of ``docs/semantics.md`` section 2 (2.1, 2.2) written with
+``fractions.Fraction`` over the sorted list of a format's values (taken from ``FloatFormat.code_value``,
+which ``test_cast_ml_dtypes`` checks against ml_dtypes).  It shares no code with ``fp8sim.cast``.
 """
 
 from __future__ import annotations
@@ -113,7 +112,7 @@ def widen(x: np.ndarray, dtype: Any) -> np.ndarray:
         return x.astype(dtype)
 
 
-# -- independent exact reference (spec section 2) ---------------------------------------------
+# -- independent exact reference (docs/semantics.md section 2) --------------------------------
 
 
 class Grid:
@@ -175,7 +174,7 @@ def _grid(fmt: fp8sim.FloatFormat) -> Grid:
 
 
 def ref_encode(x: float, fmt: Any, rounding: str, saturate: bool, rbits: int | None = None) -> int:
-    """The code of float ``x`` under spec section 2 (E8M0 nearest: ml_dtypes' rule, section 2.4).
+    """The code of float ``x`` under ``docs/semantics.md`` section 2 (E8M0 nearest: ml_dtypes' rule, 2.2).
 
     ``rbits`` (an int in [0, 2^32)) is needed for ``stochastic``: round away from zero iff
     ``floor(f * 2^32) + rbits >= 2^32``.

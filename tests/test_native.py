@@ -111,9 +111,38 @@ def test_compare_report_and_default_report_write_what_they_name(cap: Path, tmp_p
     caps = tmp_path / "caps"
     caps.mkdir()
     (caps / "cpu.fp8cap").write_bytes(cap.read_bytes())
+    (caps / "broken.fp8cap").write_bytes(cap.read_bytes()[:1000])  # one truncated file: reported, skipped
     out = tmp_path / "report"
     assert cli.main(["report", "--out", str(out), "--captures", str(caps), "--quick", "--no-progress"]) == 0
     text = (out / "README.md").read_text()
+    assert "- `broken.fp8cap`: **not compared**:" in text and "truncated" in text
+    assert "None" not in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["caps", "cmp", "report"]  # published whole, no temporaries
     for png in ("format_grids.png", "scaling_snr.png", "error_vs_k.png"):
         assert f"({png})" in text and (out / png).stat().st_size > 5000
     assert "ops bit-exact" in text and (out / "captures" / "cpu" / "report.md").exists()
+
+
+def test_the_main_job_writes_outside_the_tracked_files() -> None:
+    """``fp8sim report`` and ``fp8sim study`` default to folders that .gitignore lists, so running
+    the README's first command leaves ``git status`` clean."""
+    import subprocess
+
+    from fp8sim import report
+
+    root = Path(__file__).resolve().parents[1]
+    ignored = (root / ".gitignore").read_text().splitlines()
+    for default in (cli.DEFAULT_REPORT, cli.DEFAULT_STUDY):
+        assert f"/{default}/" in ignored
+    assert report.DEFAULT_OUT == cli.DEFAULT_REPORT
+    parser = cli.build_parser()
+    assert parser.parse_args(["report"]).out == cli.DEFAULT_REPORT
+    assert parser.parse_args(["study"]).out == cli.DEFAULT_STUDY
+    try:
+        tracked = subprocess.run(
+            ["git", "ls-files", cli.DEFAULT_REPORT, cli.DEFAULT_STUDY], cwd=root, capture_output=True, text=True
+        )
+    except OSError:
+        return
+    if tracked.returncode == 0:
+        assert tracked.stdout == ""

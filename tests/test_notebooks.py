@@ -15,7 +15,7 @@ pytest.importorskip("ipykernel")
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 EXPECTED = ("01_format_explorer", "02_scaling_under_outliers", "04_validate_gpu_outputs")
-CELL_TIMEOUT_S = 120
+CELL_TIMEOUT_S = 3600  # a guard against a hung kernel only: no cell is near it, even on a loaded CPU
 REBUILD = "python notebooks/build_notebooks.py"
 
 

@@ -1,6 +1,6 @@
 """MX block scaling (``fp8sim.scaling.mx``) against torchao 0.18 ``to_mx`` and the spec.
 
-Semantics checked (``shared/spec/semantics.md`` sections 3, 5.2, 6.3), all with zero tolerance:
+Semantics checked (``docs/semantics.md`` sections 3, 5.2, 6.3), all with zero tolerance:
 - flavor ``torchao`` equals ``torchao.prototype.mx_formats.mx_tensor.to_mx`` (eager, CPU) bit for
   bit: scale codes exactly, element codes exactly (FP8 NaNs by class; FP4/FP6 have no NaN, so their
   codes exactly too), for FLOOR/CEIL/EVEN/RCEIL x E4M3/E5M2/E2M3/E3M2/E2M1, on normal,

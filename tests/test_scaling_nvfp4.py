@@ -1,4 +1,4 @@
-"""NVFP4 quantization (spec ``shared/spec/semantics.md`` 5.4 for TE, 6.3 for torchao).
+"""NVFP4 quantization (``docs/semantics.md`` 5.4 for TE, 6.3 for torchao).
 
 Oracles, none of which share code with ``fp8sim.scaling.nvfp4``:
 

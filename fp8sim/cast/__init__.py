@@ -61,6 +61,9 @@ def _float_array(x: Any, arg: str = "x") -> np.ndarray:
     else:
         arr = np.asarray(x)
     dt = arr.dtype
+    if dt.type.__module__.startswith("ml_dtypes") and _is_ml_float(dt):
+        # every ml_dtypes float (float8_e5m2 has kind "f", the others "V") widens exactly
+        return arr.astype(np.float32)
     if dt.kind == "f" and not dt.isnative:
         arr = arr.astype(dt.newbyteorder("="))
         dt = arr.dtype
@@ -133,6 +136,12 @@ def decode(codes: Any, fmt: str | FloatFormat) -> Any:
 
         if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
             raise TypeError(f"codes must be an integer tensor, got {codes.dtype}")
+        if codes.dtype in _torch_wide_unsigned(torch):
+            # torch has no min/max (nor most kernels) for uint16/32/64: check and decode as int64
+            wide = codes.to(torch.int64)
+            if wide.numel() and wide.min().item() < 0:  # a uint64 code >= 2^63
+                _check_range(0, wide.min().item() + (1 << 64), f)
+            codes = wide
         _check_range(codes.min().item() if codes.numel() else 0, codes.max().item() if codes.numel() else 0, f)
         from . import torch_backend
 
@@ -148,6 +157,11 @@ def decode(codes: Any, fmt: str | FloatFormat) -> Any:
     if isinstance(codes, int) and not isinstance(codes, np.generic):
         return float(out)
     return out[()] if isinstance(codes, np.generic) else out
+
+
+def _torch_wide_unsigned(torch: Any) -> tuple:
+    """torch's uint16/uint32/uint64 dtypes (torch >= 2.3; none before)."""
+    return tuple(getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n))
 
 
 def _check_range(lo: int, hi: int, f: FloatFormat) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from .._outpaths import check_output_file
 from .._progress import Progress
 from ..formats import FORMATS
 from .fileformat import write_bundle
@@ -85,9 +86,7 @@ def capture(
         raise RuntimeError(f"--device {device}: CUDA is not available on this machine")
     if not (device == "cpu" or device.startswith("cuda")):
         raise ValueError(f"device must be 'cpu' or 'cuda[:index]', got {device!r}")
-    out = Path(out)
-    if out.exists() and not force:
-        raise FileExistsError(f"{out} exists; pass --force to overwrite it")
+    out = check_output_file(out, force=force)  # before the work, not after it
     cases = gemm_cases(suite)
     fmts = [f for f in FORMATS.values() if f.torch_dtype is not None]
     bar = Progress(len(fmts) * len(INPUT_SETS) + len(cases) + 1, progress, prefix="capture ")

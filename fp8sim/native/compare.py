@@ -63,6 +63,27 @@ class CompareResult:
             if o.skipped is None and o.bit_exact < o.n and any(fnmatch.fnmatch(o.name, p) for p in patterns)
         ]
 
+    def vacuous(self, patterns: list[str], option: str) -> list[str]:
+        """Why a gate over ``patterns`` would pass without checking anything: a glob that matches
+        no op, or whose every matching op was skipped.  One message per such glob."""
+        problems = []
+        for p in patterns:
+            hit = [o for o in self.ops if fnmatch.fnmatch(o.name, p)]
+            if not hit:
+                problems.append(f"{option} {p!r} matches no op in {Path(self.path).name}")
+            elif all(o.skipped is not None for o in hit):
+                problems.append(f"{option} {p!r}: all {len(hit)} matching ops were skipped ({hit[0].skipped})")
+        return problems
+
+    def summary(self) -> str:
+        """One line: ops compared, bit-exact, not bit-exact, skipped."""
+        done = [o for o in self.ops if o.skipped is None]
+        exact = sum(o.bit_exact == o.n for o in done)
+        return (
+            f"{len(self.ops)} ops: {exact} bit-exact, {len(done) - exact} not bit-exact, "
+            f"{len(self.ops) - len(done)} skipped"
+        )
+
 
 def cast_convention_for(meta: dict[str, Any]) -> str | None:
     """The convention that describes the captured torch's casts, None when unknown (GPU)."""

@@ -3,7 +3,7 @@
 #
 # What each narrow format can represent, what every rounding mode and overflow policy does with a
 # value, and how the casts of real libraries differ.  Every number below is computed by `fp8sim`
-# (the semantics, with the upstream source of each rule, are in `shared/spec/semantics.md`).
+# (the semantics, with the upstream source of each rule, are in [`docs/semantics.md`](../docs/semantics.md)).
 
 # %%
 import math
@@ -117,7 +117,7 @@ ax.set_xscale("log", base=2)
 ax.set_yticks(range(len(plotted)), [f.name for f in plotted])
 ax.set_xlabel("positive finite value (log2 axis)")
 ax.set_title("Value grid of each format")
-ax.legend(loc="lower right")
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes, off the data
 plt.show()
 
 # %% [markdown]
@@ -136,7 +136,7 @@ ax.set_yscale("log", base=2)
 ax.set_xlabel("value (log2 axis)")
 ax.set_ylabel("relative gap to the next value")
 ax.set_title("Relative spacing of the grid")
-ax.legend(ncol=2)
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
 plt.show()
 
 # %% [markdown]
@@ -237,14 +237,14 @@ ax1.axvline(rn, color="tab:red", label=f"nearest-even {rn:g}")
 ax1.set_xlabel("mean of 1024 stochastically rounded copies")
 ax1.set_ylabel("seeds")
 ax1.set_title("SR of 1.03 to E4M3, 400 seeds")
-ax1.legend(fontsize=8)
+ax1.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # below the axes, off the data
 ax2.plot(xs, xs, color="k", linewidth=0.8, label="input")
 ax2.plot(xs, sr_mean, ".", color="tab:green", label="stochastic (mean)")
 ax2.step(xs, fp8sim.quantize(xs, "e4m3"), where="mid", color="tab:red", label="nearest-even")
 ax2.set_xlabel("input")
 ax2.set_ylabel("E4M3 result")
 ax2.set_title("Expected value of the rounded result")
-ax2.legend(fontsize=8)
+ax2.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
 plt.show()
 stderr = means.std() / np.sqrt(means.size)
 print(f"mean over all seeds {means.mean():.6f} (input {x0:.6f}); standard error {stderr:.6f}")
