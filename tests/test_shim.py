@@ -164,3 +164,21 @@ def test_te_tensor_submodules_resolve_where_tes_tests_import_them() -> None:
         assert Float8Quantizer is fp8_te.Float8Quantizer and DType is fp8_te.DType and TE_DType is not None
     finally:
         shim.uninstall()
+
+
+def test_cli_run_hands_its_emulation_options_to_the_shim_before_the_script(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    """`fp8sim run --device-map cuda=cpu --scaled-mm hopper_fast --quiet x.py --steps 3`: the three
+    options reach the shim first, the script and its own arguments untouched after them."""
+    import fp8sim.shim
+    from fp8sim.cli import main
+
+    script = tmp_path / "x.py"
+    script.write_text("pass\n")
+    seen = []
+    monkeypatch.setattr(fp8sim.shim, "run", lambda argv: seen.append(argv) or 0)
+    argv = ["run", "--device-map", "cuda=cpu", "--scaled-mm", "hopper_fast", "--quiet", str(script), "--steps", "3"]
+    assert main(argv) == 0
+    assert seen == [["--device-map", "cuda=cpu", "--scaled-mm", "hopper_fast", "--quiet", str(script), "--steps", "3"]]
+    seen.clear()
+    assert main(["run", "-m", "pytest", "--quiet"]) == 0  # after -m everything is the module's
+    assert seen == [["-m", "pytest", "--quiet"]]
