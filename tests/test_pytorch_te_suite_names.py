@@ -97,3 +97,29 @@ def test_checkpoint_distribute_saved_activations_needs_process_group() -> None:
     layer, x = _linear_and_input()
     with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
         te.checkpoint(layer, x, distribute_saved_activations=True)
+
+
+@pytest.mark.parametrize("name", ["Linear", "LayerNormLinear", "LayerNormMLP"])
+def test_return_bias_without_bias_returns_none(name: str) -> None:
+    """module/linear.py:2150 (no bias: bias_tensor None) and :2079 (return it through cast_if_needed: None),
+    as TE's test_numerics.py test_linear_accuracy(bias=False, return_bias=True) runs it."""
+    torch.manual_seed(0)
+    mod = getattr(te, name)(16, 32, bias=False, return_bias=True, params_dtype=torch.float32)
+    out, bias = mod(torch.randn(4, 16))
+    assert bias is None and out.shape == (4, 32 if name != "LayerNormMLP" else 16)
+
+
+def test_rmsnorm_strided_input_equals_contiguous() -> None:
+    """TE's norm kernels read a contiguous input (tests/pytorch/test_numerics.py:2381 test_noncontiguous
+    asserts the transposed view's output and gradients equal the contiguous copy's)."""
+    torch.manual_seed(0)
+    base_t = torch.randn(128, 256, requires_grad=True)
+    contig = base_t.detach().T.contiguous().requires_grad_()
+    results = []
+    for x in (base_t.T, contig):
+        norm = te.RMSNorm(128)
+        y = norm(x)
+        y.sum().backward()
+        results.append((y.detach(), norm.weight.grad))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert torch.equal(base_t.grad.T, contig.grad)

@@ -34,7 +34,8 @@ def normalize(
 ) -> torch.Tensor:
     """float32 ``LayerNorm(inp) * gamma + beta`` or ``inp * rsqrt(mean(inp^2) + eps) * gamma``
     over the last ``weight.ndim`` dimensions (``gamma = weight + 1`` in float32 when zero-centred)."""
-    x = inp.float()
+    # TE's kernels read a contiguous row-major input: a strided view must reduce in the same order
+    x = inp.float().contiguous()
     g = weight.float()
     if zero_centered_gamma:
         g = g + 1

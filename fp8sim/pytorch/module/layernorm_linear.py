@@ -122,7 +122,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
         )
         outs: tuple = (out,)
         if self.return_bias:
-            outs += (bias.to(act),)
+            outs += (None if bias is None else bias.to(act),)  # TE: None without a bias
         if self.return_layernorm_output:
             outs += (ln,)
         return outs if len(outs) > 1 else out

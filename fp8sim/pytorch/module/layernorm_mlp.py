@@ -134,7 +134,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
         )
         outs: tuple = (out,)
         if self.return_bias:
-            outs += (fc2_b.to(act),)
+            outs += (None if fc2_b is None else fc2_b.to(act),)  # TE: None without a bias
         if self.return_layernorm_output:
             outs += (ln,)
         return outs if len(outs) > 1 else out

@@ -105,7 +105,7 @@ class Linear(TransformerEngineBaseModule):
         wparam = weight if len(self.weight_names) == 1 else None
         out = self._linear("gemm", inp, weight, bias if self.apply_bias else None, is_first_microbatch, None, wparam)
         if self.return_bias:
-            return out, bias.to(self._activation_dtype(inp))
+            return out, None if bias is None else bias.to(self._activation_dtype(inp))  # TE: None without a bias
         return out
 
     def extra_repr(self) -> str:
