@@ -152,6 +152,10 @@ class AttentionConfig:
     bwd_fp8: bool = True
     accumulator: str | None = None
     on_backward_end: Any = None  # callable run after the backward (TE: the first module updates scales)
+    # FP8 boundaries (TE's Float8Tensor inputs/outputs of FusedAttnFunc; per-tensor recipes):
+    qkv_in: tuple | None = None  # Q, K, V already in FP8 (``_Q``s): the QKV quantizer is skipped
+    do_in: Any = None  # callable -> the FP8 dO (``_Q``) that the consumer's backward wrote, or None
+    dqkv_out: Any = None  # callable taking the FP8 dQ, dK, dV (``_Q``s) when the inputs were FP8
     saved: dict = field(default_factory=dict)
 
 
@@ -236,6 +240,8 @@ class _Attention(torch.autograd.Function):
         groups = q.shape[1] // k.shape[1]
         if cfg.qkv is None:
             qq, kq, vq = _hp(q), _hp(k), _hp(v)
+        elif cfg.qkv_in is not None:  # FP8 inputs are used as they are (TE: is_input_fp8)
+            qq, kq, vq = cfg.qkv_in
         elif cfg.qkv.kind == "mxfp8":  # Q, K blocked along d (for QK^T), V along the sequence (for PV)
             qq, kq = cfg.qkv(q, k, axis=-1)
             (vq,) = cfg.qkv(v, axis=-2)
@@ -256,6 +262,7 @@ class _Attention(torch.autograd.Function):
         o = _mm(pq, _expand(vq, groups), cfg.accumulator)
         oq = cfg.o(o)[0] if cfg.o is not None else None
         out = oq.value() if oq is not None else o
+        cfg.saved["oq"] = oq
         ctx.cfg, ctx.groups, ctx.keep = cfg, groups, keep
         ctx.quant = (qq, kq, vq, pq)
         ctx.save_for_backward(q, k, v, p, out, pd)
@@ -277,7 +284,8 @@ class _Attention(torch.autograd.Function):
                 if cfg.s is not None:
                     pq = cfg.s(pd, axis=-2)[0]  # P^T dO reduces over s_q
             else:
-                do_row = do_col = cfg.do(d_out)[0]
+                do_fp8 = cfg.do_in() if cfg.do_in is not None else None  # TE: a Float8Tensor dO as it is
+                do_row = do_col = do_fp8 if do_fp8 is not None else cfg.do(d_out)[0]
                 vq_row, qq_col, kq_col = vq, qq, kq
         else:
             qq_col = _hp(q)
@@ -307,7 +315,10 @@ class _Attention(torch.autograd.Function):
             dk = dk.reshape(dk.shape[0], -1, g, *dk.shape[2:]).sum(2)
             dv = dv.reshape(dv.shape[0], -1, g, *dv.shape[2:]).sum(2)
         if fp8 and cfg.dqkv is not None:
-            dq, dk, dv = (t.value() for t in cfg.dqkv(dq, dk, dv))
+            dqkv = cfg.dqkv(dq, dk, dv)
+            if cfg.dqkv_out is not None:  # FP8 inputs: dQ, dK, dV go back in FP8 (TE: is_input_fp8)
+                cfg.dqkv_out(dqkv)
+            dq, dk, dv = (t.value() for t in dqkv)
         if cfg.on_backward_end is not None:
             cfg.on_backward_end()
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None

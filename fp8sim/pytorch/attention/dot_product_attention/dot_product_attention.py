@@ -19,9 +19,10 @@ from torch import nn
 
 from ....recipe import DelayedScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, Recipe, tensor_format
 from ....scaling.delayed import DelayedScaler
+from ...module._fp8_handoff import FP8Handoff, attach, handoff_of
 from ...quantization import _register, current_state, get_recipe
 from . import utils
-from .backends import AttentionConfig, Quantizer, attention
+from .backends import _Q, AttentionConfig, Quantizer, attention
 
 __all__ = ["DotProductAttention"]
 
@@ -342,13 +343,46 @@ class DotProductAttention(nn.Module):
         self._configure_fp8(
             cfg, core_attention_bias_type, sq, skv, qb.shape[-1], vb.shape[-1], trainable, bool(fp8_output)
         )
+        fp8_io = cfg.qkv is not None and cfg.qkv.kind != "mxfp8" and thd is None
+        hs = [handoff_of(t) for t in (q, k, v)] if fp8_io else [None]
+        if all(h is not None for h in hs):  # FP8 Q, K, V (fp8_mha): their codes and scales as they are
+            to = lambda t: utils.to_bhsd(t, fmt)  # noqa: E731
+            cfg.qkv_in = tuple(_Q(to(h.vals), h.sinv, fmt=h.fmt, codes=to(h.codes)) for h in hs)
+            if cfg.dqkv is not None:
+                cfg.dqkv_out = lambda d: _send_dqkv(hs, d, fmt)
         out = attention(qb, kb, vb, cfg)
         if "padding" in mask_type:  # padded query rows are zero
             out = out.masked_fill(mask.all(dim=-1, keepdim=True), 0.0)
         out = out.to(q.dtype)
         if thd is not None:
             return utils.bhsd_to_thd(out, thd["cu_q"], thd["off_q"], q.shape[0])
-        return utils.from_bhsd(out, fmt)
+        out = utils.from_bhsd(out, fmt)
+        if fp8_output and fp8_io:
+            out = self._fp8_output(out, cfg, fmt, qb.shape[1])
+        return out
+
+    def _fp8_output(self, out: torch.Tensor, cfg: AttentionConfig, fmt: str, heads: int) -> torch.Tensor:
+        """``fp8_output=True``: O in FP8 for the consumer (TE ``FusedAttnFunc``: delayed scaling keeps
+        cuDNN's FP8 O; current scaling quantizes the F16 O with the O quantizer's current amax); the FP8
+        dO that the consumer's backward writes (``Linear(fp8_grad=True)``) replaces the dO cast."""
+        oq = cfg.saved.get("oq")
+        if oq is not None:
+            h = FP8Handoff(utils.from_bhsd(oq.vals, fmt), utils.from_bhsd(oq.codes, fmt), oq.sinv, oq.fmt)
+        else:
+            (cq,) = Quantizer("current", tensor_format(get_recipe().fp8_format, True))(out)
+            h = FP8Handoff(cq.vals, cq.codes, cq.sinv, cq.fmt)
+            out = out + (h.dequant(out.dtype) - out).detach()  # the value TE's Float8Tensor O dequantizes to
+        shape4 = (*out.shape[:2], heads, -1)
+
+        def dO() -> _Q | None:
+            g = h.grad
+            if g is None:
+                return None
+            vals, codes = (utils.to_bhsd(t.reshape(shape4), fmt) for t in (g.vals, g.codes))
+            return _Q(vals, g.sinv, fmt=g.fmt, codes=codes)
+
+        cfg.do_in = dO
+        return attach(out, h)
 
     def _configure_fp8(
         self,
@@ -369,8 +403,8 @@ class DotProductAttention(nn.Module):
             return
         if bias_type != "no_bias":
             raise NotImplementedError("fp8sim's FP8 attention emulates core_attention_bias_type='no_bias' only")
-        if fp8_output:
-            raise NotImplementedError("fp8sim's DotProductAttention returns O in high precision (fp8_output=True)")
+        if fp8_output and isinstance(recipe, MXFP8BlockScaling):
+            raise NotImplementedError("fp8sim's DotProductAttention returns O in high precision under MXFP8")
         if isinstance(recipe, MXFP8BlockScaling) and (sq % 128 or skv % 128 or dqk % 32 or dv % 32):
             raise AssertionError(
                 "MXFP8 quantization requires s_q % 128 == 0, s_kv % 128 == 0, d_qk % 32 == 0, d_v % 32"
@@ -474,3 +508,14 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, b: int) -> None:
         raise ValueError(f"{name} must have shape [batch_size + 1] = [{b + 1}]; got {list(cu.shape)}")
     if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()):
         raise ValueError(f"{name} must start at 0 and be non-decreasing; got {cu.tolist()}")
+
+
+def _send_dqkv(hs: list, d: list, fmt: str) -> None:
+    """The FP8 dQ, dK, dV (``[b, h, s, d]``) back to the producers of FP8 Q, K, V, in their layout."""
+    back = (lambda t: t.permute(2, 0, 1, 3)) if fmt == "sbhd" else (lambda t: t.permute(0, 2, 1, 3))
+    grads = [FP8Handoff(back(g.vals), back(g.codes), g.sinv, g.fmt) for g in d]
+    if hs[0].on_grad is not None:
+        hs[0].on_grad(*grads)
+    else:
+        for h, g in zip(hs, grads, strict=True):
+            h.grad = g
