@@ -58,9 +58,30 @@ def to_bhsd(t):  # [s, b, h, d] -> [b, h, s, d]
     return t.permute(1, 2, 0, 3)
 
 
-def reference(x, wqkv, wproj, dy, scale, fp8_mha, old=False, current=False):
-    """MHA forward/backward (self attention, fused interleaved QKV with one head per group, so the
-    mixed rows are ``[h, 3, hn]``; no mask, no dropout, zero biases).  ``old``: every boundary
+def split_qkv(t, ng, interleaved):
+    """TE's split of the fused QKV rows (``multi_head_attention.py``): ``[ng, np/ng + 2, hn]`` with
+    ``qkv_weight_interleaved``, else ``[np/ng + 2, ng, hn]``; Q heads ``[s, b, np, hn]``, K, V ``[s, b, ng, hn]``."""
+    per = H // ng
+    if interleaved:
+        m = t.reshape(S, B, ng, per + 2, HN)
+        return m[:, :, :, :per].reshape(S, B, H, HN), m[:, :, :, per], m[:, :, :, per + 1]
+    m = t.reshape(S, B, per + 2, ng, HN)
+    return m[:, :, :per].reshape(S, B, H, HN), m[:, :, per], m[:, :, per + 1]
+
+
+def merge_qkv(dq, dk, dv, ng, interleaved):
+    """The inverse of :func:`split_qkv` (sbhd parts -> ``[s*b, rows]``)."""
+    per = H // ng
+    if interleaved:
+        t = torch.cat([dq.reshape(S, B, ng, per, HN), dk[:, :, :, None], dv[:, :, :, None]], dim=3)
+    else:
+        t = torch.cat([dq.reshape(S, B, per, ng, HN), dk[:, :, None], dv[:, :, None]], dim=2)
+    return t.reshape(S * B, -1)
+
+
+def reference(x, wqkv, wproj, dy, scale, fp8_mha, old=False, current=False, ng=H, interleaved=True):
+    """MHA forward/backward (self attention, fused QKV split as TE splits it, GQA: K, V expanded to the
+    query heads of their group, dK, dV summed over them; no mask, no dropout, zero biases).  ``old``: every boundary
     dequantized and cast again by the consumer (fp8sim before TE's flow was emulated)."""
     if current:  # current-scaling scales from each tensor's amax (448 / amax for E4M3, 57344 for E5M2)
         cs = {E4: np.float32(448), E5: np.float32(57344)}
@@ -73,13 +94,13 @@ def reference(x, wqkv, wproj, dy, scale, fp8_mha, old=False, current=False):
     mixed = mm(xv, wv.t(), sx, sw)
     if fp8_mha and not old:
         mv, sm = q8(mixed, QKV_GEMM["out"], E4)  # the QKV GEMM's FP8 output (OUTPUT slot)
-        qkv = mv.reshape(S, B, H, 3, HN)
-        qv, kv, vv = (to_bhsd(qkv[..., i, :]) for i in range(3))
+        qv, kv, vv = (to_bhsd(t) for t in split_qkv(mv, ng, interleaved))
     else:
-        qkv = mixed.reshape(S, B, H, 3, HN)
-        q, k, v = (to_bhsd(qkv[..., i, :]) for i in range(3))
+        q, k, v = (to_bhsd(t) for t in split_qkv(mixed, ng, interleaved))
         s_qkv = scale_of(torch.stack([q.abs().max(), k.abs().max(), v.abs().max()]), E4, DPA["qkv"])
         (qv, sm), (kv, _), (vv, _) = (q8(t, s_qkv, E4) for t in (q, k, v))
+    groups = H // ng
+    kv, vv = kv.repeat_interleave(groups, dim=1), vv.repeat_interleave(groups, dim=1)
     sc = mm(qv, kv.transpose(-1, -2), sm, sm) * scale
     p = torch.softmax(sc, dim=-1)
     pv, sp = q8(p, DPA["s"], E4)  # S keeps a delayed slot under current scaling too (scale set here)
@@ -114,11 +135,13 @@ def reference(x, wqkv, wproj, dy, scale, fp8_mha, old=False, current=False):
     dsv, sds = q8(ds, DPA["dp"], E5)
     dq = mm(dsv, kv, sds, sm) * scale
     dk = mm(dsv.transpose(-1, -2), qv, sds, sm) * scale
+    dk = dk.reshape(B, ng, groups, S, HN).sum(2)
+    dv = dv.reshape(B, ng, groups, S, HN).sum(2)
     if not current:
         (dqv, sg), (dkv, _), (dvv, _) = (q8(t, DPA["dqkv"], E5) for t in (dq, dk, dv))
     else:
         dqv, dkv, dvv, sg = dq, dk, dv, np.float32(1)
-    g = torch.stack([t.permute(2, 0, 1, 3) for t in (dqv, dkv, dvv)], dim=3).reshape(-1, 3 * HID)
+    g = merge_qkv(*(t.permute(2, 0, 1, 3) for t in (dqv, dkv, dvv)), ng, interleaved)
     if old or not fp8_mha:  # the QKV GEMM casts the dequantized dQKV again with its GRAD_OUTPUT scale
         G = deq(g, sg)
         gv, sg = q8(G, scale_of(G, E5, QKV_GEMM["go"]), E5)
@@ -129,7 +152,7 @@ def reference(x, wqkv, wproj, dy, scale, fp8_mha, old=False, current=False):
     return y.reshape(S, B, HID), dx.reshape(S, B, HID), dwqkv, dwproj
 
 
-def _setup(seed=0):
+def _setup(seed=0, ng=H, interleaved=True):
     torch.manual_seed(seed)
     mha = MultiheadAttention(
         HID,
@@ -137,7 +160,8 @@ def _setup(seed=0):
         attention_dropout=0.0,
         attn_mask_type="no_mask",
         fuse_qkv_params=True,
-        num_gqa_groups=H,
+        num_gqa_groups=ng,
+        qkv_weight_interleaved=interleaved,
         window_size=(-1, -1),
     )
     g = torch.Generator().manual_seed(seed + 1)
@@ -183,18 +207,24 @@ def _run(mha, x, dy, recipe):
     return y.detach(), x.grad, mha.qkv.weight.grad, mha.proj.weight.grad, staged
 
 
-@pytest.mark.parametrize("fp8_mha", [False, True])
-def test_mha_fp8_boundaries_follow_te_bit_for_bit_under_delayed_scaling(fp8_mha):
+@pytest.mark.parametrize(
+    "fp8_mha, ng, interleaved", [(False, H, True), (True, H, True), (True, 1, False), (True, 1, True)]
+)
+def test_mha_fp8_boundaries_follow_te_bit_for_bit_under_delayed_scaling(fp8_mha, ng, interleaved):
     recipe = DelayedScaling(fp8_dpa=True, fp8_mha=fp8_mha, amax_history_len=1)
-    mha, x, dy = _setup()
+    mha, x, dy = _setup(ng=ng, interleaved=interleaved)
     _run(mha, x, dy, recipe)  # creates the FP8 state
     _set_scales(mha)
     y, dx, dwqkv, dwproj, (qkv_amax, dpa_amax) = _run(mha, x, dy, recipe)
     scale = 1.0 / np.sqrt(HN)
-    ref = reference(x, mha.qkv.weight.detach(), mha.proj.weight.detach(), dy, scale, fp8_mha)
+    ref = reference(
+        x, mha.qkv.weight.detach(), mha.proj.weight.detach(), dy, scale, fp8_mha, ng=ng, interleaved=interleaved
+    )
     for got, want in zip((y, dx, dwqkv, dwproj), ref, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
-    old = reference(x, mha.qkv.weight.detach(), mha.proj.weight.detach(), dy, scale, fp8_mha, old=True)
+    old = reference(
+        x, mha.qkv.weight.detach(), mha.proj.weight.detach(), dy, scale, fp8_mha, True, ng=ng, interleaved=interleaved
+    )
     assert any(not torch.equal(a, b) for a, b in zip(ref, old, strict=True))  # the old flow rounds twice
     # FP8 Q, K, V: the QKV GEMM's OUTPUT slot records the amax, DPA's QKV cast (slot 2) is skipped
     assert (qkv_amax[2] > 0) == fp8_mha and (dpa_amax[2] == 0) == fp8_mha
