@@ -255,3 +255,56 @@ def test_linear_fp8_output_outside_delayed_scaling_is_refused():
     with te.autocast(enabled=True, recipe=Float8CurrentScaling()):
         with pytest.raises(NotImplementedError, match="DelayedScaling"):
             lin(torch.randn(8, 16), fp8_output=True)
+
+
+@pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
+def test_layernorm_linear_fp8_output_is_the_gemm_result_cast_with_the_output_slot(normalization):
+    """``LayerNormLinear(fp8_output=True)`` (TE ``layernorm_linear.py``: the GEMM's output quantizer is
+    ``quantizers["scaling_fwd"][GEMM1_OUTPUT]``): the float32 GEMM result cast once with the OUTPUT
+    slot's scale, its amax staged in that slot; the returned tensor is its dequantized value."""
+    from fp8sim.pytorch.module._fp8_handoff import handoff_of
+
+    torch.manual_seed(5)
+    lnl = te.LayerNormLinear(16, 24, normalization=normalization)
+    x = torch.randn(8, 16)
+    recipe = DelayedScaling(amax_history_len=1)
+    with te.autocast(enabled=True, recipe=recipe):
+        lnl(x)  # creates the state
+    g = lnl.fp8_gemms["gemm"]
+    g.fwd.scale[:] = np.float32([1.9, 2.7, 3.3])
+    g.fwd.amax_history[:] = 0
+    with te.autocast(enabled=True, recipe=recipe):
+        plain = lnl(x).detach()
+        g.fwd.amax_history[:] = 0
+        y = lnl(x, fp8_output=True)
+        staged = g.fwd.amax_history[0, 2]
+    h = handoff_of(y)
+    want, sinv = q8(plain, 3.3, E4)
+    assert h is not None and h.sinv == sinv
+    torch.testing.assert_close(h.vals, want, rtol=0, atol=0)
+    torch.testing.assert_close(y.detach(), deq(want, sinv), rtol=0, atol=0)
+    assert staged == np.float32(plain.abs().max())
+
+
+@pytest.mark.parametrize("input_layernorm", [False, True])
+def test_cross_attention_fp8_mha_skips_the_dpa_qkv_and_the_linears_grad_output_casts(input_layernorm):
+    """Cross attention under fp8_mha: query and key_value GEMMs write FP8 (their OUTPUT slots stage an
+    amax, DPA's QKV slot none); DPA's FP8 dQ and dK, dV feed their backward (no GRAD_OUTPUT amax)."""
+    torch.manual_seed(7)
+    mha = MultiheadAttention(16, 2, attention_dropout=0.0, attention_type="cross", input_layernorm=input_layernorm)
+    x, enc = torch.randn(4, 2, 16, requires_grad=True), torch.randn(4, 2, 16)
+    recipe = DelayedScaling(fp8_dpa=True, fp8_mha=True, amax_history_len=1)
+    qlin = mha.layernorm_query if input_layernorm else mha.query_layer
+    for _ in range(2):
+        with te.autocast(enabled=True, recipe=recipe):
+            y = mha(x, encoder_output=enc)
+            staged = [m.fp8_gemms["gemm"].fwd.amax_history[0, 2] for m in (qlin, mha.key_value)]
+            dpa_qkv = mha.core_attention.fwd.amax_history[0, 2]
+        bwd = [m.fp8_gemms["gemm"].bwd for m in (qlin, mha.key_value, mha.proj)]
+        for b in bwd:  # a marker scale: the backward update replaces it only where an amax was staged
+            b.scale[:] = np.float32(123.0)
+        y.sum().backward()
+        assert all(a > 0 for a in staged) and dpa_qkv == 0
+        assert all(b.scale[0] == np.float32(123.0) for b in bwd[:2])  # FP8 grads: no GRAD_OUTPUT cast
+        assert bwd[2].scale[1] != np.float32(123.0)  # proj's FP8 dgrad staged its GRAD_INPUT amax
+        assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
