@@ -15,8 +15,9 @@ TE's slot names in brackets, HYBRID: forward E4M3, backward E5M2):
   S slot; current scaling uses a delayed-scaling S slot as TE does (history 1, ``most_recent``,
   ``NVTE_DPA_FP8DS_*``); MXFP8: TE hands P to cuDNN unquantized and cuDNN's choice is not in TE's
   code (``mxfp8_softmax="none"`` keeps P as TE's own emulation does, ``"mxfp8"`` blocks it by 32).
-- O [O]: delayed scaling only (cuDNN writes O in FP8; TE dequantizes it for the caller); current
-  scaling and MXFP8 return O in high precision (``NVTE_DPA_FP8CS_O_in_F16=1``, TE's default).
+- O [O]: delayed scaling only (cuDNN writes O in FP8; TE dequantizes it for the caller unless
+  ``fp8_output``); current scaling and MXFP8 return O in high precision (``NVTE_DPA_FP8CS_O_in_F16=1``,
+  TE's default).  FP8 inputs, an FP8 dO and FP8 dQKV outputs: ``qkv_in``, ``do_in``, ``dqkv_out``.
 - dO [dO]: every recipe; MXFP8 rowwise (for ``dO V^T``) and columnwise (for ``P^T dO``).
 - dS [dP]: the gradient of the scaled scores, before ``dQ = scale dS K`` and ``dK = scale dS^T Q``;
   slots as for P.

@@ -19,10 +19,11 @@ from torch import nn
 
 from ....recipe import DelayedScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, Recipe, tensor_format
 from ....scaling.delayed import DelayedScaler
-from ...module._fp8_handoff import FP8Handoff, attach, handoff_of
+from ...module._fp8_handoff import handoff_of
 from ...quantization import _register, current_state, get_recipe
 from . import utils
 from .backends import _Q, AttentionConfig, Quantizer, attention
+from .fp8_boundaries import attach_fp8_output, send_dqkv
 
 __all__ = ["DotProductAttention"]
 
@@ -53,6 +54,12 @@ class DotProductAttention(nn.Module):
     attention, None = exact products summed in float32) and ``mxfp8_softmax`` ("none": P and dS stay
     unquantized under MXFP8, as TE's own emulation; "mxfp8": blocked by 32 like the other operands;
     cuDNN's choice is not in TE's code).
+
+    FP8 boundaries (delayed and current scaling, sbhd/bshd): Q, K, V that carry FP8 data (a QKV GEMM
+    with ``fp8_output=True``) are used with their codes and scales, the QKV cast skipped, and dQ, dK, dV
+    go back in FP8 (dQKV slot; TE ``is_input_fp8``); ``fp8_output=True`` returns O with its FP8 data
+    attached (delayed: cuDNN's FP8 O; current: the O quantizer's cast of the F16 O), and an FP8 dO
+    that the consumer's backward writes (``Linear(fp8_grad=True)``) replaces the dO cast.
     """
 
     def __init__(
@@ -349,7 +356,7 @@ class DotProductAttention(nn.Module):
             to = lambda t: utils.to_bhsd(t, fmt)  # noqa: E731
             cfg.qkv_in = tuple(_Q(to(h.vals), h.sinv, fmt=h.fmt, codes=to(h.codes)) for h in hs)
             if cfg.dqkv is not None:
-                cfg.dqkv_out = lambda d: _send_dqkv(hs, d, fmt)
+                cfg.dqkv_out = lambda d: send_dqkv(hs, d, fmt)
         out = attention(qb, kb, vb, cfg)
         if "padding" in mask_type:  # padded query rows are zero
             out = out.masked_fill(mask.all(dim=-1, keepdim=True), 0.0)
@@ -358,31 +365,8 @@ class DotProductAttention(nn.Module):
             return utils.bhsd_to_thd(out, thd["cu_q"], thd["off_q"], q.shape[0])
         out = utils.from_bhsd(out, fmt)
         if fp8_output and fp8_io:
-            out = self._fp8_output(out, cfg, fmt, qb.shape[1])
+            out = attach_fp8_output(out, cfg, fmt, qb.shape[1])
         return out
-
-    def _fp8_output(self, out: torch.Tensor, cfg: AttentionConfig, fmt: str, heads: int) -> torch.Tensor:
-        """``fp8_output=True``: O in FP8 for the consumer (TE ``FusedAttnFunc``: delayed scaling keeps
-        cuDNN's FP8 O; current scaling quantizes the F16 O with the O quantizer's current amax); the FP8
-        dO that the consumer's backward writes (``Linear(fp8_grad=True)``) replaces the dO cast."""
-        oq = cfg.saved.get("oq")
-        if oq is not None:
-            h = FP8Handoff(utils.from_bhsd(oq.vals, fmt), utils.from_bhsd(oq.codes, fmt), oq.sinv, oq.fmt)
-        else:
-            (cq,) = Quantizer("current", tensor_format(get_recipe().fp8_format, True))(out)
-            h = FP8Handoff(cq.vals, cq.codes, cq.sinv, cq.fmt)
-            out = out + (h.dequant(out.dtype) - out).detach()  # the value TE's Float8Tensor O dequantizes to
-        shape4 = (*out.shape[:2], heads, -1)
-
-        def dO() -> _Q | None:
-            g = h.grad
-            if g is None:
-                return None
-            vals, codes = (utils.to_bhsd(t.reshape(shape4), fmt) for t in (g.vals, g.codes))
-            return _Q(vals, g.sinv, fmt=g.fmt, codes=codes)
-
-        cfg.do_in = dO
-        return attach(out, h)
 
     def _configure_fp8(
         self,
@@ -508,14 +492,3 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, b: int) -> None:
         raise ValueError(f"{name} must have shape [batch_size + 1] = [{b + 1}]; got {list(cu.shape)}")
     if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()):
         raise ValueError(f"{name} must start at 0 and be non-decreasing; got {cu.tolist()}")
-
-
-def _send_dqkv(hs: list, d: list, fmt: str) -> None:
-    """The FP8 dQ, dK, dV (``[b, h, s, d]``) back to the producers of FP8 Q, K, V, in their layout."""
-    back = (lambda t: t.permute(2, 0, 1, 3)) if fmt == "sbhd" else (lambda t: t.permute(0, 2, 1, 3))
-    grads = [FP8Handoff(back(g.vals), back(g.codes), g.sinv, g.fmt) for g in d]
-    if hs[0].on_grad is not None:
-        hs[0].on_grad(*grads)
-    else:
-        for h, g in zip(hs, grads, strict=True):
-            h.grad = g
