@@ -79,7 +79,7 @@ def merge_qkv(dq, dk, dv, ng, interleaved):
     return t.reshape(S * B, -1)
 
 
-def reference(x, wqkv, wproj, dy, scale, fp8_mha, old=False, current=False, ng=H, interleaved=True):
+def reference(x, wqkv, wproj, dy, scale, fp8_mha, old=False, current=False, ng=H, interleaved=True, act=torch.float32):
     """MHA forward/backward (self attention, fused QKV split as TE splits it, GQA: K, V expanded to the
     query heads of their group, dK, dV summed over them; no mask, no dropout, zero biases).  ``old``: every boundary
     dequantized and cast again by the consumer (fp8sim before TE's flow was emulated)."""
@@ -88,7 +88,8 @@ def reference(x, wqkv, wproj, dy, scale, fp8_mha, old=False, current=False, ng=H
         scale_of = lambda t, dt, _: cs[dt] / np.float32(float(t.abs().max()))  # noqa: E731
     else:
         scale_of = lambda t, dt, s: s  # noqa: E731
-    X = x.reshape(-1, HID)
+    r = lambda t: t.to(act).float()  # noqa: E731  (the activation dtype under torch.autocast)
+    X, wqkv, wproj = r(x.reshape(-1, HID)), r(wqkv), r(wproj)
     xv, sx = q8(X, scale_of(X, E4, QKV_GEMM["in"]), E4)
     wv, sw = q8(wqkv, scale_of(wqkv, E4, QKV_GEMM["w"]), E4)
     mixed = mm(xv, wv.t(), sx, sw)
@@ -149,7 +150,7 @@ def reference(x, wqkv, wproj, dy, scale, fp8_mha, old=False, current=False, ng=H
         gv = g
     dx = mm(gv, wv, sg, sw)
     dwqkv = mm(gv.t(), xv, sg, sx)
-    return y.reshape(S, B, HID), dx.reshape(S, B, HID), dwqkv, dwproj
+    return r(y.reshape(S, B, HID)), r(dx.reshape(S, B, HID)), r(dwqkv), r(dwproj)
 
 
 def _setup(seed=0, ng=H, interleaved=True):
@@ -196,15 +197,15 @@ def _set_scales(mha):
         sc.amax_history[:] = 0
 
 
-def _run(mha, x, dy, recipe):
+def _run(mha, x, dy, recipe, act=torch.float32):
     x = x.clone().requires_grad_(True)
     mha.zero_grad()
-    with te.autocast(enabled=True, recipe=recipe):
+    with torch.autocast("cpu", dtype=act, enabled=act != torch.float32), te.autocast(enabled=True, recipe=recipe):
         y = mha(x)
         qf = mha.qkv.fp8_gemms["gemm"].fwd
         staged = None if qf is None else qf.amax_history[0].copy(), mha.core_attention.fwd.amax_history[0].copy()
-    y.backward(dy)
-    return y.detach(), x.grad, mha.qkv.weight.grad, mha.proj.weight.grad, staged
+    y.backward(dy.to(y.dtype))
+    return y.detach().float(), x.grad, mha.qkv.weight.grad, mha.proj.weight.grad, staged
 
 
 @pytest.mark.parametrize(
@@ -308,3 +309,39 @@ def test_cross_attention_fp8_mha_skips_the_dpa_qkv_and_the_linears_grad_output_c
         assert all(b.scale[0] == np.float32(123.0) for b in bwd[:2])  # FP8 grads: no GRAD_OUTPUT cast
         assert bwd[2].scale[1] != np.float32(123.0)  # proj's FP8 dgrad staged its GRAD_INPUT amax
         assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+
+
+def test_mha_fp8_mha_bit_for_bit_under_bf16_autocast():
+    """The same flow under ``torch.autocast(bfloat16)``: inputs and weights rounded to bf16 before their
+    casts, the FP8 boundaries taken from the float32 GEMM results (cuBLAS writes FP8 D from its float32
+    accumulator), the module outputs and gradients rounded to bf16."""
+    recipe = DelayedScaling(fp8_dpa=True, fp8_mha=True, amax_history_len=1)
+    mha, x, dy = _setup(11)
+    bf = torch.bfloat16
+    _run(mha, x, dy, recipe, bf)
+    _set_scales(mha)
+    got = _run(mha, x, dy, recipe, bf)[:4]
+    w1, w2 = mha.qkv.weight.detach(), mha.proj.weight.detach()
+    ref = reference(x, w1, w2, dy.to(bf).float(), 1.0 / np.sqrt(HN), True, act=bf)
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_dpa_under_torch_autocast_computes_in_float32_as_without_it():
+    """TE's fused attention takes bf16 Q, K, V and computes in float32 whether or not torch.autocast is
+    on; fp8sim's float32 core must not be autocast to bf16 (forward and backward)."""
+    from fp8sim.pytorch.attention import DotProductAttention
+
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(16, 2, 2, 32, generator=g).to(torch.bfloat16) for _ in range(3))
+    do = torch.randn(16, 2, 64, generator=g).to(torch.bfloat16)
+    dpa = DotProductAttention(2, 32, attention_dropout=0.0, attn_mask_type="causal")
+    res = []
+    for on in (False, True):
+        ts = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=on):
+            out = dpa(*ts)
+        out.backward(do)
+        res.append([out.detach(), *(t.grad for t in ts)])
+    for a, b in zip(*res, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

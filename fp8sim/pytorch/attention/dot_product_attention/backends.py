@@ -271,6 +271,11 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, d_out: torch.Tensor) -> tuple:
+        with torch.autocast(d_out.device.type, enabled=False):
+            return _Attention._backward(ctx, d_out)
+
+    @staticmethod
+    def _backward(ctx: Any, d_out: torch.Tensor) -> tuple:
         cfg, g = ctx.cfg, ctx.groups
         q, k, v, p, out, pd = ctx.saved_tensors
         fp8 = cfg.qkv is not None and cfg.bwd_fp8
@@ -336,4 +341,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: AttentionC
     dt = torch.float64 if q.dtype == torch.float64 and cfg.qkv is None else torch.float32
     if cfg.bias is not None:
         cfg.bias = cfg.bias.to(dt)
-    return _Attention.apply(q.to(dt), k.to(dt), v.to(dt), cfg)
+    with torch.autocast(q.device.type, enabled=False):  # float32 GEMMs and softmax under torch.autocast too
+        return _Attention.apply(q.to(dt), k.to(dt), v.to(dt), cfg)
