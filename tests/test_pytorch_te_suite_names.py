@@ -123,3 +123,18 @@ def test_rmsnorm_strided_input_equals_contiguous() -> None:
         results.append((y.detach(), norm.weight.grad))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
     assert torch.equal(base_t.grad.T, contig.grad)
+
+
+@pytest.mark.parametrize("recipe_name", ["DelayedScaling", "Float8CurrentScaling"])
+def test_fp8_primary_weights_built_without_grad_have_no_transpose(recipe_name: str) -> None:
+    """module/base.py:1848: the weight quantizer's column-wise usage is torch.is_grad_enabled() at init, so
+    a model built under no_grad for inference keeps no FP8 transpose, also after an inference forward."""
+    import fp8sim.recipe as rec
+
+    recipe = getattr(rec, recipe_name)()
+    with torch.no_grad(), te.quantized_model_init(enabled=True, recipe=recipe):
+        lin = te.Linear(32, 32)
+    assert lin.weight._data is not None and lin.weight._transpose is None and lin.weight._transpose_invalid
+    with torch.inference_mode(), te.autocast(enabled=True, recipe=recipe):
+        lin(torch.zeros(32, 32))
+    assert lin.weight._transpose is None and lin.weight._transpose_invalid

@@ -49,13 +49,17 @@ def _weight_quantizer(module: Any, name: str, recipe: Recipe) -> Any:
 
 
 def quantize_primary_weights(module: Any, names: list[str], recipe: Recipe, preserve: bool) -> None:
-    """Replace each weight ``names[i]`` of ``module`` by an ``nn.Parameter`` of its quantized tensor."""
+    """Replace each weight ``names[i]`` of ``module`` by an ``nn.Parameter`` of its quantized tensor
+    (TE base.py ``reset_parameters``: the column-wise copy only where grad is enabled)."""
+    columnwise = torch.is_grad_enabled()
     for name in names:
         hp = getattr(module, name)
         if hp.device.type == "meta":
             continue
+        quantizer = _weight_quantizer(module, name, recipe)
+        quantizer.set_usage(rowwise=True, columnwise=columnwise)
         with torch.no_grad():
-            q = _weight_quantizer(module, name, recipe)(hp.detach())
+            q = quantizer(hp.detach())
         param = nn.Parameter(q, requires_grad=hp.requires_grad)
         if preserve:
             _attach_high_precision_init_val(param, hp.detach().to("cpu", copy=True))
