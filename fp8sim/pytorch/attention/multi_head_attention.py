@@ -7,13 +7,14 @@ Submodule names follow TE: self attention has ``layernorm_qkv`` (``input_layerno
 ``qkv_weight_interleaved`` (only with ``fuse_qkv_params``) the rows are ``[ng, np/ng + 2, hn]``, else
 ``[np/ng + 2, ng, hn]``.
 
-FP8 boundaries: with ``fp8_dpa`` (or ``fp8_mha``) the DPA casts Q, K, V to FP8 and returns O in high
-precision, and the projections quantize their inputs and gradients as usual.  TE instead hands DPA's
-FP8 O to ``proj`` (``fp8_dpa``, delayed and current scaling; ``multi_head_attention.py``
-``dpa_fp8_output``), lets ``proj``'s dgrad write FP8 dO (delayed scaling), and under ``fp8_mha`` lets
-the QKV GEMM write FP8 Q, K, V and DPA return FP8 dQKV (delayed scaling, no RoPE).  fp8sim's Linear
-modules have no FP8-input/FP8-output path yet, so those boundaries are quantized again from float32
-with the consumer's own scale (equal values where the two scales agree).
+FP8 boundaries as TE's ``forward`` sets them (``qkv_fp8_output``, ``dpa_fp8_output``,
+``proj_fp8_grad``): with ``fp8_dpa`` or ``fp8_mha`` under delayed or current scaling DPA returns O in
+FP8 and ``proj`` takes its codes and scale_inv as its input operand (no INPUT cast); under delayed
+scaling ``proj``'s dgrad is written in FP8 (its GRAD_INPUT slot) and DPA uses it as dO (no dO cast);
+under ``fp8_mha`` with delayed scaling and no RoPE the QKV GEMM writes Q, K, V in FP8 with its
+OUTPUT slot's scale (DPA's QKV cast skipped) and DPA returns dQ, dK, dV in FP8 (its dQKV slot) to the
+QKV GEMM's backward (no GRAD_OUTPUT cast).  MXFP8 keeps every boundary in high precision (TE).
+fp8sim limit: the thd format keeps the boundaries in high precision.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...recipe import DelayedScaling, Float8CurrentScaling
 from .. import module as _module
+from ..module._fp8_handoff import FP8Handoff, attach, handoff_of
+from ..quantization import current_state, get_recipe
 from .dot_product_attention import DotProductAttention
 from .rope import apply_rotary_pos_emb
 
@@ -153,6 +157,20 @@ class MultiheadAttention(nn.Module):
         )
         self.proj = Lin(self.hidden_size_q, hidden_size, **{**kw, "init_method": output_layer_init_method})
 
+    def _fp8_boundaries(self, rotary_pos_emb: Any) -> tuple[bool, bool, bool]:
+        """TE's ``(qkv_fp8_output, dpa_fp8_output, proj_fp8_grad)`` (``multi_head_attention.py`` forward):
+        the QKV GEMM writes FP8 under ``fp8_mha`` without RoPE, not under current scaling or MXFP8;
+        DPA writes FP8 O under ``fp8_dpa``/``fp8_mha`` except MXFP8; ``proj``'s FP8 dgrad follows DPA's
+        O except under current scaling.  fp8sim: delayed/current scaling only, not for thd."""
+        st = current_state()
+        if not st.enabled or st.calibrating or self.qkv_format == "thd":
+            return False, False, False
+        recipe = get_recipe()
+        ds, cs = isinstance(recipe, DelayedScaling), isinstance(recipe, Float8CurrentScaling)
+        qkv = bool(recipe.fp8_mha) and rotary_pos_emb is None and ds
+        dpa = bool(recipe.fp8_dpa or recipe.fp8_mha) and (ds or cs)
+        return qkv, dpa, dpa and not cs
+
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         if self.qkv_format == "thd":
             return x.reshape(x.shape[0], -1, self.hidden_size_per_attention_head)
@@ -205,24 +223,33 @@ class MultiheadAttention(nn.Module):
             attn_mask_type = self.attn_mask_type
         if window_size is None:
             window_size = self.window_size
+        qkv_fp8, dpa_fp8_output, proj_fp8_grad = self._fp8_boundaries(rotary_pos_emb)
         ln_out = None
         if self.attention_type == "self":
             if self.input_layernorm:
-                res = self.layernorm_qkv(hidden_states, is_first_microbatch=is_first_microbatch)
+                res = self.layernorm_qkv(hidden_states, is_first_microbatch=is_first_microbatch, fp8_output=qkv_fp8)
                 mixed, ln_out = res if self.return_layernorm_output else (res, None)
             else:
-                mixed = self.qkv(hidden_states, is_first_microbatch=is_first_microbatch)
+                mixed = self.qkv(hidden_states, is_first_microbatch=is_first_microbatch, fp8_output=qkv_fp8)
             q, k, v = self._split_qkv(mixed)
+            _split_fp8(mixed, (q, k, v), self._split_qkv)
         else:
             if encoder_output is None:
                 raise ValueError("encoder_output must be given for attention_type='cross'")
-            k, v = self._split_kv(self.key_value(encoder_output, is_first_microbatch=is_first_microbatch))
+            kv = self.key_value(encoder_output, is_first_microbatch=is_first_microbatch, fp8_output=qkv_fp8)
+            k, v = self._split_kv(kv)
             if self.input_layernorm:
-                res = self.layernorm_query(hidden_states, is_first_microbatch=is_first_microbatch)
+                res = self.layernorm_query(hidden_states, is_first_microbatch=is_first_microbatch, fp8_output=qkv_fp8)
                 q, ln_out = res if self.return_layernorm_output else (res, None)
             else:
-                q = self.query_layer(hidden_states, is_first_microbatch=is_first_microbatch)
-            q = self._heads(q)
+                q = self.query_layer(hidden_states, is_first_microbatch=is_first_microbatch, fp8_output=qkv_fp8)
+            mixed_q, q = q, self._heads(q)
+            if handoff_of(mixed_q) is not None and handoff_of(kv) is not None:
+                _split_fp8(mixed_q, (q,), lambda t: (self._heads(t),))
+                _split_fp8(kv, (k, v), self._split_kv)
+                hq, hk = handoff_of(q), handoff_of(k)
+                on_q, on_kv = hq.on_grad, hk.on_grad
+                hq.on_grad = lambda dq, dk, dv: (on_q(dq), on_kv(dk, dv))
         if rotary_pos_emb is not None:
             q_emb, k_emb = rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
             cu_q = cu_seqlens_q_padded if pad_between_seqs else cu_seqlens_q
@@ -252,8 +279,32 @@ class MultiheadAttention(nn.Module):
             core_attention_bias=core_attention_bias,
             alibi_slopes=alibi_slopes,
             inference_params=inference_params,
+            fp8_output=dpa_fp8_output,
         )
-        out = self.proj(context, is_first_microbatch=is_first_microbatch)
+        out = self.proj(context, is_first_microbatch=is_first_microbatch, fp8_grad=proj_fp8_grad)
         if self.input_layernorm and self.return_layernorm_output:
             return out, ln_out
         return out
+
+
+def _split_fp8(mixed: torch.Tensor, parts: tuple, split: Callable) -> None:
+    """Attach the FP8 data of ``mixed`` (the QKV GEMM's FP8 output), split as ``split`` splits the
+    tensor, to ``parts``; the FP8 gradients of the parts (DPA's dQKV) come back merged into ``mixed``'s
+    handoff for the GEMM's backward.  The merge reads the split's element map off an index tensor."""
+    hm = handoff_of(mixed)
+    if hm is None:
+        return
+    lead, n = mixed.shape[:-1], mixed.shape[-1]
+    for t, vals, codes in zip(parts, split(hm.vals), split(hm.codes), strict=True):
+        attach(t, FP8Handoff(vals, codes, hm.sinv, hm.fmt))
+    index = [i.reshape(-1) for i in split(torch.arange(n).view(*([1] * len(lead)), n))]
+
+    def merge(*grads: FP8Handoff) -> None:
+        vals = torch.zeros(*lead, n, dtype=torch.float32)
+        codes = torch.zeros(*lead, n, dtype=torch.uint8)
+        for i, g in zip(index, grads, strict=True):
+            vals[..., i] = g.vals.reshape(*lead, -1)
+            codes[..., i] = g.codes.reshape(*lead, -1)
+        hm.grad = FP8Handoff(vals, codes, grads[0].sinv, grads[0].fmt)
+
+    handoff_of(parts[0]).on_grad = merge

@@ -16,7 +16,9 @@ import torch
 
 from ...recipe import Recipe
 from ..quantization import current_state, reduce_and_update_fp8_tensors
+from ._fp8_handoff import FP8Handoff
 from ._gemm import gemm
+from ._operands import Operand, quantize_operand
 
 __all__ = ["fp8_linear", "hp_linear", "LinearOptions"]
 
@@ -32,6 +34,11 @@ class LinearOptions:
     # the output rounded to the activation dtype but held in float32, so that the consumer's gradient
     # reaches the GEMM unrounded (TE's fused dact+quantize under delayed scaling)
     output_fp32: bool = False
+    # FP8 boundaries (TE ``Linear(fp8_output=, fp8_grad=)`` and a ``Float8Tensor`` input; delayed scaling):
+    input_fp8: FP8Handoff | None = None  # the input's codes and scale_inv: the INPUT quantizer is skipped
+    fp8_output: bool = False  # the output written in FP8 with the OUTPUT slot (fwd index 2)
+    fp8_grad: bool = False  # dgrad written in FP8 with the GRAD_INPUT slot (bwd index 1)
+    out_handoff: FP8Handoff | None = None  # set by forward when fp8_output; its ``grad`` feeds backward
 
 
 def _hp_gemm(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -59,7 +66,12 @@ class _FP8Linear(torch.autograd.Function):
         override = getattr(recipe, "backward_override", None)
         x = inp.reshape(-1, inp.shape[-1])
         per_tensor = module._per_tensor(recipe)
-        x_row = module._quantize(x, recipe, "input", 1)
+        h_in = opts.input_fp8 if per_tensor else None
+        if h_in is not None:  # TE: a Float8Tensor input is used as it is (no amax, no cast)
+            k = x.shape[-1]
+            x_row = Operand(None, h_in.fmt, h_in.vals.reshape(-1, k), h_in.codes.reshape(-1, k), h_in.sinv)
+        else:
+            x_row = module._quantize(x, recipe, "input", 1)
         w_row, w_col = module._weight_operands(weight, recipe, is_first_microbatch)
         out = gemm(x_row, w_row.t(), recipe, "fprop", accumulator)
         if bias is not None:  # cuBLAS's epilogue: float32 sum with the (already cast) bias, one rounding
@@ -77,6 +89,11 @@ class _FP8Linear(torch.autograd.Function):
         ctx.opts, ctx.is_first_microbatch = opts, is_first_microbatch
         ctx.has_bias, ctx.inp_shape, ctx.dtypes = bias is not None, inp.shape, (act_dtype, weight.dtype, inp.dtype)
         ctx.region = _region_modules() if ctx.first else []  # the live list: later modules join it
+        if opts.fp8_output:  # cuBLAS: amax of the float32 result (bias included), then the FP8 cast
+            oq = quantize_operand(out, recipe, "input", 1, scaler=module.fwd, index=2)
+            shape = (*inp.shape[:-1], out.shape[-1])
+            opts.out_handoff = FP8Handoff(oq.vals.reshape(shape), oq.codes.reshape(shape), oq.scale_inv, oq.fmt)
+            out = oq.dequant()
         out = out.to(act_dtype)
         if opts.output_fp32:
             out = out.float()
@@ -96,9 +113,23 @@ class _FP8Linear(torch.autograd.Function):
     def _backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
         module, recipe, acc, act = ctx.module, ctx.recipe, ctx.accumulator, ctx.dtypes[0]
         dy = grad_out.reshape(-1, grad_out.shape[-1])
+        opts: LinearOptions = ctx.opts
         if ctx.override is None:
-            dy_row = module._quantize(dy, recipe, "grad", 1)
+            h = opts.out_handoff.grad if opts.out_handoff is not None else None
+            if h is not None and module._per_tensor(recipe):  # the consumer's FP8 gradient as it is
+                n = dy.shape[-1]
+                dy_row = Operand(None, h.fmt, h.vals.reshape(-1, n), h.codes.reshape(-1, n), h.sinv)
+            else:
+                dy_row = module._quantize(dy, recipe, "grad", 1)
             dgrad = gemm(dy_row, ctx.w_col, recipe, "dgrad", acc)
+            if opts.fp8_grad:  # dgrad written in FP8 (GRAD_INPUT slot); the producer takes the codes
+                gq = quantize_operand(dgrad, recipe, "grad", 1, scaler=module.bwd, index=1)
+                if opts.input_fp8 is not None:
+                    shape = ctx.inp_shape
+                    opts.input_fp8.grad = FP8Handoff(
+                        gq.vals.reshape(shape), gq.codes.reshape(shape), gq.scale_inv, gq.fmt
+                    )
+                dgrad = gq.dequant()
             dy_col = dy_row if module._per_tensor(recipe) else module._quantize(dy, recipe, "grad", 0)
             x_col = ctx.x_col
 

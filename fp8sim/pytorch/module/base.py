@@ -283,6 +283,7 @@ class TransformerEngineBaseModule(nn.Module):
         act_dtype: torch.dtype | None = None,
         weight_param: Any = None,
         output_fp32: bool = False,
+        fp8_io: dict | None = None,
     ) -> torch.Tensor:
         """``x w^T + b`` for GEMM ``name``; FP8 inside autocast.  ``act_dtype``: the activation dtype
         when ``x`` is a float32 producer output quantized straight to FP8 (TE's fused kernels);
@@ -310,7 +311,10 @@ class TransformerEngineBaseModule(nn.Module):
                 fuse_wgrad_accumulation=getattr(self, "fuse_wgrad_accumulation", False),
                 wgrad_store=getattr(self, "wgrad_store", None),
                 output_fp32=output_fp32,
+                **(fp8_io or {}),
             )
+            if fp8_io:  # fp8_output: the caller reads ``opts.out_handoff``
+                self._last_opts = opts
             with torch.autocast(x.device.type, enabled=False):  # our float32 GEMMs must not run in bf16
                 return fp8_linear(x, w, b, g, recipe, acc, is_first_microbatch, first, act, opts)
         if st.calibrating:  # only where FP8 compute is off (TE linear.py: ``if not fp8 and fp8_calibration``)

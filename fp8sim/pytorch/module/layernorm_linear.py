@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ._fp8_handoff import attach_output, fp8_boundaries
 from ._norm_gemm import norm_for_gemm
 from ._normalization import check_normalization
 from ._params import cat_params, make_linear_params, make_norm_params
@@ -107,19 +108,25 @@ class LayerNormLinear(TransformerEngineBaseModule):
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None, fp8_output: bool = False) -> Any:
         """``norm(inp) W^T + b``; with ``return_bias`` the bias comes back apart, with
         ``return_layernorm_output`` the norm output too: ``out``, ``(out, bias)``, ``(out, ln_out)`` or
-        ``(out, bias, ln_out)`` (TE's order)."""
-        if fp8_output:
-            raise NotImplementedError(
-                "transformer_engine.pytorch: FP8 outputs (fp8_output / fp8_grad) are not emulated by fp8sim"
-            )
+        ``(out, bias, ln_out)`` (TE's order).  ``fp8_output=True`` (delayed scaling): the output is
+        written in FP8 with the OUTPUT slot's scale (see ``Linear.forward``)."""
+        fp8_io = fp8_boundaries(None, bool(fp8_output), False)
         self._check_input_dtype(inp)
         x, ln, act, fused = norm_for_gemm(self, inp, self.return_layernorm_output)
         weight = cat_params(self, self.weight_names)
         bias = cat_params(self, self.bias_names) if self.use_bias else None
         wparam = weight if len(self.weight_names) == 1 else None
         out = self._linear(
-            "gemm", x, weight, bias if self.apply_bias else None, is_first_microbatch, act if fused else None, wparam
+            "gemm",
+            x,
+            weight,
+            bias if self.apply_bias else None,
+            is_first_microbatch,
+            act if fused else None,
+            wparam,
+            fp8_io=fp8_io,
         )
+        out = attach_output(self, out, fp8_io)
         outs: tuple = (out,)
         if self.return_bias:
             outs += (None if bias is None else bias.to(act),)  # TE: None without a bias

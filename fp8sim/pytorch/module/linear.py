@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ._fp8_handoff import attach_output, fp8_boundaries
 from ._params import cat_params, make_linear_params
 from .base import TransformerEngineBaseModule, no_torch_dynamo
 
@@ -94,16 +95,19 @@ class Linear(TransformerEngineBaseModule):
         fp8_output: bool | None = False,
         fp8_grad: bool | None = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``inp W^T + b`` (``return_bias=True``: ``(inp W^T, b)``, the bias in the activation dtype)."""
-        if fp8_output or fp8_grad:
-            raise NotImplementedError(
-                "transformer_engine.pytorch: FP8 outputs (fp8_output / fp8_grad) are not emulated by fp8sim"
-            )
+        """``inp W^T + b`` (``return_bias=True``: ``(inp W^T, b)``, the bias in the activation dtype).
+        Under delayed scaling ``fp8_output=True`` writes the output in FP8 with the OUTPUT slot's scale
+        and ``fp8_grad=True`` the input gradient with the GRAD_INPUT slot's (the tensors come back
+        dequantized, the FP8 data attached for an FP8 consumer); an input that carries FP8 data (DPA's
+        O) is used with its codes and scale_inv, the INPUT quantizer skipped (TE: a Float8Tensor input)."""
+        fp8_io = fp8_boundaries(inp, bool(fp8_output), bool(fp8_grad))
         self._check_input_dtype(inp)
         weight = cat_params(self, self.weight_names)
         bias = cat_params(self, self.bias_names) if self.use_bias else None
         wparam = weight if len(self.weight_names) == 1 else None
-        out = self._linear("gemm", inp, weight, bias if self.apply_bias else None, is_first_microbatch, None, wparam)
+        b = bias if self.apply_bias else None
+        out = self._linear("gemm", inp, weight, b, is_first_microbatch, None, wparam, fp8_io=fp8_io)
+        out = attach_output(self, out, fp8_io)
         if self.return_bias:
             return out, None if bias is None else bias.to(self._activation_dtype(inp))  # TE: None without a bias
         return out

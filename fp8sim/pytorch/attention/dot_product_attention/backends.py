@@ -15,8 +15,9 @@ TE's slot names in brackets, HYBRID: forward E4M3, backward E5M2):
   S slot; current scaling uses a delayed-scaling S slot as TE does (history 1, ``most_recent``,
   ``NVTE_DPA_FP8DS_*``); MXFP8: TE hands P to cuDNN unquantized and cuDNN's choice is not in TE's
   code (``mxfp8_softmax="none"`` keeps P as TE's own emulation does, ``"mxfp8"`` blocks it by 32).
-- O [O]: delayed scaling only (cuDNN writes O in FP8; TE dequantizes it for the caller); current
-  scaling and MXFP8 return O in high precision (``NVTE_DPA_FP8CS_O_in_F16=1``, TE's default).
+- O [O]: delayed scaling only (cuDNN writes O in FP8; TE dequantizes it for the caller unless
+  ``fp8_output``); current scaling and MXFP8 return O in high precision (``NVTE_DPA_FP8CS_O_in_F16=1``,
+  TE's default).  FP8 inputs, an FP8 dO and FP8 dQKV outputs: ``qkv_in``, ``do_in``, ``dqkv_out``.
 - dO [dO]: every recipe; MXFP8 rowwise (for ``dO V^T``) and columnwise (for ``P^T dO``).
 - dS [dP]: the gradient of the scaled scores, before ``dQ = scale dS K`` and ``dK = scale dS^T Q``;
   slots as for P.
@@ -152,6 +153,10 @@ class AttentionConfig:
     bwd_fp8: bool = True
     accumulator: str | None = None
     on_backward_end: Any = None  # callable run after the backward (TE: the first module updates scales)
+    # FP8 boundaries (TE's Float8Tensor inputs/outputs of FusedAttnFunc; per-tensor recipes):
+    qkv_in: tuple | None = None  # Q, K, V already in FP8 (``_Q``s): the QKV quantizer is skipped
+    do_in: Any = None  # callable -> the FP8 dO (``_Q``) that the consumer's backward wrote, or None
+    dqkv_out: Any = None  # callable taking the FP8 dQ, dK, dV (``_Q``s) when the inputs were FP8
     saved: dict = field(default_factory=dict)
 
 
@@ -236,6 +241,8 @@ class _Attention(torch.autograd.Function):
         groups = q.shape[1] // k.shape[1]
         if cfg.qkv is None:
             qq, kq, vq = _hp(q), _hp(k), _hp(v)
+        elif cfg.qkv_in is not None:  # FP8 inputs are used as they are (TE: is_input_fp8)
+            qq, kq, vq = cfg.qkv_in
         elif cfg.qkv.kind == "mxfp8":  # Q, K blocked along d (for QK^T), V along the sequence (for PV)
             qq, kq = cfg.qkv(q, k, axis=-1)
             (vq,) = cfg.qkv(v, axis=-2)
@@ -256,6 +263,7 @@ class _Attention(torch.autograd.Function):
         o = _mm(pq, _expand(vq, groups), cfg.accumulator)
         oq = cfg.o(o)[0] if cfg.o is not None else None
         out = oq.value() if oq is not None else o
+        cfg.saved["oq"] = oq
         ctx.cfg, ctx.groups, ctx.keep = cfg, groups, keep
         ctx.quant = (qq, kq, vq, pq)
         ctx.save_for_backward(q, k, v, p, out, pd)
@@ -263,6 +271,11 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, d_out: torch.Tensor) -> tuple:
+        with torch.autocast(d_out.device.type, enabled=False):
+            return _Attention._backward(ctx, d_out)
+
+    @staticmethod
+    def _backward(ctx: Any, d_out: torch.Tensor) -> tuple:
         cfg, g = ctx.cfg, ctx.groups
         q, k, v, p, out, pd = ctx.saved_tensors
         fp8 = cfg.qkv is not None and cfg.bwd_fp8
@@ -277,7 +290,8 @@ class _Attention(torch.autograd.Function):
                 if cfg.s is not None:
                     pq = cfg.s(pd, axis=-2)[0]  # P^T dO reduces over s_q
             else:
-                do_row = do_col = cfg.do(d_out)[0]
+                do_fp8 = cfg.do_in() if cfg.do_in is not None else None  # TE: a Float8Tensor dO as it is
+                do_row = do_col = do_fp8 if do_fp8 is not None else cfg.do(d_out)[0]
                 vq_row, qq_col, kq_col = vq, qq, kq
         else:
             qq_col = _hp(q)
@@ -307,7 +321,10 @@ class _Attention(torch.autograd.Function):
             dk = dk.reshape(dk.shape[0], -1, g, *dk.shape[2:]).sum(2)
             dv = dv.reshape(dv.shape[0], -1, g, *dv.shape[2:]).sum(2)
         if fp8 and cfg.dqkv is not None:
-            dq, dk, dv = (t.value() for t in cfg.dqkv(dq, dk, dv))
+            dqkv = cfg.dqkv(dq, dk, dv)
+            if cfg.dqkv_out is not None:  # FP8 inputs: dQ, dK, dV go back in FP8 (TE: is_input_fp8)
+                cfg.dqkv_out(dqkv)
+            dq, dk, dv = (t.value() for t in dqkv)
         if cfg.on_backward_end is not None:
             cfg.on_backward_end()
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
@@ -324,4 +341,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: AttentionC
     dt = torch.float64 if q.dtype == torch.float64 and cfg.qkv is None else torch.float32
     if cfg.bias is not None:
         cfg.bias = cfg.bias.to(dt)
-    return _Attention.apply(q.to(dt), k.to(dt), v.to(dt), cfg)
+    with torch.autocast(q.device.type, enabled=False):  # float32 GEMMs and softmax under torch.autocast too
+        return _Attention.apply(q.to(dt), k.to(dt), v.to(dt), cfg)

@@ -19,9 +19,11 @@ from torch import nn
 
 from ....recipe import DelayedScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, Recipe, tensor_format
 from ....scaling.delayed import DelayedScaler
+from ...module._fp8_handoff import handoff_of
 from ...quantization import _register, current_state, get_recipe
 from . import utils
-from .backends import AttentionConfig, Quantizer, attention
+from .backends import _Q, AttentionConfig, Quantizer, attention
+from .fp8_boundaries import attach_fp8_output, send_dqkv
 
 __all__ = ["DotProductAttention"]
 
@@ -52,6 +54,12 @@ class DotProductAttention(nn.Module):
     attention, None = exact products summed in float32) and ``mxfp8_softmax`` ("none": P and dS stay
     unquantized under MXFP8, as TE's own emulation; "mxfp8": blocked by 32 like the other operands;
     cuDNN's choice is not in TE's code).
+
+    FP8 boundaries (delayed and current scaling, sbhd/bshd): Q, K, V that carry FP8 data (a QKV GEMM
+    with ``fp8_output=True``) are used with their codes and scales, the QKV cast skipped, and dQ, dK, dV
+    go back in FP8 (dQKV slot; TE ``is_input_fp8``); ``fp8_output=True`` returns O with its FP8 data
+    attached (delayed: cuDNN's FP8 O; current: the O quantizer's cast of the F16 O), and an FP8 dO
+    that the consumer's backward writes (``Linear(fp8_grad=True)``) replaces the dO cast.
     """
 
     def __init__(
@@ -342,13 +350,23 @@ class DotProductAttention(nn.Module):
         self._configure_fp8(
             cfg, core_attention_bias_type, sq, skv, qb.shape[-1], vb.shape[-1], trainable, bool(fp8_output)
         )
+        fp8_io = cfg.qkv is not None and cfg.qkv.kind != "mxfp8" and thd is None
+        hs = [handoff_of(t) for t in (q, k, v)] if fp8_io else [None]
+        if all(h is not None for h in hs):  # FP8 Q, K, V (fp8_mha): their codes and scales as they are
+            to = lambda t: utils.to_bhsd(t, fmt)  # noqa: E731
+            cfg.qkv_in = tuple(_Q(to(h.vals), h.sinv, fmt=h.fmt, codes=to(h.codes)) for h in hs)
+            if cfg.dqkv is not None:
+                cfg.dqkv_out = lambda d: send_dqkv(hs, d, fmt)
         out = attention(qb, kb, vb, cfg)
         if "padding" in mask_type:  # padded query rows are zero
             out = out.masked_fill(mask.all(dim=-1, keepdim=True), 0.0)
         out = out.to(q.dtype)
         if thd is not None:
             return utils.bhsd_to_thd(out, thd["cu_q"], thd["off_q"], q.shape[0])
-        return utils.from_bhsd(out, fmt)
+        out = utils.from_bhsd(out, fmt)
+        if fp8_output and fp8_io:
+            out = attach_fp8_output(out, cfg, fmt, qb.shape[1])
+        return out
 
     def _configure_fp8(
         self,
@@ -369,8 +387,8 @@ class DotProductAttention(nn.Module):
             return
         if bias_type != "no_bias":
             raise NotImplementedError("fp8sim's FP8 attention emulates core_attention_bias_type='no_bias' only")
-        if fp8_output:
-            raise NotImplementedError("fp8sim's DotProductAttention returns O in high precision (fp8_output=True)")
+        if fp8_output and isinstance(recipe, MXFP8BlockScaling):
+            raise NotImplementedError("fp8sim's DotProductAttention returns O in high precision under MXFP8")
         if isinstance(recipe, MXFP8BlockScaling) and (sq % 128 or skv % 128 or dqk % 32 or dv % 32):
             raise AssertionError(
                 "MXFP8 quantization requires s_q % 128 == 0, s_kv % 128 == 0, d_qk % 32 == 0, d_v % 32"
