@@ -27,7 +27,7 @@ import numpy as np
 from .._torch import is_torch_tensor
 from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
-from . import _numba
+from . import _numba, _torch_chain
 from ._checks import check_arguments, check_bias, check_scale_dtypes, check_torch_rules, layout_error, out_dtype_name
 from ._exact import exact_matmul_f32, round_sum_to_f32, two_sum
 from .accumulators import Accumulator, get_accumulator
@@ -46,7 +46,8 @@ _OUT_FLOATS = ("float32", "bfloat16", "float16")
 _TORCH_NAMES = {"float32": "Float", "bfloat16": "BFloat16", "float16": "Half"}
 
 
-def _operand(x: Any, fmt: str | FloatFormat | None, name: str) -> tuple[np.ndarray, FloatFormat]:
+def _operand(x: Any, fmt: str | FloatFormat | None, name: str, host: bool = True) -> tuple[Any, FloatFormat]:
+    """uint8 codes and format; ``host=False`` keeps a torch FP8 operand's codes on its device."""
     if is_torch_tensor(x):
         dt = str(x.dtype).replace("torch.", "")
         if dt == "float4_e2m1fn_x2":  # two E2M1 codes per byte along K (element 2i in the low nibble)
@@ -57,6 +58,8 @@ def _operand(x: Any, fmt: str | FloatFormat | None, name: str) -> tuple[np.ndarr
             return np.asarray(unpack_fp4(x.detach().cpu().t())).T, get_format("e2m1")
         if dt not in _TORCH_FMT:
             raise ValueError(f"Expected {name} to be Float8 matrix got {dt}")
+        if not host:
+            return x.detach().view(__import__("torch").uint8), get_format(_TORCH_FMT[dt])
         return x.detach().contiguous().view(__import__("torch").uint8).cpu().numpy(), get_format(_TORCH_FMT[dt])
     if fmt is None:
         raise ValueError(f"{name} is a code array: pass {'a' if name == 'mat1' else 'b'}_format= (e.g. 'e4m3')")
@@ -121,6 +124,7 @@ def scaled_mm(
     epilogue: str = "alpha",
     split_k: tuple[int, str] | None = None,
     profile: Any = None,
+    backend: str | None = None,
 ) -> Any:
     """Emulated ``torch._scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype,
     use_fast_accum)``; scales are dequantization multipliers.
@@ -136,11 +140,19 @@ def scaled_mm(
     ``"serial"``, ``"pairwise"``) for tensorwise and rowwise scales; None (default) is unsplit.
     ``profile``: a :mod:`fp8sim.gemm.profiles` name or record; it supplies the accumulator, the
     epilogue and the split for this shape wherever those arguments are not given.
+
+    ``backend``: where the tensor-core chains run.  ``"numpy"``: numpy (compiled with numba when
+    installed); ``"torch"``: torch ops on the operands' device (:mod:`fp8sim.gemm._torch_chain`, the
+    same bits; truncating models with tensorwise/rowwise scales); None (default): ``"torch"`` for
+    torch operands on a CUDA (or other non-CPU, non-MPS) device where it applies, else ``"numpy"``.
     """
     check_arguments(a, b, scale_a, scale_b)
+    if backend not in (None, "numpy", "torch"):
+        raise ValueError(f"backend must be None, 'numpy' or 'torch'; got {backend!r}")
     torch_in = is_torch_tensor(a)
-    ac, fa = _operand(a, a_format, "mat1")
-    bc, fb = _operand(b, b_format, "mat2")
+    host = not (torch_in and backend != "numpy" and a.device.type not in ("cpu", "mps") and is_torch_tensor(b))
+    ac, fa = _operand(a, a_format, "mat1", host)
+    bc, fb = _operand(b, b_format, "mat2", host)
     if ac.ndim != 2 or bc.ndim != 2:
         raise RuntimeError(f"mat1 and mat2 must be matrices, got shapes {ac.shape} and {bc.shape}")
     m, k = ac.shape
@@ -168,10 +180,16 @@ def scaled_mm(
     layout = _layout(sa, sb, m, k, n, fa)
     if split is not None and layout not in ("tensorwise", "rowwise"):
         raise ValueError(f"split_k applies to tensorwise and rowwise scales; these scales are {layout}")
+    on_torch = _torch_backend(backend, acc, layout, host)
+    if not (host or on_torch):
+        ac, bc = ac.cpu().numpy(), bc.cpu().numpy()
     if m == 0 or n == 0 or k == 0:
         d = np.zeros((m, n), np.float32)
     elif acc.kind == "dequantized_fp32":
         d = _dequantized(ac, bc, fa, fb, sa, sb, layout, split)
+    elif on_torch:
+        raw = _torch_gemm(ac, bc, fa, fb, acc, split)
+        d = _alpha(raw, sa.reshape(-1, 1) if layout == "rowwise" else sa.reshape(1, 1), sb.reshape(1, -1), epilogue)
     elif layout in ("tensorwise", "rowwise"):
         if split is None:
             raw = _accumulate(ac, bc, fa, fb, acc)
@@ -189,6 +207,30 @@ def scaled_mm(
     if cpu and out_dtype is None:
         scale_result = None  # torch's CPU kernel ignores scale_result unless out_dtype is given (torch 2.13)
     return _finish(d, out, scale_result, torch_in, a, divide_scale_result=cpu)
+
+
+def _torch_backend(backend: str | None, acc: Accumulator, layout: str, host: bool) -> bool:
+    """Whether the torch-ops chains run this GEMM; ``backend="torch"`` where they cannot raises."""
+    ok = (
+        acc.kind == "tensor_core"
+        and _torch_chain.supports(INSTRUCTION_MODELS[acc.instruction])
+        and layout in ("tensorwise", "rowwise")
+    )
+    if backend == "torch" and not ok:
+        raise ValueError(
+            "backend='torch' runs the truncating tensor-core accumulators (hopper_*, ada_*, blackwell, "
+            f"blackwell_split) with tensorwise or rowwise scales; got accumulator {acc.name!r}, {layout} scales"
+        )
+    return ok and (backend == "torch" or not host)
+
+
+def _torch_gemm(ac: Any, bc: Any, fa: FloatFormat, fb: FloatFormat, acc: Accumulator, split: Any) -> np.ndarray:
+    import torch
+
+    if not is_torch_tensor(ac):
+        ac, bc = torch.from_numpy(np.ascontiguousarray(ac)), torch.from_numpy(np.ascontiguousarray(bc))
+    im = INSTRUCTION_MODELS[acc.instruction]
+    return _torch_chain.chain_gemm(ac, bc, fa, fb, im, acc.promote_every, split)
 
 
 def _pick_accumulator(acc: Any, fast: bool, device: str) -> Accumulator:
