@@ -132,3 +132,21 @@ def test_torch_backend_default_stays_numpy_for_cpu_tensors(monkeypatch) -> None:
     x = torch.ones(16, 32).to(torch.float8_e4m3fn)
     out = scaled_mm(x, x.t(), torch.tensor(1.0), torch.tensor(1.0), out_dtype=torch.float32, accumulator="hopper_fast")
     assert torch.equal(out, torch.full((16, 16), 32.0))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (scripts/gpu_session.sh)")
+@pytest.mark.parametrize("acc", ACCS)
+def test_torch_chain_on_cuda_equals_numpy_path(acc: str) -> None:
+    """On a CUDA device the default path is the torch-ops chains; same bits as the numpy path."""
+    rng = np.random.default_rng(7)
+    a = rng.integers(0, 256, (16, 320), dtype=np.uint8)
+    b = rng.integers(0, 256, (320, 16), dtype=np.uint8)
+    a[(a & 0x7F) == 0x7F] = 0  # finite E4M3 codes only: NaN payloads are compared separately above
+    b[(b & 0x7F) == 0x7F] = 0
+    ref = _reference(a, b, out_dtype="float32", accumulator=acc, a_format="e4m3", b_format="e4m3")
+    at = torch.from_numpy(a).view(torch.float8_e4m3fn).cuda()
+    bt = torch.from_numpy(np.ascontiguousarray(b.T)).view(torch.float8_e4m3fn).cuda().t()
+    one = torch.tensor(1.0, device="cuda")
+    got = scaled_mm(at, bt, one, one, out_dtype=torch.float32, accumulator=acc)
+    assert got.device.type == "cuda"
+    assert np.array_equal(got.cpu().numpy().view(np.uint32), ref.view(np.uint32))
