@@ -189,7 +189,7 @@ def chain_gemm(
 ) -> np.ndarray:
     """float32 (M, N): chains of ``block``-product steps over K (a multiple of ``block``); ``bt`` is b
     transposed (N, K); tables: per-code (value, exponent) of finite codes; ``every``: promotion interval."""
-    out = np.empty((ac.shape[0], bt.shape[0]), np.float32)
+    out = np.zeros((ac.shape[0], bt.shape[0]), np.float32)  # zeros: an output the kernel missed shows
     if _lanes_exact(tables_a, tables_b, block, frac_bits):
         va, ea = tables_a[0].astype(np.float32)[ac], tables_a[1].astype(np.int32)[ac]
         vb, eb = tables_b[0].astype(np.float32)[bt.T], tables_b[1].astype(np.int32)[bt.T]  # (K, N): lanes along N
