@@ -97,11 +97,12 @@ def _kernel_lanes() -> Any:
     @numba.njit(parallel=True, nogil=True, cache=True)
     def chain(va, ea, vb, eb, block, n, out_mbits, every, out):  # noqa: ANN001, ANN202
         m, kk = va.shape
-        nn = vb.shape[1]
-        ntj = (nn + 63) // 64
+        ntj = vb.shape[0]
+        nn = out.shape[1]
         for t in numba.prange(((m + 7) // 8) * ntj):
             i0 = (t // ntj) * 8
-            j0 = (t % ntj) * 64
+            tj = t % ntj
+            j0 = tj * 64
             ni = min(8, m - i0)
             nj = min(64, nn - j0)
             cs = np.zeros((8, 64), np.float64)
@@ -130,7 +131,7 @@ def _kernel_lanes() -> Any:
                     for k in range(k0, k0 + block):
                         eai = ea[i, k]
                         for jj in range(nj):
-                            e = eai + eb[k, j0 + jj]
+                            e = eai + eb[tj, k, jj]
                             big[jj] = e if e > big[jj] else big[jj]
                     for jj in range(nj):  # unit = 2^(n - big)
                         ib[jj] = np.int64(n - big[jj] + 1023) << 52
@@ -141,7 +142,7 @@ def _kernel_lanes() -> Any:
                     for k in range(k0, k0 + block):
                         vai = va[i, k]
                         for jj in range(nj):  # exact product, exact scaling, truncation toward zero
-                            tot[jj] += np.int32((vai * vb[k, j0 + jj]) * u32[jj])
+                            tot[jj] += np.int32((vai * vb[tj, k, jj]) * u32[jj])
                     for jj in range(nj):
                         tf[jj] = np.float64(tot[jj]) + np.trunc(cs[ii, jj] * u64[jj])
                         fb[jj] = abs(tf[jj])
@@ -192,7 +193,12 @@ def chain_gemm(
     out = np.zeros((ac.shape[0], bt.shape[0]), np.float32)  # zeros: an output the kernel missed shows
     if _lanes_exact(tables_a, tables_b, block, frac_bits):
         va, ea = tables_a[0].astype(np.float32)[ac], tables_a[1].astype(np.int32)[ac]
-        vb, eb = tables_b[0].astype(np.float32)[bt.T], tables_b[1].astype(np.int32)[bt.T]  # (K, N): lanes along N
+        # b packed as (N/64, K, 64): one task's K-block of b is contiguous (rows N apart would share L1 sets)
+        nt = -(-bt.shape[0] // 64)
+        packed = np.zeros((nt * 64, bt.shape[1]), bt.dtype)
+        packed[: bt.shape[0]] = bt
+        packed = np.ascontiguousarray(packed.reshape(nt, 64, -1).transpose(0, 2, 1))
+        vb, eb = tables_b[0].astype(np.float32)[packed], tables_b[1].astype(np.int32)[packed]
         _kernel_lanes()(va, ea, vb, eb, block, frac_bits, out_mbits, every or 0, out)
         return out
     va, ea = tables_a[0][ac], tables_a[1].astype(np.int32)[ac]
