@@ -96,11 +96,13 @@ def _kernel_lanes() -> Any:
     # fastmath: (va * vb) * unit must stay in that order (exact); the int32 sums vectorise as they are.
     @numba.njit(parallel=True, nogil=True, cache=True)
     def chain(va, ea, vb, eb, block, n, out_mbits, every, out):  # noqa: ANN001, ANN202
-        m, kk = va.shape
+        kk = va.shape[1]
+        m = out.shape[0]
         ntj = vb.shape[0]
         nn = out.shape[1]
         for t in numba.prange(((m + 7) // 8) * ntj):
-            i0 = (t // ntj) * 8
+            ti = t // ntj
+            i0 = ti * 8
             tj = t % ntj
             j0 = tj * 64
             ni = min(8, m - i0)
@@ -120,7 +122,6 @@ def _kernel_lanes() -> Any:
             for k0 in range(0, kk, block):
                 promote = every > 0 and k0 > 0 and k0 % every == 0
                 for ii in range(ni):
-                    i = i0 + ii
                     if promote:
                         for jj in range(nj):
                             regs[ii, jj] = np.float32(regs[ii, jj] + np.float32(cs[ii, jj]))
@@ -129,7 +130,7 @@ def _kernel_lanes() -> Any:
                     for jj in range(nj):
                         big[jj] = ecs[ii, jj]
                     for k in range(k0, k0 + block):
-                        eai = ea[i, k]
+                        eai = ea[ti, k, ii]
                         for jj in range(nj):
                             e = eai + eb[tj, k, jj]
                             big[jj] = e if e > big[jj] else big[jj]
@@ -140,7 +141,7 @@ def _kernel_lanes() -> Any:
                         u32[jj] = np.float32(min(fb[jj], 1.7014118346046923e38))
                         tot[jj] = 0
                     for k in range(k0, k0 + block):
-                        vai = va[i, k]
+                        vai = va[ti, k, ii]
                         for jj in range(nj):  # exact product, exact scaling, truncation toward zero
                             tot[jj] += np.int32((vai * vb[tj, k, jj]) * u32[jj])
                     for jj in range(nj):
@@ -192,19 +193,25 @@ def chain_gemm(
     transposed (N, K); tables: per-code (value, exponent) of finite codes; ``every``: promotion interval."""
     out = np.zeros((ac.shape[0], bt.shape[0]), np.float32)  # zeros: an output the kernel missed shows
     if _lanes_exact(tables_a, tables_b, block, frac_bits):
-        va, ea = tables_a[0].astype(np.float32)[ac], tables_a[1].astype(np.int32)[ac]
-        # b packed as (N/64, K, 64): one task's K-block of b is contiguous (rows N apart would share L1 sets)
-        nt = -(-bt.shape[0] // 64)
-        packed = np.zeros((nt * 64, bt.shape[1]), bt.dtype)
-        packed[: bt.shape[0]] = bt
-        packed = np.ascontiguousarray(packed.reshape(nt, 64, -1).transpose(0, 2, 1))
-        vb, eb = tables_b[0].astype(np.float32)[packed], tables_b[1].astype(np.int32)[packed]
+        pa = _panels(ac, 8)
+        va, ea = tables_a[0].astype(np.float32)[pa], tables_a[1].astype(np.int32)[pa]
+        pb = _panels(bt, 64)
+        vb, eb = tables_b[0].astype(np.float32)[pb], tables_b[1].astype(np.int32)[pb]
         _kernel_lanes()(va, ea, vb, eb, block, frac_bits, out_mbits, every or 0, out)
         return out
     va, ea = tables_a[0][ac], tables_a[1].astype(np.int32)[ac]
     vb, eb = tables_b[0][bt], tables_b[1].astype(np.int32)[bt]
     _kernel()(va, ea, vb, eb, block, frac_bits, out_mbits, every or 0, _pow2(), out)
     return out
+
+
+def _panels(x: np.ndarray, w: int) -> np.ndarray:
+    """(R, K) codes as (R/w, K, w) panels, zero-padded (code 0 is +0): one task's K-block is then
+    contiguous (rows K apart would fall into the same few L1 sets and evict each other)."""
+    nt = -(-x.shape[0] // w)
+    p = np.zeros((nt * w, x.shape[1]), x.dtype)
+    p[: x.shape[0]] = x
+    return np.ascontiguousarray(p.reshape(nt, w, -1).transpose(0, 2, 1))
 
 
 def _lanes_exact(ta: tuple[np.ndarray, np.ndarray], tb: tuple[np.ndarray, np.ndarray], block: int, n: int) -> bool:

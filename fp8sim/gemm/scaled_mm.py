@@ -337,6 +337,13 @@ def _tensor_core(
         sb = np.pad(sb, ((0, extra), (0, 0)), constant_values=one)
     bt = np.ascontiguousarray(bc.T)
     specials = bool(_has_specials(ac, fa) or _has_specials(bc, fb))
+    block = im.k // im.halves
+    if not specials and sa is None and im.rounding == "truncate" and _numba.available():
+        ta, tb = _decoded(fa), _decoded(fb)
+        return _numba.chain_gemm(
+            ac, bt, (ta[0], ta[2]), (tb[0], tb[2]), block, im.frac_bits, im.out_mbits,
+            acc.promote_every,
+        )  # fmt: skip
     fast = not specials and im.scale_format != "ue4m3" and im.halves == 1
     if fast:  # decode once; each step is then products + exponents + align_sum (same arithmetic)
         va, _, ea = (t[ac] for t in _decoded(fa))
@@ -348,13 +355,6 @@ def _tensor_core(
             va, vb = va * np.ldexp(1.0, xa), vb * np.ldexp(1.0, xb)
             ea, eb = ea + xa, eb + xb
     every = acc.promote_every or kk
-    block = im.k // im.halves
-    if not specials and sa is None and im.rounding == "truncate" and _numba.available():
-        ta, tb = _decoded(fa), _decoded(fb)
-        return _numba.chain_gemm(
-            ac, bt, (ta[0], ta[2]), (tb[0], tb[2]), block, im.frac_bits, im.out_mbits,
-            acc.promote_every,
-        )  # fmt: skip
     out = np.zeros((m, n), np.float32)
     rows = max(1, (1 << 16) // max(n * im.k, 1))
     with np.errstate(invalid="ignore", over="ignore"):
