@@ -150,3 +150,24 @@ def test_torch_chain_on_cuda_equals_numpy_path(acc: str) -> None:
     got = scaled_mm(at, bt, one, one, out_dtype=torch.float32, accumulator=acc)
     assert got.device.type == "cuda"
     assert np.array_equal(got.cpu().numpy().view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize(
+    ("acc", "split"), [("hopper_fast", None), ("ada_split", (3, "serial")), ("exact", None), ("blackwell_mma", None)]
+)
+def test_device_code_path_on_cpu_tensors(monkeypatch, acc: str, split) -> None:  # noqa: ANN001
+    """The path CUDA operands take (codes kept as device tensors; the numpy path after all for what the
+    torch chains do not run), exercised here by treating CPU tensors as device tensors."""
+    import importlib
+
+    sm_module = importlib.import_module("fp8sim.gemm.scaled_mm")  # the module (the package exports the function)
+
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(16, 256, generator=g) * 30).to(torch.float8_e4m3fn)
+    w = (torch.randn(32, 256, generator=g) * 0.1).to(torch.float8_e5m2)
+    one = torch.tensor(1.0)
+    kw = {"out_dtype": torch.float32, "accumulator": acc, "split_k": split}
+    ref = scaled_mm(x, w.t(), one, one, backend="numpy", **kw)
+    monkeypatch.setattr(sm_module, "_keep_on_device", lambda a, b, backend: backend != "numpy")
+    got = scaled_mm(x, w.t(), one, one, **kw)
+    assert torch.equal(got.view(torch.int32), ref.view(torch.int32))

@@ -150,7 +150,7 @@ def scaled_mm(
     if backend not in (None, "numpy", "torch"):
         raise ValueError(f"backend must be None, 'numpy' or 'torch'; got {backend!r}")
     torch_in = is_torch_tensor(a)
-    host = not (torch_in and backend != "numpy" and a.device.type not in ("cpu", "mps") and is_torch_tensor(b))
+    host = not _keep_on_device(a, b, backend)
     ac, fa = _operand(a, a_format, "mat1", host)
     bc, fb = _operand(b, b_format, "mat2", host)
     if ac.ndim != 2 or bc.ndim != 2:
@@ -181,8 +181,8 @@ def scaled_mm(
     if split is not None and layout not in ("tensorwise", "rowwise"):
         raise ValueError(f"split_k applies to tensorwise and rowwise scales; these scales are {layout}")
     on_torch = _torch_backend(backend, acc, layout, host)
-    if not (host or on_torch):
-        ac, bc = ac.cpu().numpy(), bc.cpu().numpy()
+    if not (host or on_torch):  # the numpy path after all: codes to the host
+        ac, bc = (x.cpu().numpy() if is_torch_tensor(x) else x for x in (ac, bc))
     if m == 0 or n == 0 or k == 0:
         d = np.zeros((m, n), np.float32)
     elif acc.kind == "dequantized_fp32":
@@ -207,6 +207,14 @@ def scaled_mm(
     if cpu and out_dtype is None:
         scale_result = None  # torch's CPU kernel ignores scale_result unless out_dtype is given (torch 2.13)
     return _finish(d, out, scale_result, torch_in, a, divide_scale_result=cpu)
+
+
+def _keep_on_device(a: Any, b: Any, backend: str | None) -> bool:
+    """Torch operands on a non-CPU device (MPS lacks float64) keep their codes there unless
+    ``backend="numpy"``: the torch-ops chains may then run on them."""
+    if backend == "numpy" or not (is_torch_tensor(a) and is_torch_tensor(b)):
+        return False
+    return a.device.type not in ("cpu", "mps")
 
 
 def _torch_backend(backend: str | None, acc: Accumulator, layout: str, host: bool) -> bool:
