@@ -6,7 +6,11 @@
 - torch's own CPU ``_scaled_mm`` at 512^3: time relative to ``torch.matmul``, and its ULP distance
   from ``exact`` (it is not a hardware reference: reported, never asserted).
 
-Run: ``python benchmarks/bench_gemm.py [--quick]``
+- ``--torch-device DEV`` (e.g. ``cuda``): only the torch-ops chains (``backend="torch"``) on DEV:
+  ``hopper_fast`` multiply-adds per second, the time ratio to ``torch.matmul`` on DEV, and the bits
+  checked against the numpy path on a row slice (``scripts/gpu_session.sh`` runs it on CUDA).
+
+Run: ``python benchmarks/bench_gemm.py [--quick] [--torch-device DEV]``
 """
 
 from __future__ import annotations
@@ -33,10 +37,18 @@ def _codes(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    ap.add_argument("--compiled", action="store_true", help="only the compiled-chain and mmaemu rows")
+    ap.add_argument("--torch-device", help="only time the torch-ops chains on this device (e.g. cuda)")
     args = ap.parse_args()
     import torch
 
     torch.set_num_threads(2)
+    if args.torch_device:
+        _print(_torch_rows(args.torch_device, args.quick))
+        return
+    if args.compiled:
+        _print(_compiled_rows(np.random.default_rng(0), args.quick))
+        return
     rng = np.random.default_rng(0)
     one = np.float32(1)
     kw = {"a_format": "e4m3", "b_format": "e4m3", "out_dtype": "float32"}
@@ -89,10 +101,56 @@ def main() -> None:
     )
 
     rows += _compiled_rows(rng, args.quick)
+    _print(rows)
 
+
+def _print(rows: list[tuple[str, str, str]]) -> None:
     print("| case | result | target |\n|---|---:|---:|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} |")
+
+
+def _torch_rows(device: str, quick: bool) -> list[tuple[str, str, str]]:
+    """``hopper_fast`` through the torch-ops chains on ``device``: speed, ratio to torch.matmul, bits vs numpy."""
+    import torch
+
+    def sync() -> None:
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+
+    rng = np.random.default_rng(1)
+    m, k = (128, 1024) if quick else (512, 4096)
+    a, b = _codes(rng, (m, k)), _codes(rng, (k, m))
+    at = torch.from_numpy(a).view(torch.float8_e4m3fn).to(device)
+    bt = torch.from_numpy(np.ascontiguousarray(b.T)).view(torch.float8_e4m3fn).to(device).t()
+    one = torch.tensor(1.0, device=device)
+    kw = {"out_dtype": torch.float32, "accumulator": "hopper_fast", "backend": "torch"}
+
+    def run() -> None:
+        scaled_mm(at, bt, one, one, **kw)
+        sync()
+
+    run()  # warm-up
+    t = best_of(run, 2)
+    xf, yf = torch.randn(m, k, device=device), torch.randn(k, m, device=device)
+
+    def mm() -> None:
+        torch.matmul(xf, yf)
+        sync()
+
+    mm()
+    t_mm = best_of(mm, 3)
+    rows_chk = 16
+    got = scaled_mm(at[:rows_chk], bt, one, one, **kw).cpu().numpy()
+    ref = scaled_mm(a[:rows_chk], b, np.float32(1), np.float32(1), accumulator="hopper_fast", a_format="e4m3",
+                    b_format="e4m3", out_dtype="float32", backend="numpy")  # fmt: skip
+    same = np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+    name = f"{device} {m}x{m}x{k}"
+    return [
+        (f"hopper_fast torch-ops chains, {name}: M multiply-adds/s", f"{m * m * k / t / 1e6:.0f}", "(reported)"),
+        (f"hopper_fast torch-ops chains / torch.matmul fp32, {name} (time)", f"{t / t_mm:.0f}x", "(reported)"),
+        (f"torch-ops chains vs numpy path, {rows_chk} rows: bit-equal", "yes" if same else "NO", "yes"),
+    ]
 
 
 def _compiled_rows(rng: np.random.Generator, quick: bool) -> list[tuple[str, str, str]]:
@@ -104,18 +162,22 @@ def _compiled_rows(rng: np.random.Generator, quick: bool) -> list[tuple[str, str
     rows = []
     one = np.float32(1)
     kw = {"a_format": "e4m3", "b_format": "e4m3", "out_dtype": "float32", "accumulator": "hopper_fast"}
-    m, k = (64, 1024) if quick else (256, 4096)
+    m, k = (64, 1024) if quick else (512, 4096)
     a, b = _codes(rng, (m, k)), _codes(rng, (k, m))
     times = {}
     for flag in ("1", "0"):
         os.environ["FP8SIM_NUMBA"] = flag
         scaled_mm(a[:16], np.ascontiguousarray(b[:, :16]), one, one, **kw)  # compile / warm up
-        times[flag] = best_of(lambda: scaled_mm(a, b, one, one, **kw), 2)
+        times[flag] = best_of(lambda: scaled_mm(a, b, one, one, **kw), 3 if flag == "1" else 1)
     os.environ.pop("FP8SIM_NUMBA")
+    xf, yf = torch.randn(m, k), torch.randn(k, m)
+    t_mm = best_of(lambda: torch.matmul(xf, yf), 3)
     macs = m * m * k
-    rows.append((f"hopper_fast {m}x{m}x{k} compiled: M multiply-adds/s", f"{macs / times['1'] / 1e6:.0f}", ">= 1000"))
-    rows.append((f"hopper_fast {m}x{m}x{k} numpy path: M multiply-adds/s", f"{macs / times['0'] / 1e6:.0f}", "-"))
+    shape = f"{m}x{m}x{k}"
+    rows.append((f"hopper_fast {shape} compiled: M multiply-adds/s", f"{macs / times['1'] / 1e6:.0f}", ">= 1000"))
+    rows.append((f"hopper_fast {shape} numpy path: M multiply-adds/s", f"{macs / times['0'] / 1e6:.0f}", "-"))
     rows.append(("hopper_fast compiled / numpy path (speed)", f"{times['0'] / times['1']:.2f}x", "(reported)"))
+    rows.append((f"hopper_fast compiled / torch.matmul fp32 {shape} (time)", f"{times['1'] / t_mm:.0f}x", "(reported)"))
     try:
         import warnings
 

@@ -78,3 +78,32 @@ def test_compiled_chain_equals_numpy_on_any_finite_codes(a: list, b: list, acc: 
     finally:
         os.environ.pop("FP8SIM_NUMBA", None) if old is None else os.environ.__setitem__("FP8SIM_NUMBA", old)
     assert got.view(np.uint32)[0, 0] == ref.view(np.uint32)[0, 0]
+
+
+@pytest.mark.parametrize("lanes", [True, False])
+@pytest.mark.parametrize("acc", ["hopper_split", "blackwell"])
+def test_compiled_chain_tiles_and_both_kernels(monkeypatch, lanes: bool, acc: str) -> None:  # noqa: ANN001
+    """Ragged 8-row x 64-column tiles (13 x 70), promotion inside K; the SIMD-lane kernel and the
+    per-output kernel (the fallback where float32/int32 would not be exact) both give the numpy bits."""
+    from fp8sim.gemm import _numba
+
+    if not lanes:
+        monkeypatch.setattr(_numba, "_lanes_exact", lambda *a: False)
+    rng = np.random.default_rng(11)
+    a, b = _codes(rng, (13, 300), "e4m3", 40.0), _codes(rng, (300, 70), "e5m2", 0.05)
+    got, ref = _both(monkeypatch, a, b, accumulator=acc, a_format="e4m3", b_format="e5m2")
+    assert np.array_equal(got, ref)
+
+
+def test_lane_kernel_exactness_conditions() -> None:
+    """float32 products and int32 sums are exact for FP8 with 13 or 25 alignment bits, not 35."""
+    from fp8sim.formats import get_format
+    from fp8sim.gemm import _numba
+    from fp8sim.gemm.instructions import _decoded
+
+    t = {f: _decoded(get_format(f)) for f in ("e4m3", "e5m2")}
+    tab = {f: (v[0], v[2]) for f, v in t.items()}
+    assert _numba._lanes_exact(tab["e4m3"], tab["e5m2"], 32, 13)
+    assert _numba._lanes_exact(tab["e5m2"], tab["e5m2"], 32, 25)
+    assert not _numba._lanes_exact(tab["e4m3"], tab["e4m3"], 32, 35)  # 32 terms below 2^36 overflow int32
+    assert _numba._bits(np.array([1.75, 0.5, 3.0])) == 3

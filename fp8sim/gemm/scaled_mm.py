@@ -28,7 +28,7 @@ from .._torch import is_torch_tensor, numpy_view
 from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
 from ..scaling.swizzle import unswizzle_mm_scales
-from . import _numba
+from . import _numba, _torch_chain
 from ._checks import check_arguments, check_bias, check_scale_dtypes, check_torch_rules, layout_error, out_dtype_name
 from ._exact import exact_matmul_f32, round_sum_to_f32, two_sum
 from .accumulators import Accumulator, get_accumulator
@@ -47,7 +47,8 @@ _OUT_FLOATS = ("float32", "bfloat16", "float16")
 _TORCH_NAMES = {"float32": "Float", "bfloat16": "BFloat16", "float16": "Half"}
 
 
-def _operand(x: Any, fmt: str | FloatFormat | None, name: str) -> tuple[np.ndarray, FloatFormat]:
+def _operand(x: Any, fmt: str | FloatFormat | None, name: str, host: bool = True) -> tuple[Any, FloatFormat]:
+    """uint8 codes and format; ``host=False`` keeps a torch FP8 operand's codes on its device."""
     if is_torch_tensor(x):
         dt = str(x.dtype).replace("torch.", "")
         if dt == "float4_e2m1fn_x2":  # two E2M1 codes per byte along K (element 2i in the low nibble)
@@ -58,8 +59,10 @@ def _operand(x: Any, fmt: str | FloatFormat | None, name: str) -> tuple[np.ndarr
             return np.asarray(unpack_fp4(x.detach().cpu().t())).T, get_format("e2m1")
         if dt not in _TORCH_FMT:
             raise ValueError(f"Expected {name} to be Float8 matrix got {dt}")
+        if not host:
+            return x.detach().view(__import__("torch").uint8), get_format(_TORCH_FMT[dt])
         # numpy_view, not .numpy(): that would pin the storage of an FP8 parameter (FSDP2 frees it)
-        return numpy_view(x.contiguous().view(__import__("torch").uint8)), get_format(_TORCH_FMT[dt])
+        return numpy_view(x.detach().contiguous().view(__import__("torch").uint8).cpu()), get_format(_TORCH_FMT[dt])
     if fmt is None:
         raise ValueError(f"{name} is a code array: pass {'a' if name == 'mat1' else 'b'}_format= (e.g. 'e4m3')")
     f = get_format(fmt)
@@ -123,6 +126,7 @@ def scaled_mm(
     epilogue: str = "alpha",
     split_k: tuple[int, str] | None = None,
     profile: Any = None,
+    backend: str | None = None,
 ) -> Any:
     """Emulated ``torch._scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype,
     use_fast_accum)``; scales are dequantization multipliers.
@@ -138,11 +142,19 @@ def scaled_mm(
     ``"serial"``, ``"pairwise"``) for tensorwise and rowwise scales; None (default) is unsplit.
     ``profile``: a :mod:`fp8sim.gemm.profiles` name or record; it supplies the accumulator, the
     epilogue and the split for this shape wherever those arguments are not given.
+
+    ``backend``: where the tensor-core chains run.  ``"numpy"``: numpy (compiled with numba when
+    installed); ``"torch"``: torch ops on the operands' device (:mod:`fp8sim.gemm._torch_chain`, the
+    same bits; truncating models with tensorwise/rowwise scales); None (default): ``"torch"`` for
+    torch operands on a CUDA (or other non-CPU, non-MPS) device where it applies, else ``"numpy"``.
     """
     check_arguments(a, b, scale_a, scale_b)
+    if backend not in (None, "numpy", "torch"):
+        raise ValueError(f"backend must be None, 'numpy' or 'torch'; got {backend!r}")
     torch_in = is_torch_tensor(a)
-    ac, fa = _operand(a, a_format, "mat1")
-    bc, fb = _operand(b, b_format, "mat2")
+    host = not _keep_on_device(a, b, backend)
+    ac, fa = _operand(a, a_format, "mat1", host)
+    bc, fb = _operand(b, b_format, "mat2", host)
     if ac.ndim != 2 or bc.ndim != 2:
         raise RuntimeError(f"mat1 and mat2 must be matrices, got shapes {ac.shape} and {bc.shape}")
     m, k = ac.shape
@@ -172,10 +184,16 @@ def scaled_mm(
     layout = _layout(sa, sb, m, k, n, fa)
     if split is not None and layout not in ("tensorwise", "rowwise"):
         raise ValueError(f"split_k applies to tensorwise and rowwise scales; these scales are {layout}")
+    on_torch = _torch_backend(backend, acc, layout, host)
+    if not (host or on_torch):  # the numpy path after all: codes to the host
+        ac, bc = (x.cpu().numpy() if is_torch_tensor(x) else x for x in (ac, bc))
     if m == 0 or n == 0 or k == 0:
         d = np.zeros((m, n), np.float32)
     elif acc.kind == "dequantized_fp32":
         d = _dequantized(ac, bc, fa, fb, sa, sb, layout, split)
+    elif on_torch:
+        raw = _torch_gemm(ac, bc, fa, fb, acc, split)
+        d = _alpha(raw, sa.reshape(-1, 1) if layout == "rowwise" else sa.reshape(1, 1), sb.reshape(1, -1), epilogue)
     elif layout in ("tensorwise", "rowwise"):
         if split is None:
             raw = _accumulate(ac, bc, fa, fb, acc)
@@ -193,6 +211,38 @@ def scaled_mm(
     if cpu and out_dtype is None:
         scale_result = None  # torch's CPU kernel ignores scale_result unless out_dtype is given (torch 2.13)
     return _finish(d, out, scale_result, torch_in, a, divide_scale_result=cpu)
+
+
+def _keep_on_device(a: Any, b: Any, backend: str | None) -> bool:
+    """Torch operands on a non-CPU device (MPS lacks float64) keep their codes there unless
+    ``backend="numpy"``: the torch-ops chains may then run on them."""
+    if backend == "numpy" or not (is_torch_tensor(a) and is_torch_tensor(b)):
+        return False
+    return a.device.type not in ("cpu", "mps")
+
+
+def _torch_backend(backend: str | None, acc: Accumulator, layout: str, host: bool) -> bool:
+    """Whether the torch-ops chains run this GEMM; ``backend="torch"`` where they cannot raises."""
+    ok = (
+        acc.kind == "tensor_core"
+        and _torch_chain.supports(INSTRUCTION_MODELS[acc.instruction])
+        and layout in ("tensorwise", "rowwise")
+    )
+    if backend == "torch" and not ok:
+        raise ValueError(
+            "backend='torch' runs the truncating tensor-core accumulators (hopper_*, ada_*, blackwell, "
+            f"blackwell_split) with tensorwise or rowwise scales; got accumulator {acc.name!r}, {layout} scales"
+        )
+    return ok and (backend == "torch" or not host)
+
+
+def _torch_gemm(ac: Any, bc: Any, fa: FloatFormat, fb: FloatFormat, acc: Accumulator, split: Any) -> np.ndarray:
+    import torch
+
+    if not is_torch_tensor(ac):
+        ac, bc = torch.from_numpy(np.ascontiguousarray(ac)), torch.from_numpy(np.ascontiguousarray(bc))
+    im = INSTRUCTION_MODELS[acc.instruction]
+    return _torch_chain.chain_gemm(ac, bc, fa, fb, im, acc.promote_every, split)
 
 
 def _pick_accumulator(acc: Any, fast: bool, device: str) -> Accumulator:
@@ -299,6 +349,13 @@ def _tensor_core(
         sb = np.pad(sb, ((0, extra), (0, 0)), constant_values=one)
     bt = np.ascontiguousarray(bc.T)
     specials = bool(_has_specials(ac, fa) or _has_specials(bc, fb))
+    block = im.k // im.halves
+    if not specials and sa is None and im.rounding == "truncate" and _numba.available():
+        ta, tb = _decoded(fa), _decoded(fb)
+        return _numba.chain_gemm(
+            ac, bt, (ta[0], ta[2]), (tb[0], tb[2]), block, im.frac_bits, im.out_mbits,
+            acc.promote_every,
+        )  # fmt: skip
     fast = not specials and im.scale_format != "ue4m3" and im.halves == 1
     if fast:  # decode once; each step is then products + exponents + align_sum (same arithmetic)
         va, _, ea = (t[ac] for t in _decoded(fa))
@@ -310,13 +367,6 @@ def _tensor_core(
             va, vb = va * np.ldexp(1.0, xa), vb * np.ldexp(1.0, xb)
             ea, eb = ea + xa, eb + xb
     every = acc.promote_every or kk
-    block = im.k // im.halves
-    if not specials and sa is None and im.rounding == "truncate" and _numba.available():
-        ta, tb = _decoded(fa), _decoded(fb)
-        return _numba.chain_gemm(
-            ac, bt, (ta[0], ta[2]), (tb[0], tb[2]), block, im.frac_bits, im.out_mbits,
-            acc.promote_every,
-        )  # fmt: skip
     out = np.zeros((m, n), np.float32)
     rows = max(1, (1 << 16) // max(n * im.k, 1))
     with np.errstate(invalid="ignore", over="ignore"):

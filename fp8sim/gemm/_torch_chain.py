@@ -1,0 +1,176 @@
+"""Tensor-core chains in torch ops (``scaled_mm(backend="torch")``; the default for torch operands on
+a non-CPU device): the arithmetic of :func:`fp8sim.gemm.instructions.run_instruction` for the
+truncating models without block scales (``hopper_*``, ``ada_*``, ``blackwell``, ``blackwell_split``).
+
+Every step uses only ops whose results are exact and so identical on every device: float64
+products of FP8 values (exact), integer exponents, powers of two built from their bits (no
+``pow``/``ldexp``, whose device implementations may differ), ``trunc``, sums of integers below 2^53
+(exact in any order), comparisons and ``where``.  Operands stay on their device; the float32
+accumulator result is the only thing copied back.  Throughput on CUDA is not measured yet (no GPU
+in this session): ``scripts/gpu_session.sh`` measures it on the next GPU run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..formats import FloatFormat
+from .instructions import InstructionModel, _decoded
+from .splitk import split_indices
+
+__all__ = ["supports", "chain_dots", "chain_gemm"]
+
+_F32_NAN_BITS = 0x7FFFFFFF
+
+
+def supports(m: InstructionModel) -> bool:
+    """Models this backend runs: truncating alignment, no block scales."""
+    return m.rounding == "truncate" and m.scale_format is None
+
+
+def _tables(f: FloatFormat, device: Any) -> tuple[Any, Any]:
+    """Per code: value (float64, NaN/Inf included) and nominal exponent (int64), on ``device``."""
+    import torch
+
+    vals, _, e = _decoded(f)
+    return torch.tensor(vals, device=device), torch.tensor(e, device=device)
+
+
+def _pow2(x: Any) -> Any:
+    """2.0**x in float64 for integer tensors with -1022 <= x <= 1023, from the exponent bits (exact)."""
+    import torch
+
+    return ((x.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
+def _exponent(x: Any) -> Any:
+    """floor(log2 x) of non-negative normal float64 values (-1023 for zero), from the bits."""
+    import torch
+
+    return ((x.view(torch.int64) >> 52) & 0x7FF) - 1023
+
+
+def _step(p: Any, e: Any, c: Any, m: InstructionModel) -> Any:
+    """One (sub-)instruction: terms ``p`` (float64 [..., s], NaN/Inf where inputs are special) with
+    exponents ``e``, accumulator ``c`` (float64 holding a float32 value); float64 result."""
+    import torch
+
+    fin = torch.isfinite(p)
+    pf = torch.where(fin, p, 0.0)
+    c_ok = torch.isfinite(c)
+    c0 = torch.where(c_ok, c, 0.0)
+    e_c = torch.clamp(_exponent(c0.abs()), min=-126)
+    big = torch.maximum(e.amax(-1), e_c)
+    n = m.frac_bits
+    unit = _pow2(n - big)
+    total = torch.trunc(pf * unit[..., None]).sum(-1) + torch.trunc(c0 * unit)
+    value = total * _pow2(big - n)  # exact: an integer times a power of two
+    mag = value.abs()
+    ex = _exponent(mag)
+    qe = torch.clamp(ex - m.out_mbits, min=-126 - m.out_mbits)
+    r = torch.trunc(mag * _pow2(-qe)) * _pow2(qe)
+    r = torch.where(ex > 127, torch.inf, r)
+    out = torch.copysign(r, value)
+    special = p.sum(-1) + c  # NaN/Inf as IEEE says (finite parts cannot overflow float64)
+    out = torch.where(torch.isinf(special), special, out)
+    return torch.where(torch.isnan(special), torch.nan, out)
+
+
+def chain_dots(
+    ac: Any, bc: Any, c: Any, fa: FloatFormat, fb: FloatFormat, m: InstructionModel, every: int | None = None
+) -> Any:
+    """float32 results of instruction chains along the last axis: ``ac``, ``bc`` integer code tensors
+    broadcasting to ``[..., K]`` (K a multiple of ``m.k``), ``c`` the float32 start value ``[...]``
+    (None: 0); ``every``: promotion interval (None: one chain over all K).  NaN is 0x7FFFFFFF."""
+    import torch
+
+    dev = ac.device
+    (va_t, ea_t), (vb_t, eb_t) = _tables(fa, dev), _tables(fb, dev)
+    ai, bi = ac.long(), bc.long()
+    k = torch.broadcast_shapes(ai.shape, bi.shape)[-1]
+    lead = torch.broadcast_shapes(ai.shape[:-1], bi.shape[:-1])
+    chain = torch.zeros(lead, dtype=torch.float64, device=dev) if c is None else c.to(dev, torch.float64)
+    chain = chain.expand(lead).clone()
+    reg = torch.zeros(lead, dtype=torch.float32, device=dev)
+    step = m.k // m.halves
+    every = every or k
+    for g0 in range(0, k, every):
+        if g0:
+            chain = torch.zeros_like(chain)
+        for j in range(g0, min(g0 + every, k), step):
+            sa, sb = ai[..., j : j + step], bi[..., j : j + step]
+            p = va_t[sa] * vb_t[sb]
+            e = ea_t[sa] + eb_t[sb]
+            chain = _step(p, e, chain, m)
+        reg = (reg + chain.to(torch.float32)) if every != k else chain.to(torch.float32)
+    bits = reg.view(torch.int32)
+    return torch.where(torch.isnan(reg), torch.full_like(bits, _F32_NAN_BITS), bits).view(torch.float32)
+
+
+def chain_gemm(
+    ac: Any,
+    bc: Any,
+    fa: FloatFormat,
+    fb: FloatFormat,
+    m: InstructionModel,
+    every: int | None,
+    split: tuple[int, str] | None = None,
+    tile_elements: int | None = None,
+) -> np.ndarray:
+    """float32 (M, N) numpy: ``a @ b`` as the chains compute it, on ``ac``'s device.  ``ac``: (M, K)
+    and ``bc``: (K, N) integer code tensors; ``split``: cuBLAS split-K (:mod:`fp8sim.gemm.splitk`),
+    partials combined on the device in the scheme's float32 order."""
+    import torch
+
+    mm, k = ac.shape
+    n = bc.shape[1]
+    dev = ac.device
+    if tile_elements is None:
+        tile_elements = 1 << (22 if dev.type != "cpu" else 16)
+    bt = bc.t().contiguous()
+
+    def unsplit(a2: Any, b2t: Any) -> Any:  # (M, k2) and (N, k2) codes, k2 a multiple of the model's k
+        out = torch.empty((mm, n), dtype=torch.float32, device=dev)
+        rows = max(1, tile_elements // max(n * m.k, 1))
+        for r0 in range(0, mm, rows):
+            out[r0 : r0 + rows] = chain_dots(a2[r0 : r0 + rows, None, :], b2t[None, :, :], None, fa, fb, m, every)
+        return out
+
+    def padded(idx: Any) -> tuple[Any, Any]:  # gather K (-1: code 0, +0) and pad to whole instructions
+        kk = -(-idx.numel() // m.k) * m.k
+        full = torch.full((kk,), -1, dtype=torch.int64, device=dev)
+        full[: idx.numel()] = idx
+        keep = (full >= 0)[None, :]
+        g = full.clamp(min=0)
+        zero = torch.zeros((), dtype=ac.dtype, device=dev)
+        return torch.where(keep, ac[:, g], zero), torch.where(keep, bt[:, g], zero)
+
+    if split is None:
+        res = unsplit(*padded(torch.arange(k, device=dev)))
+    else:
+        s, scheme = split
+        parts = []
+        for idx in split_indices(k, s, scheme):
+            if idx.size == 0:
+                parts.append(torch.zeros((mm, n), dtype=torch.float32, device=dev))
+            else:
+                parts.append(unsplit(*padded(torch.from_numpy(idx).to(dev))))
+        res = _combine(parts, scheme)
+    return res.cpu().numpy()
+
+
+def _combine(parts: list, scheme: str) -> Any:
+    """:func:`fp8sim.gemm.splitk.combine_partials` on device tensors (float32 adds, same order)."""
+    s = len(parts)
+    if scheme in ("serial", "contiguous") or s == 1:
+        acc = parts[0]
+        for p in parts[1:]:
+            acc = acc + p
+        return acc
+    h = -(-s // 2)
+    acc = parts[s - 1]
+    for i in range(h):
+        acc = acc + ((parts[i] + parts[i + h]) if i + h < s - 1 else parts[i])
+    return acc
