@@ -1,6 +1,6 @@
 """MX block scaling (OCP MX v1.0): E8M0 scale rules, and torchao / TE MXFP8 quantization.
 
-Semantics: ``shared/spec/semantics.md`` sections 3 (scale rules), 5.2 (TE MXFP8) and 6.3 (torchao
+Semantics: ``docs/semantics.md`` sections 3 (scale rules), 5.2 (TE MXFP8) and 6.3 (torchao
 ``to_mx``).  A block is ``block_size`` consecutive elements along one axis; it gets one E8M0 code
 ``e`` (scale ``X = 2^(e-127)``, a *dequantization* scale) from its ``amax = max|x|``, and each
 element becomes ``cast(x * r)`` with ``r = 2^(127-e)`` formed exactly.  Element casts are

@@ -1,6 +1,6 @@
 """NVFP4: E2M1 elements in 16-element blocks with E4M3 block scales and a float32 global scale.
 
-Two flavours (spec ``shared/spec/semantics.md`` 5.4 and 6.3):
+Two flavours (``docs/semantics.md`` 5.4 and 6.3):
 
 - ``"te"``: TransformerEngine's ``NVFP4BlockScaling`` (kernel ``common/cast/nvfp4/core_nvfp4.cuh``
   and ``pytorch/custom_recipes/reference_nvfp4.py``).  Every intermediate is one float32 rounding::
