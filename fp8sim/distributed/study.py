@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from .._atomic import atomic_file
+
 __all__ = ["DistributedStudy", "run_distributed_study", "write_distributed_study"]
 
 FORMAT_VERSION = 1
@@ -231,8 +233,6 @@ def write_distributed_study(study: DistributedStudy, out_dir: str, force: bool =
     payload = {"format_version": FORMAT_VERSION, **study.__dict__}
     texts = {"md": study.table() + "\n", "json": json.dumps(payload, indent=1) + "\n"}
     for ext, path in paths.items():
-        tmp = path + ".part"
-        with open(tmp, "w") as f:
-            f.write(texts[ext])
-        os.replace(tmp, path)
+        with atomic_file(path, force=force) as f:
+            f.write(texts[ext].encode())
     return out_dir

@@ -29,22 +29,23 @@ from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
 from ..scaling.swizzle import unswizzle_mm_scales
 from . import _numba, _torch_chain
-from ._checks import check_arguments, check_bias, check_scale_dtypes, check_torch_rules, layout_error, out_dtype_name
+from ._checks import (
+    _OUT_FLOATS,
+    _SCALE_CODE_DTYPES,
+    _TORCH_FMT,
+    check_arguments,
+    check_bias,
+    check_scale_dtypes,
+    check_torch_rules,
+    layout_error,
+    out_dtype_name,
+)
 from ._exact import exact_matmul_f32, round_sum_to_f32, two_sum
 from .accumulators import Accumulator, get_accumulator
 from .instructions import INSTRUCTION_MODELS, _decoded, align_sum, get_instruction_model, run_instruction
 from .splitk import check_split_k, split_accumulate
 
 __all__ = ["scaled_mm"]
-
-_TORCH_FMT = {
-    "float8_e4m3fn": "e4m3",
-    "float8_e5m2": "e5m2",
-    "float8_e4m3fnuz": "e4m3fnuz",
-    "float8_e5m2fnuz": "e5m2fnuz",
-}
-_OUT_FLOATS = ("float32", "bfloat16", "float16")
-_TORCH_NAMES = {"float32": "Float", "bfloat16": "BFloat16", "float16": "Half"}
 
 
 def _operand(x: Any, fmt: str | FloatFormat | None, name: str, host: bool = True) -> tuple[Any, FloatFormat]:
@@ -79,7 +80,7 @@ def _scale(x: Any) -> np.ndarray:
         return None
     if is_torch_tensor(x):
         t = x.detach().cpu()
-        if str(t.dtype) in ("torch.float8_e8m0fnu", "torch.float8_e4m3fn"):
+        if str(t.dtype) in _SCALE_CODE_DTYPES:
             return numpy_view(t.view(__import__("torch").uint8))
         if str(t.dtype) in ("torch.bfloat16", "torch.float16"):
             return numpy_view(t.float())  # exact
