@@ -27,6 +27,7 @@ import numpy as np
 from .._torch import is_torch_tensor, numpy_view
 from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
+from ..scaling.amax import dtype_name
 from ..scaling.swizzle import unswizzle_mm_scales
 from . import _numba, _torch_chain
 from ._checks import (
@@ -51,7 +52,7 @@ __all__ = ["scaled_mm"]
 def _operand(x: Any, fmt: str | FloatFormat | None, name: str, host: bool = True) -> tuple[Any, FloatFormat]:
     """uint8 codes and format; ``host=False`` keeps a torch FP8 operand's codes on its device."""
     if is_torch_tensor(x):
-        dt = str(x.dtype).replace("torch.", "")
+        dt = dtype_name(x)
         if dt == "float4_e2m1fn_x2":  # two E2M1 codes per byte along K (element 2i in the low nibble)
             from ..scaling.packing import unpack_fp4
 

@@ -31,6 +31,7 @@ import numpy as np
 from .._torch import is_torch_tensor, numpy_view
 from ..cast._tables import f32_code_table
 from ..formats import E2M1, E2M3, E3M2, E4M3, E5M2, E8M0, FloatFormat, get_format
+from .amax import dtype_name
 from .quantized import QuantizedTensor
 
 __all__ = [
@@ -96,7 +97,7 @@ def _as_float32(x: Any, arg: str) -> tuple[np.ndarray, str]:
 
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{arg} must be an array or tensor, got {type(x).__name__}")
-        name = str(x.dtype).replace("torch.", "")
+        name = dtype_name(x)
         if name not in ("float32", "bfloat16", "float16", "float64"):
             raise TypeError(f"{arg} must have dtype float32, bfloat16 or float16; got {x.dtype}")
         t = x.detach().cpu()

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..cast import decode, encode
 from ..formats import E2M1, E4M3
+from .amax import dtype_name
 from .quantized import QuantizedTensor
 
 __all__ = ["ERR_MODES", "quantize_nvfp4_4over6"]
@@ -36,7 +37,7 @@ _FLT_MAX = _F32(np.finfo(np.float32).max)
 
 def _as_f32(x: Any) -> tuple[np.ndarray, str]:
     if hasattr(x, "detach"):
-        name = str(x.dtype).replace("torch.", "")
+        name = dtype_name(x)
         return x.detach().cpu().float().numpy(), name
     arr = np.asarray(x)
     return arr.astype(np.float32), arr.dtype.name
