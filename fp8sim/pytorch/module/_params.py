@@ -31,6 +31,11 @@ def split_names(parameters_split: Any, out_features: int) -> tuple[list[str], li
     return [f"{n.rstrip('_')}_weight" for n in names], [f"{n.rstrip('_')}_bias" for n in names], sizes
 
 
+def resolve_params_dtype(params_dtype: torch.dtype | None) -> torch.dtype:
+    """TE's ``params_dtype`` default: ``torch.get_default_dtype()`` when None."""
+    return params_dtype if params_dtype is not None else torch.get_default_dtype()
+
+
 def make_linear_params(
     module: TransformerEngineBaseModule,
     out_features: int,

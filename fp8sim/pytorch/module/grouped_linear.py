@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ._gemm_state import _GemmState
+from ._params import resolve_params_dtype
 from .base import TransformerEngineBaseModule, get_default_init_method, init_method_constant, no_torch_dynamo
 
 __all__ = ["GroupedLinear"]
@@ -76,7 +77,7 @@ class GroupedLinear(TransformerEngineBaseModule):
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self._gemm_names = tuple(f"gemm{i}" for i in range(num_gemms))
         self.fp8_gemms = {n: _GemmState() for n in self._gemm_names}
-        dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
+        dtype = resolve_params_dtype(params_dtype)
         init = init_method if init_method is not None else get_default_init_method()
         self.weight_names = [f"weight{i}" for i in range(num_gemms)]
         self.bias_names = [f"bias{i}" for i in range(num_gemms)] if bias else []

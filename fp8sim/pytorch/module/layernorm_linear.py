@@ -10,7 +10,7 @@ import torch
 from ._fp8_handoff import attach_output, fp8_boundaries
 from ._norm_gemm import norm_for_gemm
 from ._normalization import check_normalization
-from ._params import cat_params, make_linear_params, make_norm_params
+from ._params import cat_params, make_linear_params, make_norm_params, resolve_params_dtype
 from .base import TransformerEngineBaseModule, no_torch_dynamo
 
 __all__ = ["LayerNormLinear"]
@@ -76,7 +76,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
             return_bias=return_bias,
             delay_wgrad_compute=delay_wgrad_compute,
         )
-        dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
+        dtype = resolve_params_dtype(params_dtype)
         self.in_features, self.out_features, self.eps = in_features, out_features, eps
         self.normalization, self.zero_centered_gamma = normalization, zero_centered_gamma
         self.return_layernorm_output = return_layernorm_output

@@ -10,7 +10,7 @@ import torch
 from ._activations import GATED, activation_fn
 from ._norm_gemm import fused_producer, norm_for_gemm
 from ._normalization import check_normalization
-from ._params import make_linear_params, make_norm_params
+from ._params import make_linear_params, make_norm_params, resolve_params_dtype
 from .base import TransformerEngineBaseModule, no_torch_dynamo
 
 __all__ = ["LayerNormMLP"]
@@ -83,7 +83,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
             return_bias=return_bias,
             delay_wgrad_compute=delay_wgrad_compute,
         )
-        dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
+        dtype = resolve_params_dtype(params_dtype)
         self.hidden_size, self.ffn_hidden_size, self.eps = hidden_size, ffn_hidden_size, eps
         self.normalization, self.activation, self.activation_params = normalization, activation, activation_params
         self.return_layernorm_output, self.zero_centered_gamma = return_layernorm_output, zero_centered_gamma

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ._fp8_handoff import attach_output, fp8_boundaries
-from ._params import cat_params, make_linear_params
+from ._params import cat_params, make_linear_params, resolve_params_dtype
 from .base import TransformerEngineBaseModule, no_torch_dynamo
 
 __all__ = ["Linear"]
@@ -70,7 +70,7 @@ class Linear(TransformerEngineBaseModule):
             delay_wgrad_compute=delay_wgrad_compute,
             save_original_input=save_original_input,
         )
-        dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
+        dtype = resolve_params_dtype(params_dtype)
         self.in_features, self.out_features = in_features, out_features
         self.weight_names, self.bias_names = make_linear_params(
             self,

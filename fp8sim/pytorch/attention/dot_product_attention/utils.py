@@ -11,6 +11,8 @@ import warnings
 
 import torch
 
+from ...constants import AttnMaskTypes
+
 __all__ = [
     "AttnMaskTypes",
     "QKVFormats",
@@ -23,15 +25,6 @@ __all__ = [
     "from_bhsd",
 ]
 
-AttnMaskTypes = (
-    "no_mask",
-    "padding",
-    "causal",
-    "padding_causal",
-    "causal_bottom_right",
-    "padding_causal_bottom_right",
-    "arbitrary",
-)
 QKVFormats = ("sbhd", "bshd", "thd")
 AttnBiasTypes = ("no_bias", "pre_scale_bias", "post_scale_bias", "alibi")
 
