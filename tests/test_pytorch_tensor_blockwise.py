@@ -1,5 +1,5 @@
-"""TE's MXFP8, FP8 block-scaling and NVFP4 quantizer/tensor classes: TE's layouts and TE's
-dequantization formulas, written here from NVIDIA/TransformerEngine at d0067d0:
+"""TE's MXFP8, FP8 block-scaling and NVFP4 quantizer/tensor classes: TE's layouts (and, for MXFP8 and
+FP8 block scaling, TE's dequantization formulas), written here from NVIDIA/TransformerEngine at d0067d0:
 
 - MXFP8: ``pytorch/tensor/mxfp8_tensor.py`` ``get_scale_shape`` (lines 164-176), data in the logical
   shape for both copies (``get_columnwise_shape``, line 178); dequantize ``fp8 * 2^(e - 127)``;
@@ -9,7 +9,9 @@ dequantization formulas, written here from NVIDIA/TransformerEngine at d0067d0:
   2i in the low nibble), ``_amax_rowwise`` / ``_amax_columnwise``.
 
 The codes and scales themselves are fp8sim.scaling's (tested bit-exact against TE's references in
-tests/test_scaling_*.py); here they are read back through TE's layouts.
+tests/test_scaling_*.py); here they are read back through TE's layouts.  NVFP4 ``dequantize()`` is
+compared with fp8sim's own ``dequantize_nvfp4`` (a consistency check of the class, not an independent
+oracle; the NVFP4 values are checked independently in tests/test_scaling_nvfp4.py).
 """
 
 from __future__ import annotations
