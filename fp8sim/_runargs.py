@@ -85,10 +85,10 @@ def run_command(argv: list[str]) -> int:
             f"fp8sim run: can't open file {os.path.abspath(target)!r}: [Errno 2] No such file or directory\n"
         )
         return 2
-    from ._deps import MissingDependency, require
+    from ._deps import MissingDependency, check
 
     try:
-        require("torch", "fp8sim run")
+        check("torch", "fp8sim run")
     except MissingDependency as exc:
         sys.stderr.write(f"fp8sim run: {exc}\n")
         return 2

@@ -204,6 +204,10 @@ def test_missing_optional_dependency_is_one_line_with_the_pip_command(
     monkeypatch.setitem(sys.modules, "torch", None)
     assert cli.main(["study", "--out", str(tmp_path / "s"), "--no-progress"]) == 2
     assert capsys.readouterr().err == "fp8sim study: fp8sim study needs torch: pip install 'fp8sim[torch]'\n"
+    script = tmp_path / "x.py"
+    script.write_text("pass\n")
+    assert cli.main(["run", str(script)]) == 2  # checked without importing torch: the child imports it
+    assert capsys.readouterr().err == "fp8sim run: fp8sim run needs torch: pip install 'fp8sim[torch]'\n"
 
 
 def test_progress_bar_draws_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -143,8 +143,11 @@ def test_device_map_runs_a_cuda_script_on_the_cpu_and_the_banner_is_printed_once
     assert lines["DEVICE"] == "cpu torch.bfloat16 (9, 0)"
     assert lines["CHILD_STDERR"] == "''"  # child interpreters stay silent (accelerate reads their stderr)
     assert proc.stderr.count("transformer_engine is emulated by fp8sim") == 1
-    quiet = subprocess.run([*cmd[:4], "--quiet", *cmd[4:]], capture_output=True, text=True, timeout=300)
+    # the banner comes from the parent before the child starts, so a trivial child shows --quiet's effect
+    quiet = subprocess.run([*cmd[:4], "--quiet", "-c", "pass"], capture_output=True, text=True, timeout=300)
     assert quiet.returncode == 0 and "emulated by fp8sim" not in quiet.stderr
+    loud = subprocess.run([*cmd[:4], "-c", "pass"], capture_output=True, text=True, timeout=300)
+    assert loud.returncode == 0 and loud.stderr.count("emulated by fp8sim") == 1
     bad = subprocess.run([*cmd[:5], "cuda=xpu", cmd[-1]], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "expected 'cuda=cpu'" in bad.stderr
 
