@@ -179,6 +179,49 @@ def test_transformer_layer_residual_structure_matches_te():
         torch.testing.assert_close(layer(x), ref, rtol=0, atol=0)
 
 
+def _tanh_gelu(x: torch.Tensor) -> torch.Tensor:
+    """TE's "gelu" (common/util/math.h: 0.5 x (1 + tanh(0.79788456 x (1 + 0.044715 x^2)))), written out."""
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x)))
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("post", [False, True])
+def test_transformer_layer_equals_a_reference_written_from_its_parameters(post, fuse):
+    """The whole encoder layer from its parameters alone (TE transformer.py forward, pre-LN default and
+    ``apply_residual_connection_post_layernorm``): LN -> QKV -> causal SDPA -> proj -> + residual ->
+    LN -> fc1 -> tanh-GELU -> fc2 -> + residual.  QKV rows are interleaved per head only with
+    ``fuse_qkv_params=True`` (multi_head_attention.py:317-318 turns ``qkv_weight_interleaved`` off
+    otherwise).  Independent of the submodules' forward code; float64 parameters, TE's norms in
+    float32 (hence the tolerance)."""
+    torch.manual_seed(5)
+    hidden, ffn, heads, s, b = 32, 64, 4, 6, 2
+    hn = hidden // heads
+    layer = te.TransformerLayer(
+        hidden, ffn, heads, hidden_dropout=0.0, attention_dropout=0.0, params_dtype=torch.float64,
+        apply_residual_connection_post_layernorm=post, fuse_qkv_params=fuse,
+    )  # fmt: skip
+    with torch.no_grad():
+        for p in layer.parameters():  # non-trivial norms and biases, so a dropped term shows
+            p.add_(0.1 * torch.randn_like(p))
+    x = torch.randn(s, b, hidden, dtype=torch.float64)
+    qkv, mlp = layer.self_attention.layernorm_qkv, layer.layernorm_mlp
+    ln1 = torch.nn.functional.layer_norm(x, (hidden,), qkv.layer_norm_weight, qkv.layer_norm_bias, 1e-5)
+    if fuse:
+        grp = (ln1 @ qkv.weight.t() + qkv.bias).view(s, b, heads, 3, hn)  # per head: its q, k, v rows
+        q, k, v = grp[:, :, :, 0], grp[:, :, :, 1], grp[:, :, :, 2]
+    else:
+        lin = torch.nn.functional.linear
+        q, k, v = (lin(ln1, getattr(qkv, f"{n}_weight"), getattr(qkv, f"{n}_bias")) for n in ("query", "key", "value"))
+        q, k, v = (t.view(s, b, heads, hn) for t in (q, k, v))
+    proj = layer.self_attention.proj
+    attn = _sdpa(q, k, v, causal=True) @ proj.weight.t() + proj.bias
+    h1 = (ln1 if post else x) + attn
+    ln2 = torch.nn.functional.layer_norm(h1, (hidden,), mlp.layer_norm_weight, mlp.layer_norm_bias, 1e-5)
+    out = _tanh_gelu(ln2 @ mlp.fc1_weight.t() + mlp.fc1_bias) @ mlp.fc2_weight.t() + mlp.fc2_bias
+    ref = (ln2 if post else h1) + out
+    torch.testing.assert_close(layer(x), ref, rtol=1e-5, atol=1e-6)
+
+
 def test_decoder_and_output_layernorm():
     torch.manual_seed(3)
     layer = te.TransformerLayer(
