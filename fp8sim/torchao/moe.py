@@ -7,7 +7,10 @@ grouped GEMMs ``torch._grouped_mm(x, w_t, offs=offs)`` in MXFP8 or FP8 rowwise, 
   scale.to(bf16)``) and multiplied by ``torch._grouped_mm``; dgrad casts ``grad`` along N and ``w_t`` along
   N; wgrad casts ``grad.t()`` and ``x.t()`` along the tokens (blocks may straddle groups, as torchao's) and
   runs the 2d x 2d grouped mm (``wgrad_with_hp``: unquantized).  ``AUTO`` (SM100 kernels) is emulated as
-  the same casts through :func:`fp8sim.gemm.scaled_grouped_mm` with bf16 output (re-derived, not measured).
+  the same casts through :func:`fp8sim.gemm.scaled_grouped_mm` (block-scaled GEMMs, ``out_dtype``), forward
+  and backward: dgrad ``grad`` 1x32 along N times the experts 32x1 along N; wgrad ``grad.t()`` and ``x.t()``
+  along the tokens, a 2d x 2d grouped mm whose token groups must be multiples of 32 (torchao's
+  ``offs // 32`` scale rearrangement); re-derived from ``_compute_*_sm100``, not measured.
 - FP8 rowwise (``fp8_grouped_mm.py`` ``_Float8GroupedMM``, Triton/CUDA only in torchao, so re-derived from
   its source): power-of-2 torchao scales ``max / max(amax, 1e-12)`` per token row (over K) and per expert
   column (over K); ``torch._scaled_grouped_mm(..., 1/scales, out_dtype=bf16, use_fast_accum=True)``;
@@ -112,7 +115,7 @@ class _MXFP8GroupedMM(torch.autograd.Function):
         mode, out_dtype = cfg.scale_calculation_mode, cfg.out_dtype or torch.bfloat16
         grad = grad.contiguous()
         if cfg.kernel_preference is not KernelPreference.EMULATED:
-            raise NotImplementedError("the backward of KernelPreference.AUTO MXFP8 grouped GEMMs is not emulated")
+            return (*_mxfp8_auto_backward(grad, x, w_t, offs, cfg, ctx.acc), None, None, None)
         go = _mx_bf16(grad, mode)  # along N
         w = _mx_bf16(w_t, mode)  # (E, K, N) along N
         w = w.transpose(-2, -1).contiguous()  # (E, N, K), torchao's reshape copy
@@ -124,6 +127,32 @@ class _MXFP8GroupedMM(torch.autograd.Function):
             x_t = _mx_bf16(x.t(), mode)  # (K, M)
             grad_w = grouped_mm(go_t, x_t.t(), offs=offs, out_dtype=out_dtype)
         return grad_x, grad_w.transpose(-2, -1), None, None, None
+
+
+def _mxfp8_auto_backward(
+    grad: torch.Tensor, x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, cfg: MXFP8TrainingOpConfig, acc: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchao's ``_compute_dgrad_sm100`` / ``_compute_wgrad_sm100``: the same ``to_mx`` casts as EMULATED
+    (torchao's CUDA/CuTe/Triton cast kernels are tested against ``to_mx``), the GEMMs block-scaled."""
+    mode, out_dtype = cfg.scale_calculation_mode, cfg.out_dtype or torch.bfloat16
+    # dgrad: grad (M, N) 1x32 along N; experts (E, N, K) 32x1 along N (to_mx of w_t (E, K, N) along N)
+    g, sg = _mx_codes(grad, mode)
+    w, sw = _mx_codes(w_t, mode)  # (E, K, N), (E, K, N/32)
+    grad_x = scaled_grouped_mm(
+        g, w.transpose(-2, -1), sg, sw.transpose(-2, -1), offs, out_dtype=out_dtype, accumulator=acc,
+        device="blackwell",
+    )  # fmt: skip
+    if cfg.wgrad_with_hp:
+        grad_w = grouped_mm(grad.t(), x, offs=offs, out_dtype=out_dtype)
+        return grad_x, grad_w.transpose(-2, -1)
+    # wgrad: grad.t() (N, M) and x.t() (K, M) cast along the tokens (torchao's dim1 cast), then a 2d x 2d
+    # block-scaled grouped mm over the token groups (offs // 32 picks each group's scale blocks)
+    gt, sgt = _mx_codes(grad.t(), mode)  # (N, M), (N, M/32)
+    xt, sxt = _mx_codes(x.t(), mode)  # (K, M), (K, M/32)
+    grad_w = scaled_grouped_mm(
+        gt, xt.t(), sgt, sxt.t(), offs, out_dtype=out_dtype, accumulator=acc, device="blackwell"
+    )  # (E, N, K)
+    return grad_x, grad_w.transpose(-2, -1)
 
 
 def mxfp8_grouped_mm(
