@@ -55,6 +55,7 @@ class KernelPreference(str, Enum):
     TORCH = "torch"
     MSLK = "mslk"
     EMULATED = "emulated"
+    TRITON = "triton"  # torchao's NVFP4 training kernels
 
 
 class ScaleCalculationMode(Enum):
