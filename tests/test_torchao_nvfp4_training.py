@@ -16,6 +16,8 @@ import inspect
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 ao_train = pytest.importorskip("torchao.prototype.moe_training.nvfp4_training.nvfp4_training")
@@ -63,6 +65,14 @@ def test_philox4x64_matches_random123_known_answers(ctr, key, want):
     assert _py_philox4x64(ctr, key) == want
     got = philox4x64(np.array([ctr], dtype=np.uint64), key)[0]
     assert tuple(int(v) for v in got) == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, M64), min_size=6, max_size=6))
+def test_philox4x64_vectorized_equals_random123_rounds(words):
+    ctr, key = tuple(words[:4]), tuple(words[4:])
+    got = philox4x64(np.array([ctr, ctr], dtype=np.uint64), key)
+    assert [tuple(int(v) for v in row) for row in got] == [_py_philox4x64(ctr, key)] * 2
 
 
 # -- the reference, from torchao's source -------------------------------------------------------------------
