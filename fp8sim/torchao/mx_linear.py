@@ -49,7 +49,7 @@ _BLOCK = 32
 
 
 class KernelPreference(str, Enum):
-    """torchao ``quantization/quantize_/common/kernel_preference.py`` (the members MX training uses)."""
+    """torchao ``quantization/quantize_/common/kernel_preference.py`` (the members MX and NVFP4 training use)."""
 
     AUTO = "auto"
     TORCH = "torch"

@@ -137,9 +137,11 @@ def _global_scales(amax: np.float32) -> tuple[np.float32, np.float32]:
     return enc, _F32(_F32(1) / enc)
 
 
-def _quantize(x: np.ndarray, amax: np.float32, block: tuple[int, int], words: np.ndarray | None):
-    """float32 ``x`` (R, C) -> E2M1 codes (R, C), UE4M3 scale codes (R, C/16) (one per row and 16 columns;
-    for 16x16 blocks every row of a block repeats it)."""
+def _quantize(
+    x: np.ndarray, amax: np.float32, block: tuple[int, int], words: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """float32 ``x`` (R, C) -> E2M1 codes (R, C), UE4M3 scale codes (R, C/16); ``block`` is (1, 16) or
+    (16, 16) (then every row of a block repeats its scale, as torchao's ``expand_sf``)."""
     br, bc = block
     rows, cols = x.shape
     enc, dec = _global_scales(amax)
@@ -152,9 +154,7 @@ def _quantize(x: np.ndarray, amax: np.float32, block: tuple[int, int], words: np
     v = np.clip((x.reshape(mag.shape) * es).astype(_F32), _F32(-6), _F32(6)).reshape(rows, cols)
     codes = encode(v, E2M1, saturate=True) if words is None else encode_ptx_rs(v, "e2m1", words).reshape(rows, cols)
     s = np.broadcast_to(s_codes, (rows // br, br, cols // bc, 1)).reshape(rows, cols // bc)
-    if bc == 16:
-        return codes, np.ascontiguousarray(s)
-    return codes, np.repeat(s, bc // 16, axis=1)  # pragma: no cover - 16-wide blocks only
+    return codes, np.ascontiguousarray(s)
 
 
 def _bf16_np(t: torch.Tensor) -> np.ndarray:
