@@ -446,3 +446,55 @@ def test_moe_mxfp8_auto_gradients_equal_block_scaled_reference_for_two_steps():
     cfg = fs.MXFP8TrainingOpConfig.from_recipe("mxfp8_rceil")
     ours = convert_to_moe_training(_FixedRoutedExperts(), config=cfg, accumulator="exact")
     _assert_two_steps_equal(ours, _FixedRoutedExperts(_MxAutoReference.apply))
+
+
+UNALIGNED = [20, 64, 64, 101]  # group sizes 20, 44, 0, 37; tokens past 101 belong to no group
+
+
+@pytest.mark.parametrize("wgrad_with_hp", [False, True], ids=["wgrad_mx", "wgrad_hp"])
+def test_mxfp8_padded_token_groups_equal_torchao_emulated(wgrad_with_hp):
+    """``pad_token_groups_for_grouped_mm=True``: torchao pads each group to a multiple of 32
+    (``kernels/mxfp8/quant.py`` ``torch_pad_token_groups``), runs the grouped GEMMs, unpads."""
+    x, w = _inputs(torch.bfloat16, seed=10)
+    x = x[:101]
+    cfg = fs.MXFP8TrainingOpConfig(
+        kernel_preference="emulated", wgrad_with_hp=wgrad_with_hp, pad_token_groups_for_grouped_mm=True
+    )
+
+    def theirs(a, b):
+        return ao_mx_gmm._to_mxfp8_then_scaled_grouped_mm(
+            a, b, _offs(UNALIGNED), kernel_preference=AoKP.EMULATED, wgrad_with_hp=wgrad_with_hp,
+            pad_token_groups_for_grouped_mm=True,
+        )  # fmt: skip
+
+    got = _run(lambda a, b: mxfp8_grouped_mm(a, b, _offs(UNALIGNED), cfg), x, w)
+    want = _run(theirs, x, w)
+    for k in want:
+        assert got[k].shape == want[k].shape, k
+        assert_bit_exact(got[k], want[k])
+
+
+def test_mxfp8_auto_with_padded_groups_equals_torchao_emulated_where_every_sum_is_exact():
+    g = torch.Generator().manual_seed(11)
+    x = torch.randint(-3, 4, (101, 64), generator=g).to(torch.bfloat16)
+    w = torch.randint(-2, 3, (4, 96, 64), generator=g).to(torch.bfloat16)
+    cfg = fs.MXFP8TrainingOpConfig(kernel_preference="auto", pad_token_groups_for_grouped_mm=True)
+
+    def theirs(a, b):
+        return ao_mx_gmm._to_mxfp8_then_scaled_grouped_mm(
+            a, b, _offs(UNALIGNED), kernel_preference=AoKP.EMULATED, pad_token_groups_for_grouped_mm=True
+        )
+
+    got = _run(lambda a, b: mxfp8_grouped_mm(a, b, _offs(UNALIGNED), cfg), x, w)
+    want = _run(theirs, x, w)
+    for k in want:
+        assert_bit_exact(got[k], want[k])
+
+
+def test_routed_moe_trains_under_mxfp8_auto_with_padded_token_groups():
+    model, x, target = _moe_data()
+    cfg = fs.MXFP8TrainingOpConfig(kernel_preference="auto", pad_token_groups_for_grouped_mm=True)
+    convert_to_moe_training(model, config=cfg, module_filter_fn=lambda m, fqn: fqn == "experts", accumulator="exact")
+    losses, grads = _train(model, x, target, steps=4)
+    assert losses[-1] < losses[0]
+    assert all(torch.isfinite(g).all() for step in grads for g in step.values())

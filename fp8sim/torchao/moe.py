@@ -11,6 +11,8 @@ grouped GEMMs ``torch._grouped_mm(x, w_t, offs=offs)`` in MXFP8 or FP8 rowwise, 
   and backward: dgrad ``grad`` 1x32 along N times the experts 32x1 along N; wgrad ``grad.t()`` and ``x.t()``
   along the tokens, a 2d x 2d grouped mm whose token groups must be multiples of 32 (torchao's
   ``offs // 32`` scale rearrangement); re-derived from ``_compute_*_sm100``, not measured.
+  ``pad_token_groups_for_grouped_mm=True`` pads each token group to a multiple of 32 in a zeroed buffer
+  (torchao's ``torch_pad_token_groups``) and unpads the output; its backward pads ``grad`` the same way.
 - FP8 rowwise (``fp8_grouped_mm.py`` ``_Float8GroupedMM``, Triton/CUDA only in torchao, so re-derived from
   its source): power-of-2 torchao scales ``max / max(amax, 1e-12)`` per token row (over K) and per expert
   column (over K); ``torch._scaled_grouped_mm(..., 1/scales, out_dtype=bf16, use_fast_accum=True)``;
@@ -166,11 +168,30 @@ def mxfp8_grouped_mm(
     """torchao's ``_to_mxfp8_then_scaled_grouped_mm(x, w_t, offs, ...)``: ``x`` (M, K) tokens grouped by
     ``offs``, ``w_t`` (E, K, N) experts; returns (M, N) in ``config.out_dtype`` (module docstring)."""
     cfg = MXFP8TrainingOpConfig(kernel_preference=KernelPreference.EMULATED) if config is None else config
-    if cfg.pad_token_groups_for_grouped_mm:
-        raise NotImplementedError("pad_token_groups_for_grouped_mm=True is not emulated")
     if x.dim() != 2 or w_t.dim() != 3:
         raise ValueError(f"x must be 2D and w_t 3D; got {x.dim()}D and {w_t.dim()}D")
-    return _MXFP8GroupedMM.apply(x, w_t, offs, cfg, accumulator)
+    if not cfg.pad_token_groups_for_grouped_mm:
+        return _MXFP8GroupedMM.apply(x, w_t, offs, cfg, accumulator)
+    # torchao's torch_pad_token_groups / torch_unpad_token_groups (kernels/mxfp8/quant.py): each group copied
+    # to a zeroed buffer at 32-aligned starts; the gather's backward zero-pads grad_output the same way
+    idx, padded_offs, rows = _padded_token_rows(offs, x.shape[0])
+    xp = x.new_zeros((rows, x.shape[1])).index_copy(0, idx, x)
+    return _MXFP8GroupedMM.apply(xp, w_t, padded_offs, cfg, accumulator).index_select(0, idx)
+
+
+def _padded_token_rows(offs: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Row of each token in torchao's padded buffer, the padded group end offsets, and the buffer's rows
+    (``num_tokens + groups * 32`` rounded up to 32, torchao's upper bound)."""
+    ends = [int(v) for v in offs.tolist()]
+    starts = [0, *ends[:-1]]
+    rows, pos, p_ends = [], 0, []
+    for s, e in zip(starts, ends, strict=True):
+        rows.extend(range(pos, pos + e - s))
+        pos += -(-(e - s) // _BLOCK) * _BLOCK
+        p_ends.append(pos)
+    total = -(-(num_tokens + len(ends) * _BLOCK) // _BLOCK) * _BLOCK
+    idx = torch.tensor(rows, dtype=torch.int64, device=offs.device)
+    return idx, torch.tensor(p_ends, dtype=torch.int32, device=offs.device), total
 
 
 # -- FP8 rowwise ----------------------------------------------------------------------------------
