@@ -353,3 +353,14 @@ def test_bad_arguments():
         fs.NVFP4TrainingConfig(process_group=object())
     with pytest.raises(TypeError, match="config must be"):
         fs.convert_to_nvfp4_training(nn.Linear(128, 128), config="nvfp4")
+
+
+def test_rht_rounds_the_exact_sum_once_to_float32():
+    """``tl.dot`` gives float32: 1 + 2^-8 + 2^-24 + 2^-80 rounds (once) up to 1 + 2^-8 + 2^-23, which bf16
+    rounds up to 1 + 2^-7; a float64 sum (2^-80 lost) would tie and give 1."""
+    from fp8sim.torchao.nvfp4_linear import _rht_t
+
+    col = torch.zeros(16, 1)
+    col[:4, 0] = torch.tensor([4.0, 4 * 2.0**-8, 4 * 2.0**-24, 4 * 2.0**-80])
+    out = _rht_t(col.to(torch.bfloat16).float().numpy(), (1,) * 16)
+    assert out[0, 0] == 1 + 2.0**-7

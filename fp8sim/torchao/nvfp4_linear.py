@@ -49,6 +49,7 @@ from ..cast import decode, encode
 from ..cast.ptx_sr import encode_ptx_rs
 from ..formats import E2M1, E4M3
 from ..gemm import scaled_mm
+from ..gemm._exact import exact_matmul_f32
 from .linear import swap_linear_layers
 from .mx_linear import KernelPreference
 
@@ -165,8 +166,9 @@ def _rht_t(a: np.ndarray, signs: tuple[int, ...]) -> np.ndarray:
     """``RHT(a.t())``: (N, M) float32 values of bf16, 16 consecutive rows of ``a`` per Hadamard block."""
     m, n = a.shape
     mat = np.asarray(signs, dtype=np.float64)[:, None] * _H16 * 0.25
-    blocks = a.T.astype(np.float64).reshape(n, m // 16, 16) @ mat
-    return torch.from_numpy(blocks.astype(_F32).reshape(n, m)).to(torch.bfloat16).float().numpy()
+    # the exact sum rounded once to float32 (bf16 entries: 8 significant bits; the matrix: +-1/4)
+    f32 = exact_matmul_f32(a.T.astype(np.float64).reshape(n * m // 16, 16), mat, 7, 0)
+    return torch.from_numpy(np.ascontiguousarray(f32).reshape(n, m)).to(torch.bfloat16).float().numpy()
 
 
 @dataclass(frozen=True)
