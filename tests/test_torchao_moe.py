@@ -330,6 +330,9 @@ def test_mxfp8_auto_wgrad_refuses_token_groups_off_the_32_grid():
     cfg = fs.MXFP8TrainingOpConfig(kernel_preference="auto")
     with pytest.raises(ValueError, match="offs must be multiples of 32"):
         _run(lambda a, b: mxfp8_grouped_mm(a, b, _offs([40, 64, 64, 128]), cfg), x, w)
+    ceil = fs.MXFP8TrainingOpConfig(kernel_preference="auto", scale_calculation_mode="ceil")
+    with pytest.raises(ValueError, match="scale_calculation_mode must be FLOOR or RCEIL with KernelPreference.AUTO"):
+        mxfp8_grouped_mm(x, w.transpose(-2, -1), _offs(), ceil)
 
 
 # -- MoE training: gradients bit-equal to references written from torchao's source, two steps ------------

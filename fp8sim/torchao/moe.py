@@ -53,6 +53,7 @@ __all__ = [
 ]
 
 _BLOCK = 32
+_AUTO_MODES = (ScaleCalculationMode.FLOOR, ScaleCalculationMode.RCEIL)
 
 
 class Float8TrainingRecipe(Enum):
@@ -170,6 +171,12 @@ def mxfp8_grouped_mm(
     cfg = MXFP8TrainingOpConfig(kernel_preference=KernelPreference.EMULATED) if config is None else config
     if x.dim() != 2 or w_t.dim() != 3:
         raise ValueError(f"x must be 2D and w_t 3D; got {x.dim()}D and {w_t.dim()}D")
+    if cfg.kernel_preference is KernelPreference.AUTO and cfg.scale_calculation_mode not in _AUTO_MODES:
+        # torchao's SM100 cast kernels (CuTe 1x32, CUDA 3d and dim1) take scaling_mode "floor" or "rceil"
+        raise ValueError(
+            f"scale_calculation_mode must be FLOOR or RCEIL with KernelPreference.AUTO, "
+            f"got {cfg.scale_calculation_mode.name}"
+        )
     if not cfg.pad_token_groups_for_grouped_mm:
         return _MXFP8GroupedMM.apply(x, w_t, offs, cfg, accumulator)
     # torchao's torch_pad_token_groups / torch_unpad_token_groups (kernels/mxfp8/quant.py): each group copied
