@@ -250,3 +250,254 @@ def test_config_names_equal_torchao():
         assert getattr(ours, name) == getattr(theirs, name), name
     with pytest.raises(TypeError, match="config must be"):
         convert_to_moe_training(nn.Linear(4, 4), config="mxfp8")
+
+
+# -- MXFP8 KernelPreference.AUTO, forward and backward ------------------------------------------------
+
+
+def _ao_to_mx(t):
+    """torchao's own ``to_mx`` (``mx_formats/mx_tensor.py``, runs on a CPU), RCEIL: E4M3 codes and E8M0 scales
+    along the last dim, dequantized exactly in float64."""
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.prototype.mx_formats.mx_tensor import to_mx
+
+    scale, data = to_mx(t.contiguous(), torch.float8_e4m3fn, 32, scaling_mode=ScaleCalculationMode.RCEIL)
+    s = torch.exp2(scale.view(torch.uint8).double() - 127)
+    return (data.double().reshape(*t.shape[:-1], -1, 32) * s.unsqueeze(-1)).reshape(t.shape)
+
+
+def _exact_to_bf16(v):
+    """The exact accumulator: the exact sum (float64 holds it for these magnitudes) rounded to float32, then
+    to bfloat16 (``torch._scaled_grouped_mm(..., out_dtype=torch.bfloat16)``)."""
+    return v.float().to(torch.bfloat16)
+
+
+def _mxfp8_auto_reference(x, w_t, grad, ends):
+    """torchao ``mxfp8_grouped_mm.py`` ``_compute_fwd_sm100`` (l. 492-538): x 1x32 along K, experts
+    ``w_t.transpose(-2, -1)`` 1x32 along K; ``_compute_dgrad_sm100`` (l. 587-640): grad 1x32 along N, the
+    experts (E, N, K) 32x1 along N (``scale_block_dim1=block_size``); ``_compute_wgrad_sm100`` (l. 694-774):
+    ``grad.t()`` and ``x.t()`` cast along the tokens (dim1 kernels), each group's tokens ``offs // 32`` scale
+    blocks, ``grad_w = (grad_t @ x)`` per group, returned transposed."""
+    starts = [0, *ends[:-1]]
+    xq = _ao_to_mx(x)
+    wq = _ao_to_mx(w_t.transpose(-2, -1))  # (E, N, K) along K
+    gq = _ao_to_mx(grad)  # (M, N) along N
+    wnq = _ao_to_mx(w_t).transpose(-2, -1)  # (E, N, K), blocks along N
+    gtq, xtq = _ao_to_mx(grad.t()), _ao_to_mx(x.t())  # (N, M), (K, M) along the tokens
+    out = torch.zeros(x.shape[0], w_t.shape[2], dtype=torch.bfloat16)
+    gx = torch.zeros(x.shape, dtype=torch.bfloat16)
+    gw = torch.zeros(w_t.shape, dtype=torch.bfloat16)
+    for e, (s, t) in enumerate(zip(starts, ends, strict=True)):
+        if t > s:
+            out[s:t] = _exact_to_bf16(xq[s:t] @ wq[e].t())
+            gx[s:t] = _exact_to_bf16(gq[s:t] @ wnq[e])
+            gw[e] = _exact_to_bf16(gtq[:, s:t] @ xtq[:, s:t].t()).t()
+    return {"output": out, "grad_x": gx, "grad_w_t": gw}
+
+
+def test_mxfp8_auto_forward_and_backward_equal_block_scaled_reference():
+    x, w = _inputs(torch.bfloat16, seed=6)
+    cfg = fs.MXFP8TrainingOpConfig.from_recipe("mxfp8_rceil")
+    assert cfg.kernel_preference is fs.KernelPreference.AUTO
+    got = _run(lambda a, b: mxfp8_grouped_mm(a, b, _offs(), cfg, accumulator="exact"), x, w)
+    w_t = w.transpose(-2, -1)
+    grad = (2 * got["output"].float()).to(torch.bfloat16)  # d(sum(out.float()^2))/d out, in bf16
+    want = _mxfp8_auto_reference(x, w_t, grad, OFFS)
+    for k in want:
+        assert got[k].dtype == want[k].dtype, k
+        assert_bit_exact(got[k], want[k])
+
+
+def test_mxfp8_auto_equals_torchao_emulated_where_every_sum_is_exact():
+    """Small integers: every product and partial sum is exact in float32, so torchao's EMULATED (bf16
+    dequantize, ``torch._grouped_mm``) and the block-scaled AUTO GEMMs must give the same bits."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randint(-3, 4, (128, 64), generator=g).to(torch.bfloat16)
+    w = torch.randint(-2, 3, (4, 96, 64), generator=g).to(torch.bfloat16)
+    cfg = fs.MXFP8TrainingOpConfig(kernel_preference="auto")
+
+    def theirs(a, b):
+        return ao_mx_gmm._to_mxfp8_then_scaled_grouped_mm(a, b, _offs(), kernel_preference=AoKP.EMULATED)
+
+    got = _run(lambda a, b: mxfp8_grouped_mm(a, b, _offs(), cfg, accumulator="blackwell"), x, w)
+    want = _run(theirs, x, w)
+    for k in want:
+        assert_bit_exact(got[k], want[k])
+
+
+def test_mxfp8_auto_wgrad_refuses_token_groups_off_the_32_grid():
+    x, w = _inputs(torch.bfloat16)
+    cfg = fs.MXFP8TrainingOpConfig(kernel_preference="auto")
+    with pytest.raises(ValueError, match="offs must be multiples of 32"):
+        _run(lambda a, b: mxfp8_grouped_mm(a, b, _offs([40, 64, 64, 128]), cfg), x, w)
+    ceil = fs.MXFP8TrainingOpConfig(kernel_preference="auto", scale_calculation_mode="ceil")
+    with pytest.raises(ValueError, match="scale_calculation_mode must be FLOOR or RCEIL with KernelPreference.AUTO"):
+        mxfp8_grouped_mm(x, w.transpose(-2, -1), _offs(), ceil)
+
+
+# -- MoE training: gradients bit-equal to references written from torchao's source, two steps ------------
+
+
+def _fp8_cast(t, dim):
+    """torchao ``kernels/float8_rowwise.py`` l. 343-376 and ``jagged_float8_scales.py`` l. 683-748: amax over
+    ``dim`` in float64, ``448 / clamp(amax, 1e-12)`` to float32, ``exp2(floor(log2(.)))``, then
+    ``clamp(t.float() * scale, -448, 448)`` cast to E4M3; returns the codes and the reciprocal scale."""
+    amax = t.float().abs().amax(dim=dim, keepdim=True).double()
+    scale = (448.0 / torch.clamp(amax, min=1e-12)).float()
+    scale = torch.exp2(torch.floor(torch.log2(scale)))
+    return (t.float() * scale).clamp(-448, 448).to(torch.float8_e4m3fn), scale.reciprocal()
+
+
+def _colmajor(t):
+    return t.t().contiguous().t()
+
+
+class _Fp8GroupedReference(torch.autograd.Function):
+    """torchao ``fp8_grouped_mm.py`` ``_Float8GroupedMM`` (l. 136-185 forward, 231-319 backward) with
+    ``torch._scaled_grouped_mm`` replaced by CPU ``torch._scaled_mm`` per group."""
+
+    @staticmethod
+    def forward(ctx, x, w_t, ends):
+        ctx.save_for_backward(x, w_t)
+        ctx.ends = ends
+        starts = [0, *ends[:-1]]
+        xa, sx = _fp8_cast(x, -1)
+        out = torch.zeros(x.shape[0], w_t.shape[2], dtype=torch.bfloat16)
+        for e, (s, t) in enumerate(zip(starts, ends, strict=True)):
+            if t > s:
+                wb, sw = _fp8_cast(w_t[e], 0)  # per (expert, n) over K
+                out[s:t] = torch._scaled_mm(xa[s:t], _colmajor(wb), sx[s:t], sw, out_dtype=torch.bfloat16)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w_t = ctx.saved_tensors
+        ends = ctx.ends
+        starts = [0, *ends[:-1]]
+        grad = grad.contiguous()
+        ga, sg = _fp8_cast(grad, -1)  # per token over N
+        gx = torch.zeros(x.shape, dtype=torch.bfloat16)
+        gw = torch.zeros(w_t.shape, dtype=torch.bfloat16)
+        for e, (s, t) in enumerate(zip(starts, ends, strict=True)):
+            if t > s:
+                wn, swn = _fp8_cast(w_t[e].t(), 0)  # (N, K), per (expert, k) over N
+                gx[s:t] = torch._scaled_mm(ga[s:t], _colmajor(wn), sg[s:t], swn, out_dtype=torch.bfloat16)
+                gc, sgc = _fp8_cast(grad[s:t], 0)  # per-group column scales over the group's tokens
+                xc, sxc = _fp8_cast(x[s:t], 0)
+                gw_e = torch._scaled_mm(
+                    gc.t().contiguous(), _colmajor(xc), sgc.reshape(-1, 1), sxc, out_dtype=torch.bfloat16
+                )
+                gw[e] = gw_e.t()
+        return gx, gw, None
+
+
+class _FixedRoutedExperts(nn.Module):
+    """Two grouped GEMMs over fixed token groups (``OFFS``, one expert empty); ``fn`` replaces ``_grouped_mm``."""
+
+    def __init__(self, fn=None) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(8)
+        self.w1 = nn.Parameter((torch.randn(4, 64, 64, generator=g) * 0.2).to(torch.bfloat16).transpose(-2, -1))
+        self.w2 = nn.Parameter((torch.randn(4, 64, 64, generator=g) * 0.2).to(torch.bfloat16).transpose(-2, -1))
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mm = self.fn or (lambda a, b: torch._grouped_mm(a, b, offs=_offs()))
+        return mm(torch.relu(mm(x, self.w1)), self.w2)
+
+
+def _fixed_data():
+    g = torch.Generator().manual_seed(9)
+    return torch.randn(128, 64, generator=g).to(torch.bfloat16), torch.randn(128, 64, generator=g)
+
+
+def _assert_two_steps_equal(ours, ref):
+    x, target = _fixed_data()
+    l_ours, g_ours = _train(ours, x, target)
+    l_ref, g_ref = _train(ref, x, target)
+    for a, b in zip(l_ours, l_ref, strict=True):
+        assert_bit_exact(a, b)
+    for step_ours, step_ref in zip(g_ours, g_ref, strict=True):
+        assert step_ours.keys() == step_ref.keys() == {"w1", "w2"}
+        for k in step_ref:
+            assert_bit_exact(step_ours[k].as_subclass(torch.Tensor), step_ref[k])
+    assert l_ours[1] < l_ours[0]
+
+
+def test_moe_fp8_rowwise_gradients_equal_torchao_reference_for_two_steps():
+    ours = convert_to_moe_training(
+        _FixedRoutedExperts(), config=Float8TrainingOpConfig.from_recipe("fp8_rowwise"), accumulator="cpu_reference"
+    )
+    ref = _FixedRoutedExperts(lambda a, b: _Fp8GroupedReference.apply(a, b, OFFS))
+    _assert_two_steps_equal(ours, ref)
+
+
+class _MxAutoReference(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w_t):
+        ctx.save_for_backward(x, w_t)
+        return _mxfp8_auto_reference(x, w_t, torch.zeros(x.shape[0], w_t.shape[2], dtype=x.dtype), OFFS)["output"]
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w_t = ctx.saved_tensors
+        r = _mxfp8_auto_reference(x, w_t, grad.contiguous(), OFFS)
+        return r["grad_x"], r["grad_w_t"]
+
+
+def test_moe_mxfp8_auto_gradients_equal_block_scaled_reference_for_two_steps():
+    cfg = fs.MXFP8TrainingOpConfig.from_recipe("mxfp8_rceil")
+    ours = convert_to_moe_training(_FixedRoutedExperts(), config=cfg, accumulator="exact")
+    _assert_two_steps_equal(ours, _FixedRoutedExperts(_MxAutoReference.apply))
+
+
+UNALIGNED = [20, 64, 64, 101]  # group sizes 20, 44, 0, 37; tokens past 101 belong to no group
+
+
+@pytest.mark.parametrize("wgrad_with_hp", [False, True], ids=["wgrad_mx", "wgrad_hp"])
+def test_mxfp8_padded_token_groups_equal_torchao_emulated(wgrad_with_hp):
+    """``pad_token_groups_for_grouped_mm=True``: torchao pads each group to a multiple of 32
+    (``kernels/mxfp8/quant.py`` ``torch_pad_token_groups``), runs the grouped GEMMs, unpads."""
+    x, w = _inputs(torch.bfloat16, seed=10)
+    x = x[:101]
+    cfg = fs.MXFP8TrainingOpConfig(
+        kernel_preference="emulated", wgrad_with_hp=wgrad_with_hp, pad_token_groups_for_grouped_mm=True
+    )
+
+    def theirs(a, b):
+        return ao_mx_gmm._to_mxfp8_then_scaled_grouped_mm(
+            a, b, _offs(UNALIGNED), kernel_preference=AoKP.EMULATED, wgrad_with_hp=wgrad_with_hp,
+            pad_token_groups_for_grouped_mm=True,
+        )  # fmt: skip
+
+    got = _run(lambda a, b: mxfp8_grouped_mm(a, b, _offs(UNALIGNED), cfg), x, w)
+    want = _run(theirs, x, w)
+    for k in want:
+        assert got[k].shape == want[k].shape, k
+        assert_bit_exact(got[k], want[k])
+
+
+def test_mxfp8_auto_with_padded_groups_equals_torchao_emulated_where_every_sum_is_exact():
+    g = torch.Generator().manual_seed(11)
+    x = torch.randint(-3, 4, (101, 64), generator=g).to(torch.bfloat16)
+    w = torch.randint(-2, 3, (4, 96, 64), generator=g).to(torch.bfloat16)
+    cfg = fs.MXFP8TrainingOpConfig(kernel_preference="auto", pad_token_groups_for_grouped_mm=True)
+
+    def theirs(a, b):
+        return ao_mx_gmm._to_mxfp8_then_scaled_grouped_mm(
+            a, b, _offs(UNALIGNED), kernel_preference=AoKP.EMULATED, pad_token_groups_for_grouped_mm=True
+        )
+
+    got = _run(lambda a, b: mxfp8_grouped_mm(a, b, _offs(UNALIGNED), cfg), x, w)
+    want = _run(theirs, x, w)
+    for k in want:
+        assert_bit_exact(got[k], want[k])
+
+
+def test_routed_moe_trains_under_mxfp8_auto_with_padded_token_groups():
+    model, x, target = _moe_data()
+    cfg = fs.MXFP8TrainingOpConfig(kernel_preference="auto", pad_token_groups_for_grouped_mm=True)
+    convert_to_moe_training(model, config=cfg, module_filter_fn=lambda m, fqn: fqn == "experts", accumulator="exact")
+    losses, grads = _train(model, x, target, steps=4)
+    assert losses[-1] < losses[0]
+    assert all(torch.isfinite(g).all() for step in grads for g in step.values())

@@ -18,7 +18,8 @@ multiplies in float32 (the CUDA kernel's wider output).  Rows or columns past ``
 :func:`fp8sim.gemm.scaled_mm` (so with any fp8sim accumulator): FP8 rowwise operands with float32
 dequantization scales (``scale_a`` ``(M,)``, ``scale_b`` ``(G, N)`` for 2d x 3d; ``(G, M)`` and ``(G, N)`` for
 2d x 2d), or MXFP8 operands with E8M0 block scales along K (``scale_a`` ``(M, K/32)``, ``scale_b``
-``(G, K/32, N)``; 2d x 3d only).  Needs torch.
+``(G, K/32, N)`` for 2d x 3d; ``(M, K/32)`` and ``(K/32, N)`` for 2d x 2d, whose group boundaries must be
+multiples of 32).  Needs torch.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["grouped_mm", "scaled_grouped_mm"]
+
+_MX_BLOCK = 32
 
 
 def _torch() -> Any:
@@ -171,7 +174,22 @@ def scaled_grouped_mm(
             if e > s:
                 out[g] = run(a[:, s:e], b[s:e], sa[g].reshape(-1, 1), sb[g].reshape(1, -1))
         return out
+    if a.dim() == 2 and b.dim() == 2:
+        # MXFP8 2d x 2d (the wgrad of torchao's AUTO path): one 32-block never spans two groups, so every
+        # group boundary must sit on a block boundary (torchao rearranges the scales by ``offs // 32``).
+        bounds = _bounds(offs, a.shape[1], "the contraction dim")
+        if any(s % _MX_BLOCK or e % _MX_BLOCK for s, e in bounds):
+            raise ValueError(
+                f"offs must be multiples of {_MX_BLOCK} for an MXFP8 2d x 2d grouped mm (each 32-block of scales "
+                f"belongs to one group; pad the token groups); got {[e for _, e in bounds]}"
+            )
+        out = torch.zeros((len(bounds), a.shape[0], b.shape[1]), dtype=out_dtype)
+        for g, (s, e) in enumerate(bounds):
+            if e > s:
+                bs, be = s // _MX_BLOCK, e // _MX_BLOCK
+                out[g] = run(a[:, s:e], b[s:e], sa[:, bs:be], sb[bs:be])
+        return out
     raise ValueError(
-        f"scaled_grouped_mm supports 2d x 3d (rowwise or MXFP8 scales) and 2d x 2d (rowwise scales); "
+        f"scaled_grouped_mm supports 2d x 3d and 2d x 2d (rowwise or MXFP8 scales); "
         f"got a {a.dim()}d, b {b.dim()}d, scales {sa.dtype}"
     )

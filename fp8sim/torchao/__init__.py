@@ -77,3 +77,8 @@ __all__ += [
     "fp8_rowwise_grouped_mm",
     "mxfp8_grouped_mm",
 ]
+
+# NVFP4 training (torchao prototype/moe_training/nvfp4_training), issue 17
+from .nvfp4_linear import NVFP4Linear, NVFP4TrainingConfig, convert_to_nvfp4_training, nvfp4_linear  # noqa: E402
+
+__all__ += ["NVFP4TrainingConfig", "NVFP4Linear", "nvfp4_linear", "convert_to_nvfp4_training"]

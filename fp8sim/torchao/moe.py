@@ -7,7 +7,12 @@ grouped GEMMs ``torch._grouped_mm(x, w_t, offs=offs)`` in MXFP8 or FP8 rowwise, 
   scale.to(bf16)``) and multiplied by ``torch._grouped_mm``; dgrad casts ``grad`` along N and ``w_t`` along
   N; wgrad casts ``grad.t()`` and ``x.t()`` along the tokens (blocks may straddle groups, as torchao's) and
   runs the 2d x 2d grouped mm (``wgrad_with_hp``: unquantized).  ``AUTO`` (SM100 kernels) is emulated as
-  the same casts through :func:`fp8sim.gemm.scaled_grouped_mm` with bf16 output (re-derived, not measured).
+  the same casts through :func:`fp8sim.gemm.scaled_grouped_mm` (block-scaled GEMMs, ``out_dtype``), forward
+  and backward: dgrad ``grad`` 1x32 along N times the experts 32x1 along N; wgrad ``grad.t()`` and ``x.t()``
+  along the tokens, a 2d x 2d grouped mm whose token groups must be multiples of 32 (torchao's
+  ``offs // 32`` scale rearrangement); re-derived from ``_compute_*_sm100``, not measured.
+  ``pad_token_groups_for_grouped_mm=True`` pads each token group to a multiple of 32 in a zeroed buffer
+  (torchao's ``torch_pad_token_groups``) and unpads the output; its backward pads ``grad`` the same way.
 - FP8 rowwise (``fp8_grouped_mm.py`` ``_Float8GroupedMM``, Triton/CUDA only in torchao, so re-derived from
   its source): power-of-2 torchao scales ``max / max(amax, 1e-12)`` per token row (over K) and per expert
   column (over K); ``torch._scaled_grouped_mm(..., 1/scales, out_dtype=bf16, use_fast_accum=True)``;
@@ -48,6 +53,7 @@ __all__ = [
 ]
 
 _BLOCK = 32
+_AUTO_MODES = (ScaleCalculationMode.FLOOR, ScaleCalculationMode.RCEIL)
 
 
 class Float8TrainingRecipe(Enum):
@@ -112,7 +118,7 @@ class _MXFP8GroupedMM(torch.autograd.Function):
         mode, out_dtype = cfg.scale_calculation_mode, cfg.out_dtype or torch.bfloat16
         grad = grad.contiguous()
         if cfg.kernel_preference is not KernelPreference.EMULATED:
-            raise NotImplementedError("the backward of KernelPreference.AUTO MXFP8 grouped GEMMs is not emulated")
+            return (*_mxfp8_auto_backward(grad, x, w_t, offs, cfg, ctx.acc), None, None, None)
         go = _mx_bf16(grad, mode)  # along N
         w = _mx_bf16(w_t, mode)  # (E, K, N) along N
         w = w.transpose(-2, -1).contiguous()  # (E, N, K), torchao's reshape copy
@@ -126,6 +132,32 @@ class _MXFP8GroupedMM(torch.autograd.Function):
         return grad_x, grad_w.transpose(-2, -1), None, None, None
 
 
+def _mxfp8_auto_backward(
+    grad: torch.Tensor, x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor, cfg: MXFP8TrainingOpConfig, acc: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchao's ``_compute_dgrad_sm100`` / ``_compute_wgrad_sm100``: the same ``to_mx`` casts as EMULATED
+    (torchao's CUDA/CuTe/Triton cast kernels are tested against ``to_mx``), the GEMMs block-scaled."""
+    mode, out_dtype = cfg.scale_calculation_mode, cfg.out_dtype or torch.bfloat16
+    # dgrad: grad (M, N) 1x32 along N; experts (E, N, K) 32x1 along N (to_mx of w_t (E, K, N) along N)
+    g, sg = _mx_codes(grad, mode)
+    w, sw = _mx_codes(w_t, mode)  # (E, K, N), (E, K, N/32)
+    grad_x = scaled_grouped_mm(
+        g, w.transpose(-2, -1), sg, sw.transpose(-2, -1), offs, out_dtype=out_dtype, accumulator=acc,
+        device="blackwell",
+    )  # fmt: skip
+    if cfg.wgrad_with_hp:
+        grad_w = grouped_mm(grad.t(), x, offs=offs, out_dtype=out_dtype)
+        return grad_x, grad_w.transpose(-2, -1)
+    # wgrad: grad.t() (N, M) and x.t() (K, M) cast along the tokens (torchao's dim1 cast), then a 2d x 2d
+    # block-scaled grouped mm over the token groups (offs // 32 picks each group's scale blocks)
+    gt, sgt = _mx_codes(grad.t(), mode)  # (N, M), (N, M/32)
+    xt, sxt = _mx_codes(x.t(), mode)  # (K, M), (K, M/32)
+    grad_w = scaled_grouped_mm(
+        gt, xt.t(), sgt, sxt.t(), offs, out_dtype=out_dtype, accumulator=acc, device="blackwell"
+    )  # (E, N, K)
+    return grad_x, grad_w.transpose(-2, -1)
+
+
 def mxfp8_grouped_mm(
     x: torch.Tensor,
     w_t: torch.Tensor,
@@ -137,11 +169,36 @@ def mxfp8_grouped_mm(
     """torchao's ``_to_mxfp8_then_scaled_grouped_mm(x, w_t, offs, ...)``: ``x`` (M, K) tokens grouped by
     ``offs``, ``w_t`` (E, K, N) experts; returns (M, N) in ``config.out_dtype`` (module docstring)."""
     cfg = MXFP8TrainingOpConfig(kernel_preference=KernelPreference.EMULATED) if config is None else config
-    if cfg.pad_token_groups_for_grouped_mm:
-        raise NotImplementedError("pad_token_groups_for_grouped_mm=True is not emulated")
     if x.dim() != 2 or w_t.dim() != 3:
         raise ValueError(f"x must be 2D and w_t 3D; got {x.dim()}D and {w_t.dim()}D")
-    return _MXFP8GroupedMM.apply(x, w_t, offs, cfg, accumulator)
+    if cfg.kernel_preference is KernelPreference.AUTO and cfg.scale_calculation_mode not in _AUTO_MODES:
+        # torchao's SM100 cast kernels (CuTe 1x32, CUDA 3d and dim1) take scaling_mode "floor" or "rceil"
+        raise ValueError(
+            f"scale_calculation_mode must be FLOOR or RCEIL with KernelPreference.AUTO, "
+            f"got {cfg.scale_calculation_mode.name}"
+        )
+    if not cfg.pad_token_groups_for_grouped_mm:
+        return _MXFP8GroupedMM.apply(x, w_t, offs, cfg, accumulator)
+    # torchao's torch_pad_token_groups / torch_unpad_token_groups (kernels/mxfp8/quant.py): each group copied
+    # to a zeroed buffer at 32-aligned starts; the gather's backward zero-pads grad_output the same way
+    idx, padded_offs, rows = _padded_token_rows(offs, x.shape[0])
+    xp = x.new_zeros((rows, x.shape[1])).index_copy(0, idx, x)
+    return _MXFP8GroupedMM.apply(xp, w_t, padded_offs, cfg, accumulator).index_select(0, idx)
+
+
+def _padded_token_rows(offs: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Row of each token in torchao's padded buffer, the padded group end offsets, and the buffer's rows
+    (``num_tokens + groups * 32`` rounded up to 32, torchao's upper bound)."""
+    ends = [int(v) for v in offs.tolist()]
+    starts = [0, *ends[:-1]]
+    rows, pos, p_ends = [], 0, []
+    for s, e in zip(starts, ends, strict=True):
+        rows.extend(range(pos, pos + e - s))
+        pos += -(-(e - s) // _BLOCK) * _BLOCK
+        p_ends.append(pos)
+    total = -(-(num_tokens + len(ends) * _BLOCK) // _BLOCK) * _BLOCK
+    idx = torch.tensor(rows, dtype=torch.int64, device=offs.device)
+    return idx, torch.tensor(p_ends, dtype=torch.int32, device=offs.device), total
 
 
 # -- FP8 rowwise ----------------------------------------------------------------------------------

@@ -49,12 +49,13 @@ _BLOCK = 32
 
 
 class KernelPreference(str, Enum):
-    """torchao ``quantization/quantize_/common/kernel_preference.py`` (the members MX training uses)."""
+    """torchao ``quantization/quantize_/common/kernel_preference.py`` (the members MX and NVFP4 training use)."""
 
     AUTO = "auto"
     TORCH = "torch"
     MSLK = "mslk"
     EMULATED = "emulated"
+    TRITON = "triton"  # torchao's NVFP4 training kernels
 
 
 class ScaleCalculationMode(Enum):
