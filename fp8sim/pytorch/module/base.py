@@ -116,6 +116,7 @@ class TransformerEngineBaseModule(nn.Module):
     registration with TE's ``init_fn`` and ``reset_parameters``."""
 
     _gemm_names: tuple[str, ...] = ("gemm",)
+    _tp_supported = False  # tp_size > 1 across processes (module/_tp.py)
 
     def __init__(self, accumulator: str | None = None, name: str | None = None) -> None:
         super().__init__()
@@ -145,21 +146,27 @@ class TransformerEngineBaseModule(nn.Module):
         self._preserve_high_precision_init_val = st.high_precision_init_val
         if parallel_mode not in (None, "column", "row"):
             raise ValueError(f"parallel_mode {parallel_mode!r} not supported; known: None, 'column', 'row'")
-        if tp_group is not None:
-            import torch.distributed as dist
+        if tp_group is not None:  # TE: the group's size wins over tp_size
+            from ._tp import get_distributed_world_size
 
-            tp_size = dist.get_world_size(tp_group) if dist.is_initialized() else 1
-        if tp_size != 1:
+            tp_size = get_distributed_world_size(tp_group)
+        if tp_size != 1 and not self._tp_supported:
             raise NotImplementedError(
-                f"fp8sim.pytorch modules emulate one process: tp_size={tp_size} needs the distributed emulation"
+                f"fp8sim.pytorch: {type(self).__name__} with tp_size={tp_size} is not emulated across processes"
+                " (Linear is: module/_tp.py)"
             )
-        self.sequence_parallel, self.tp_group, self.tp_size = sequence_parallel, tp_group, tp_size
+        # TE: sequence parallelism only with more than one tensor-parallel rank
+        self.sequence_parallel, self.tp_group, self.tp_size = tp_size > 1 and sequence_parallel, tp_group, tp_size
         self.parallel_mode = parallel_mode
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.use_bias, self.return_bias = bool(bias), bool(return_bias)
         self.apply_bias = self.use_bias and not self.return_bias
         self.save_original_input = save_original_input
         self.wgrad_store: list | None = [] if delay_wgrad_compute else None
+
+    def set_tensor_parallel_group(self, tp_group: Any) -> None:
+        """TE ``set_tensor_parallel_group``: the ``torch.distributed`` group of the tensor-parallel ranks."""
+        self.tp_group = tp_group
 
     def need_backward_dw(self) -> bool:
         """True when wgrad is deferred to :meth:`backward_dw` (``delay_wgrad_compute=True``)."""
@@ -305,7 +312,7 @@ class TransformerEngineBaseModule(nn.Module):
             if not is_fp8_weight(w):
                 w = w.to(act)
             if b is not None:  # TE: cuBLAS takes no FP32 bias in an FP8 GEMM, so an FP32 bias goes through BF16
-                b = b.to(torch.bfloat16 if act == torch.float32 else act)
+                b = _bias_cast(b) if act == torch.float32 else b.to(act)
             opts = LinearOptions(
                 weight_param=weight_param,
                 fuse_wgrad_accumulation=getattr(self, "fuse_wgrad_accumulation", False),
@@ -439,6 +446,27 @@ class TransformerEngineBaseModule(nn.Module):
                     "amax_history": st.amax_history_bwd[:, 2 * i : 2 * i + 2].numpy(),
                 }
             )
+
+
+class _BiasCast(torch.autograd.Function):
+    """The bias rounded to the GEMM's bias dtype but kept in its own dtype, the gradient passed through
+    unrounded: TE casts the bias inside its autograd function (linear.py ``cast_if_needed(bias,
+    bias_dtype)``) and returns the bgrad in the grad dtype, so an FP32 bias's gradient is not rounded to BF16."""
+
+    @staticmethod
+    def forward(ctx: Any, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[override]
+        return b.to(dtype).to(b.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return grad, None
+
+
+def _bias_cast(b: torch.Tensor) -> torch.Tensor:
+    """An FP32-activation bias through BF16 (values), its gradient in float32 (``_BiasCast``)."""
+    if not torch.is_grad_enabled() or not b.requires_grad:
+        return b.to(torch.bfloat16).to(b.dtype)
+    return _BiasCast.apply(b, torch.bfloat16)
 
 
 def _calibration_amax(t: torch.Tensor) -> float:

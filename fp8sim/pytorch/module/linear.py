@@ -71,6 +71,13 @@ class Linear(TransformerEngineBaseModule):
             save_original_input=save_original_input,
         )
         dtype = resolve_params_dtype(params_dtype)
+        if self.tp_size > 1:  # TE: this rank's shard (module/_tp.py)
+            from ._tp import divide
+
+            if parallel_mode == "column":
+                out_features = divide(out_features, self.tp_size)
+            elif parallel_mode == "row":
+                in_features = divide(in_features, self.tp_size)
         self.in_features, self.out_features = in_features, out_features
         self.weight_names, self.bias_names = make_linear_params(
             self,
@@ -83,6 +90,8 @@ class Linear(TransformerEngineBaseModule):
             device=device,
         )
         self.reset_parameters(defer_init=torch.device(device).type == "meta")
+
+    _tp_supported = True
 
     def _deferred_weight_names(self) -> list[str]:
         return self.weight_names[:1]
@@ -106,7 +115,17 @@ class Linear(TransformerEngineBaseModule):
         bias = cat_params(self, self.bias_names) if self.use_bias else None
         wparam = weight if len(self.weight_names) == 1 else None
         b = bias if self.apply_bias else None
-        out = self._linear("gemm", inp, weight, b, is_first_microbatch, None, wparam, fp8_io=fp8_io)
+        if self.tp_size > 1 and self.parallel_mode is not None:  # TE's TP collectives (module/_tp.py)
+            from ._tp import tp_linear
+
+            row = self.parallel_mode == "row"
+
+            def run(x: torch.Tensor, io: dict | None) -> torch.Tensor:
+                return self._linear("gemm", x, weight, None if row else b, is_first_microbatch, None, wparam, fp8_io=io)
+
+            out = tp_linear(self, inp, run, b if row else None)
+        else:
+            out = self._linear("gemm", inp, weight, b, is_first_microbatch, None, wparam, fp8_io=fp8_io)
         out = attach_output(self, out, fp8_io)
         if self.return_bias:
             return out, None if bias is None else bias.to(self._activation_dtype(inp))  # TE: None without a bias
