@@ -120,11 +120,13 @@ class _Reference:
         s_g1 = [self._scale("fc1.grad", d) for d in dh]
         dhq = [_q(d, s, E5M2) for d, s in zip(dh, s_g1, strict=True)]
         dxp = [torch.matmul(dhq[r], w1q[r]) * _alpha(s_g1[r], s_w1[r]) for r in range(2)]
-        dx = rows(dxp[0] + dxp[1])
+        dx_full = dxp[0] + dxp[1]
+        dx = rows(dx_full)
         dw1 = torch.matmul(dhq[rank].t(), xq) * _alpha(s_g1[rank], s_x)
         out = {
             "y": y.detach(),
             "dx": dx,
+            "dx_full": dx_full,
             "dw1": dw1,
             "db1": dh[rank].float().sum(0),
             "dw2": dw2,
@@ -196,12 +198,69 @@ def _run(rank: int, recipe_name: str, sp: bool, tp_group: object, amax_group: ob
     return out
 
 
+def _run_mlp(rank: int, recipe_name: str, sp: bool, tp_group: object) -> list[dict]:
+    """``LayerNormMLP(set_parallel_mode=True, activation="relu")``: the same MLP behind a LayerNorm.  The
+    norm rows are fp8sim's ``normalize`` (checked on its own in test_pytorch_modules.py); with sequence
+    parallel each rank normalises its rows and its norm-parameter gradients cover those rows only."""
+    import fp8sim.pytorch as te
+    from fp8sim.pytorch.module._normalization import normalize
+    from fp8sim.recipe import DelayedScaling, Float8CurrentScaling
+
+    te.FP8GlobalStateManager.reset()
+    torch.manual_seed(1)
+    w1, b1 = torch.randn(F, H) * 0.1, torch.randn(F) * 0.1
+    w2, b2 = torch.randn(H, F) * 0.1, torch.randn(H) * 0.1
+    lnw, lnb = 1 + torch.randn(H) * 0.1, torch.randn(H) * 0.1
+    mlp = te.LayerNormMLP(
+        H, F, tp_group=tp_group, sequence_parallel=sp, set_parallel_mode=True, activation="relu", eps=1e-5
+    )
+    with torch.no_grad():
+        for name, v in (("fc1_weight", w1.chunk(2, 0)[rank]), ("fc1_bias", b1.chunk(2)[rank])):
+            getattr(mlp, name).copy_(v)
+        for name, v in (("fc2_weight", w2.chunk(2, 1)[rank]), ("fc2_bias", b2)):
+            getattr(mlp, name).copy_(v)
+        mlp.layer_norm_weight.copy_(lnw)
+        mlp.layer_norm_bias.copy_(lnb)
+    recipe = DelayedScaling(amax_history_len=HIST) if recipe_name == "delayed" else Float8CurrentScaling()
+    ref = _Reference(recipe_name, w1, b1, w2, b2)
+    out = []
+    for step in range(STEPS):
+        x, dy = _data(step)
+        xl = (x.chunk(2, 0)[rank] if sp else x).clone().requires_grad_()
+        for p in mlp.parameters():
+            p.grad = None
+        with te.autocast(recipe=recipe):
+            y = mlp(xl)
+        y.backward(dy.chunk(2, 0)[rank] if sp else dy)
+        parts = [p.clone().requires_grad_() for p in (x.chunk(2, 0) if sp else (x,))]
+        norms = [(lnw.clone().requires_grad_(), lnb.clone().requires_grad_()) for _ in parts]
+        lns = [normalize(p, w, b, 1e-5, "LayerNorm", False) for p, (w, b) in zip(parts, norms, strict=True)]
+        want = ref.step(torch.cat(lns).detach(), dy, sp, rank)
+        for ln, d in zip(lns, want["dx_full"].chunk(len(lns), 0), strict=True):
+            ln.backward(d)
+        mine = rank if sp else 0
+        want.update(dx=parts[mine].grad, dlnw=norms[mine][0].grad, dlnb=norms[mine][1].grad)
+        got = {
+            "y": y.detach(),
+            "dx": xl.grad,
+            "dw1": mlp.fc1_weight.grad,
+            "db1": mlp.fc1_bias.grad,
+            "dw2": mlp.fc2_weight.grad,
+            "db2": mlp.fc2_bias.grad,
+            "dlnw": mlp.layer_norm_weight.grad,
+            "dlnb": mlp.layer_norm_bias.grad,
+        }
+        out.append({"diffs": {k: int((got[k] != want[k]).sum()) for k in got}})
+    return out
+
+
 def _worker(rank: int, world: int) -> dict:
     torch.set_num_threads(1)
     tp = dist.new_group([0, 1])
     alone = [dist.new_group([r]) for r in range(world)][rank]  # a wrong amax group: no reduction
     res = {f"{r}-{sp}": _run(rank, r, sp, tp, None) for r, sp in CASES}
     res["wrong"] = _run(rank, "delayed", True, tp, alone)
+    res.update({f"mlp-{r}-{sp}": _run_mlp(rank, r, sp, tp) for r, sp in CASES})
     import fp8sim.pytorch as te
 
     errors = {}
@@ -240,6 +299,14 @@ def test_megatron_mlp_forward_and_gradients_equal_the_per_shard_reference(result
             assert not bad, f"{recipe} sequence_parallel={sp} rank {rank} step {step}: elements differing {bad}"
 
 
+@pytest.mark.parametrize(("recipe", "sp"), CASES)
+def test_layernorm_mlp_set_parallel_mode_equals_the_per_shard_reference(results: list, recipe: str, sp: bool) -> None:
+    for rank, res in enumerate(results):
+        for step, st in enumerate(res[f"mlp-{recipe}-{sp}"]):
+            bad = {k: n for k, n in st["diffs"].items() if n}
+            assert not bad, f"LayerNormMLP {recipe} sequence_parallel={sp} rank {rank} step {step}: differing {bad}"
+
+
 @pytest.mark.parametrize(("recipe", "sp"), [c for c in CASES if c[0] == "delayed"])
 def test_delayed_scales_and_amax_history_are_identical_on_every_rank_and_the_reference(
     results: list, recipe: str, sp: bool
@@ -272,8 +339,10 @@ def test_tp_arguments_follow_te() -> None:
     assert m.sequence_parallel is False  # TE: (tp_size > 1) and sequence_parallel
     with pytest.raises(ValueError, match="64 is not divisible by 3"):
         te.Linear(32, 64, tp_size=3, parallel_mode="column")
-    with pytest.raises(NotImplementedError, match="LayerNormMLP with tp_size=2"):
+    with pytest.raises(NotImplementedError, match="needs set_parallel_mode=True"):
         te.LayerNormMLP(32, 64, tp_size=2)
+    with pytest.raises(NotImplementedError, match="does not emulate tensor or sequence parallelism"):
+        te.MultiheadAttention(32, 2, tp_size=2)
 
 
 def test_tp_errors_on_the_ranks(results: list) -> None:

@@ -151,12 +151,12 @@ class _GatherInput(torch.autograd.Function):
     dequantized values flow on, the codes ride in ``slot``); backward: dgrad reduce-scattered."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, module: Any, slot: dict) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, module: Any, name: str, slot: dict) -> torch.Tensor:  # type: ignore[override]
         ctx.group, ctx.dtype = module.tp_group, x.dtype
         recipe = _fp8_per_tensor()
         if recipe is None:
             return gather_along_first_dim(x, module.tp_group)
-        g = module.fp8_gemms["gemm"]
+        g = module.fp8_gemms[name]
         g.ensure(recipe, current_state().group)
         g.group = current_state().group
         op = _quantize_local(g, x, recipe, "input", module.tp_group)
@@ -166,7 +166,7 @@ class _GatherInput(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, dgrad: torch.Tensor) -> tuple:
-        return reduce_scatter_along_first_dim(dgrad, ctx.group), None, None
+        return reduce_scatter_along_first_dim(dgrad, ctx.group), None, None, None
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -194,8 +194,8 @@ class _ReduceOutput(torch.autograd.Function):
     recipe, handed to the GEMM's backward through ``slot``)."""
 
     @staticmethod
-    def forward(ctx: Any, out: torch.Tensor, module: Any, slot: _GradSlot, recipe: Any) -> torch.Tensor:  # type: ignore[override]
-        ctx.module, ctx.slot, ctx.recipe = module, slot, recipe
+    def forward(ctx: Any, out: torch.Tensor, module: Any, name: str, slot: _GradSlot, recipe: Any) -> torch.Tensor:  # type: ignore[override]
+        ctx.module, ctx.name, ctx.slot, ctx.recipe = module, name, slot, recipe
         if module.sequence_parallel:
             return reduce_scatter_along_first_dim(out, module.tp_group)
         return allreduce(out, module.tp_group)
@@ -204,14 +204,14 @@ class _ReduceOutput(torch.autograd.Function):
     def backward(ctx: Any, dy: torch.Tensor) -> tuple:
         m = ctx.module
         if not m.sequence_parallel:
-            return dy, None, None, None
+            return dy, None, None, None, None
         recipe = ctx.recipe
         if recipe is None or getattr(recipe, "backward_override", None) is not None:
-            return gather_along_first_dim(dy, m.tp_group), None, None, None
-        op = _quantize_local(m.fp8_gemms["gemm"], dy, recipe, "grad", m.tp_group)
+            return gather_along_first_dim(dy, m.tp_group), None, None, None, None
+        op = _quantize_local(m.fp8_gemms[ctx.name], dy, recipe, "grad", m.tp_group)
         h = _gather_fp8(op, tuple(dy.shape), m.tp_group)
         ctx.slot.grad = h
-        return h.dequant(dy.dtype), None, None, None
+        return h.dequant(dy.dtype), None, None, None, None
 
 
 def check_tp_forward(module: Any) -> None:
@@ -229,17 +229,19 @@ def check_tp_forward(module: Any) -> None:
         )
 
 
-def tp_linear(module: Any, inp: torch.Tensor, run: Any, bias: torch.Tensor | None) -> torch.Tensor:
-    """``run(x, fp8_io)`` (the module's local GEMM, without the bias in row mode) wrapped in TE's TP
-    collectives; ``bias``: the row-parallel bias, added in the activation dtype after the reduction."""
+def tp_linear(
+    module: Any, name: str, mode: str, inp: torch.Tensor, run: Any, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``run(x, fp8_io)`` (GEMM ``name`` on this rank's shard, without the bias in row mode) wrapped in
+    TE's TP collectives for ``mode`` ("column" or "row"); ``bias``: the row-parallel bias, added in the
+    output's dtype after the reduction."""
     check_tp_forward(module)
-    mode, group = module.parallel_mode, module.tp_group
     if mode == "column":
         slot: dict = {}
         if module.sequence_parallel:
-            x = _GatherInput.apply(inp, module, slot)
+            x = _GatherInput.apply(inp, module, name, slot)
         else:
-            x = _CopyToTP.apply(inp, group)
+            x = _CopyToTP.apply(inp, module.tp_group)
         fp8_io = None
         if slot.get("input_fp8") is not None:
             fp8_io = {"input_fp8": slot["input_fp8"], "fp8_output": False, "fp8_grad": False}
@@ -249,7 +251,7 @@ def tp_linear(module: Any, inp: torch.Tensor, run: Any, bias: torch.Tensor | Non
     fp8_io = None
     if module.sequence_parallel and recipe is not None:
         fp8_io = {"input_fp8": None, "fp8_output": False, "fp8_grad": False, "out_handoff": gslot}
-    out = _ReduceOutput.apply(run(inp, fp8_io), module, gslot, recipe)
+    out = _ReduceOutput.apply(run(inp, fp8_io), module, name, gslot, recipe)
     if bias is not None:
         out = out + bias.to(out.dtype)
     return out

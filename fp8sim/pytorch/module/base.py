@@ -339,6 +339,23 @@ class TransformerEngineBaseModule(nn.Module):
             return hp_linear(x, w, b, opts, is_first_microbatch)
         return torch.nn.functional.linear(x, w, b)
 
+    def _tp_linear(self, mode: str | None, name: str, x: torch.Tensor, w: torch.Tensor, b: Any, *args: Any, **kw: Any):  # noqa: ANN202
+        """:meth:`_linear` on this rank's shard inside TE's tensor-parallel collectives (``module/_tp.py``);
+        ``mode``: "column", "row" or None (no collectives)."""
+        if self.tp_size == 1 or mode is None:
+            return self._linear(name, x, w, b, *args, **kw)
+        io = kw.pop("fp8_io", None)
+        if io and (io.get("fp8_output") or io.get("fp8_grad") or io.get("input_fp8") is not None):
+            raise NotImplementedError("fp8sim: FP8 inputs and outputs (fp8_output, fp8_grad) with tp_size > 1")
+        from ._tp import tp_linear
+
+        row = mode == "row"
+
+        def run(xx: torch.Tensor, fp8_io: dict | None) -> torch.Tensor:
+            return self._linear(name, xx, w, None if row else b, *args, **kw, fp8_io=fp8_io)
+
+        return tp_linear(self, name, mode, x, run, b if row else None)
+
     @property
     def quantizers(self) -> dict[str, list]:
         """TE's ``quantizers``: ``scaling_fwd`` (3 per GEMM) and ``scaling_bwd`` (2 per GEMM) for the

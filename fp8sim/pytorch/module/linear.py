@@ -115,17 +115,9 @@ class Linear(TransformerEngineBaseModule):
         bias = cat_params(self, self.bias_names) if self.use_bias else None
         wparam = weight if len(self.weight_names) == 1 else None
         b = bias if self.apply_bias else None
-        if self.tp_size > 1 and self.parallel_mode is not None:  # TE's TP collectives (module/_tp.py)
-            from ._tp import tp_linear
-
-            row = self.parallel_mode == "row"
-
-            def run(x: torch.Tensor, io: dict | None) -> torch.Tensor:
-                return self._linear("gemm", x, weight, None if row else b, is_first_microbatch, None, wparam, fp8_io=io)
-
-            out = tp_linear(self, inp, run, b if row else None)
-        else:
-            out = self._linear("gemm", inp, weight, b, is_first_microbatch, None, wparam, fp8_io=fp8_io)
+        out = self._tp_linear(
+            self.parallel_mode, "gemm", inp, weight, b, is_first_microbatch, None, wparam, fp8_io=fp8_io
+        )
         out = attach_output(self, out, fp8_io)
         if self.return_bias:
             return out, None if bias is None else bias.to(self._activation_dtype(inp))  # TE: None without a bias
