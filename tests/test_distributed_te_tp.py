@@ -198,8 +198,9 @@ def _run(rank: int, recipe_name: str, sp: bool, tp_group: object, amax_group: ob
     return out
 
 
-def _run_mlp(rank: int, recipe_name: str, sp: bool, tp_group: object) -> list[dict]:
-    """``LayerNormMLP(set_parallel_mode=True, activation="relu")``: the same MLP behind a LayerNorm.  The
+def _run_mlp(rank: int, recipe_name: str, sp: bool, tp_group: object, lnl: bool = False) -> list[dict]:
+    """``LayerNormMLP(set_parallel_mode=True, activation="relu")`` (``lnl``: ``LayerNormLinear`` column,
+    relu, ``Linear`` row): the same MLP behind a LayerNorm.  The
     norm rows are fp8sim's ``normalize`` (checked on its own in test_pytorch_modules.py); with sequence
     parallel each rank normalises its rows and its norm-parameter gradients cover those rows only."""
     import fp8sim.pytorch as te
@@ -211,16 +212,24 @@ def _run_mlp(rank: int, recipe_name: str, sp: bool, tp_group: object) -> list[di
     w1, b1 = torch.randn(F, H) * 0.1, torch.randn(F) * 0.1
     w2, b2 = torch.randn(H, F) * 0.1, torch.randn(H) * 0.1
     lnw, lnb = 1 + torch.randn(H) * 0.1, torch.randn(H) * 0.1
-    mlp = te.LayerNormMLP(
-        H, F, tp_group=tp_group, sequence_parallel=sp, set_parallel_mode=True, activation="relu", eps=1e-5
-    )
+    if lnl:  # LayerNormLinear(column) -> relu -> Linear(row)
+        fc1 = te.LayerNormLinear(H, F, eps=1e-5, tp_group=tp_group, parallel_mode="column", sequence_parallel=sp)
+        fc2 = te.Linear(F, H, tp_group=tp_group, parallel_mode="row", sequence_parallel=sp)
+        mlp = torch.nn.Sequential(fc1, torch.nn.ReLU(), fc2)
+        names = {"fc1_weight": fc1.weight, "fc1_bias": fc1.bias, "fc2_weight": fc2.weight, "fc2_bias": fc2.bias}
+        names.update(layer_norm_weight=fc1.layer_norm_weight, layer_norm_bias=fc1.layer_norm_bias)
+    else:
+        mlp = te.LayerNormMLP(
+            H, F, tp_group=tp_group, sequence_parallel=sp, set_parallel_mode=True, activation="relu", eps=1e-5
+        )
+        names = dict(mlp.named_parameters())
     with torch.no_grad():
         for name, v in (("fc1_weight", w1.chunk(2, 0)[rank]), ("fc1_bias", b1.chunk(2)[rank])):
-            getattr(mlp, name).copy_(v)
+            names[name].copy_(v)
         for name, v in (("fc2_weight", w2.chunk(2, 1)[rank]), ("fc2_bias", b2)):
-            getattr(mlp, name).copy_(v)
-        mlp.layer_norm_weight.copy_(lnw)
-        mlp.layer_norm_bias.copy_(lnb)
+            names[name].copy_(v)
+        names["layer_norm_weight"].copy_(lnw)
+        names["layer_norm_bias"].copy_(lnb)
     recipe = DelayedScaling(amax_history_len=HIST) if recipe_name == "delayed" else Float8CurrentScaling()
     ref = _Reference(recipe_name, w1, b1, w2, b2)
     out = []
@@ -243,12 +252,12 @@ def _run_mlp(rank: int, recipe_name: str, sp: bool, tp_group: object) -> list[di
         got = {
             "y": y.detach(),
             "dx": xl.grad,
-            "dw1": mlp.fc1_weight.grad,
-            "db1": mlp.fc1_bias.grad,
-            "dw2": mlp.fc2_weight.grad,
-            "db2": mlp.fc2_bias.grad,
-            "dlnw": mlp.layer_norm_weight.grad,
-            "dlnb": mlp.layer_norm_bias.grad,
+            "dw1": names["fc1_weight"].grad,
+            "db1": names["fc1_bias"].grad,
+            "dw2": names["fc2_weight"].grad,
+            "db2": names["fc2_bias"].grad,
+            "dlnw": names["layer_norm_weight"].grad,
+            "dlnb": names["layer_norm_bias"].grad,
         }
         out.append({"diffs": {k: int((got[k] != want[k]).sum()) for k in got}})
     return out
@@ -261,6 +270,7 @@ def _worker(rank: int, world: int) -> dict:
     res = {f"{r}-{sp}": _run(rank, r, sp, tp, None) for r, sp in CASES}
     res["wrong"] = _run(rank, "delayed", True, tp, alone)
     res.update({f"mlp-{r}-{sp}": _run_mlp(rank, r, sp, tp) for r, sp in CASES})
+    res.update({f"lnl-{r}-{sp}": _run_mlp(rank, r, sp, tp, lnl=True) for r, sp in CASES})
     import fp8sim.pytorch as te
 
     errors = {}
@@ -281,6 +291,13 @@ def _worker(rank: int, world: int) -> dict:
             sp(torch.randn(16, 32))
     except ValueError as exc:
         errors["reduce_amax"] = str(exc)
+    from fp8sim.recipe import MXFP8BlockScaling
+
+    try:
+        with te.autocast(recipe=MXFP8BlockScaling()):
+            sp(torch.randn(16, 32))
+    except NotImplementedError as exc:
+        errors["block"] = str(exc)
     res["errors"] = errors
     res["sizes"] = (tuple(lin.weight.shape), tuple(te.Linear(32, 64, tp_group=tp, parallel_mode="row").weight.shape))
     return res
@@ -299,12 +316,16 @@ def test_megatron_mlp_forward_and_gradients_equal_the_per_shard_reference(result
             assert not bad, f"{recipe} sequence_parallel={sp} rank {rank} step {step}: elements differing {bad}"
 
 
+@pytest.mark.parametrize("module", ["mlp", "lnl"])
 @pytest.mark.parametrize(("recipe", "sp"), CASES)
-def test_layernorm_mlp_set_parallel_mode_equals_the_per_shard_reference(results: list, recipe: str, sp: bool) -> None:
+def test_layernorm_mlp_and_layernorm_linear_equal_the_per_shard_reference(
+    results: list, module: str, recipe: str, sp: bool
+) -> None:
+    """LayerNormMLP(set_parallel_mode=True), and LayerNormLinear(column) -> relu -> Linear(row)."""
     for rank, res in enumerate(results):
-        for step, st in enumerate(res[f"mlp-{recipe}-{sp}"]):
+        for step, st in enumerate(res[f"{module}-{recipe}-{sp}"]):
             bad = {k: n for k, n in st["diffs"].items() if n}
-            assert not bad, f"LayerNormMLP {recipe} sequence_parallel={sp} rank {rank} step {step}: differing {bad}"
+            assert not bad, f"{module} {recipe} sequence_parallel={sp} rank {rank} step {step}: differing {bad}"
 
 
 @pytest.mark.parametrize(("recipe", "sp"), [c for c in CASES if c[0] == "delayed"])
@@ -350,4 +371,5 @@ def test_tp_errors_on_the_ranks(results: list) -> None:
     assert errors["divide"] == "31 is not divisible by 2"
     assert "Tensor parallel group not initialized" in errors["group"]
     assert "Amax reduction across tensor parallel group is necessary" in errors["reduce_amax"]
+    assert "sequence_parallel under MXFP8BlockScaling" in errors["block"]
     assert results[0]["sizes"] == ((32, 32), (64, 16))

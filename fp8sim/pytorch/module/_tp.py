@@ -16,7 +16,8 @@ Amax reduction as TE: delayed scaling reduces its amax history over autocast's `
 (TE's ``fp8_group``; None: the world), and TE refuses ``sequence_parallel`` without ``reduce_amax``;
 current scaling reduces the amax of a sequence-parallel input (column) or grad output (row) over
 ``tp_group`` (``set_quantizer_amax_reduction_group``), every other amax stays local.  Block recipes
-gather in high precision and quantize the gathered tensor.  FP8 payloads travel through
+run without sequence parallelism only (their local GEMMs need no FP8 collective); their sharded
+all-gathers are not emulated.  FP8 payloads travel through
 :mod:`fp8sim.distributed` as byte views (gloo refuses float8).
 """
 
@@ -206,7 +207,7 @@ class _ReduceOutput(torch.autograd.Function):
         if not m.sequence_parallel:
             return dy, None, None, None, None
         recipe = ctx.recipe
-        if recipe is None or getattr(recipe, "backward_override", None) is not None:
+        if recipe is None or getattr(recipe, "backward_override", None) is not None:  # TE: a high-precision gather
             return gather_along_first_dim(dy, m.tp_group), None, None, None, None
         op = _quantize_local(m.fp8_gemms[ctx.name], dy, recipe, "grad", m.tp_group)
         h = _gather_fp8(op, tuple(dy.shape), m.tp_group)
@@ -223,6 +224,16 @@ def check_tp_forward(module: Any) -> None:
             "set_tensor_parallel_group() before forward pass when tp_size > 1."
         )
     recipe = get_recipe() if current_state().enabled else None
+    if module.sequence_parallel and recipe is not None and not isinstance(recipe, PER_TENSOR):
+        # TE gathers block-scaled data quantized per shard (_all_gather_mxfp8, ..._fp8_blockwise, _nvfp4)
+        raise NotImplementedError(
+            f"fp8sim: sequence_parallel under {type(recipe).__name__} (block-scaled all-gather) is not emulated;"
+            " DelayedScaling and Float8CurrentScaling are"
+        )
+    if module.sequence_parallel and getattr(recipe, "backward_override", None) == "high_precision":
+        raise NotImplementedError(
+            "fp8sim: sequence_parallel with backward_override='high_precision' (TE re-gathers the original input)"
+        )
     if module.sequence_parallel and isinstance(recipe, DelayedScaling) and not recipe.reduce_amax:
         raise ValueError(
             "Amax reduction across tensor parallel group is necessary when using sequence parallelism with FP8."
