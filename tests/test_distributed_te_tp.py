@@ -46,6 +46,7 @@ FMAX = {E4M3: np.float32(448.0), E5M2: np.float32(57344.0)}
 # slot -> (format, which module, forward?)
 SLOTS = {"fc1.in": E4M3, "fc1.w": E4M3, "fc1.grad": E5M2, "fc2.in": E4M3, "fc2.w": E4M3, "fc2.grad": E5M2}
 CASES = [("delayed", False), ("delayed", True), ("current", False), ("current", True)]
+BF16_CASES = [("delayed", True), ("current", False)]
 
 
 # -- the reference ------------------------------------------------------------------------------
@@ -88,12 +89,14 @@ class _Reference:
     def step(self, x: torch.Tensor, dy: torch.Tensor, sp: bool, rank: int) -> dict:
         """Output, gradients (this rank's) and the scales used, for the full ``x`` and grad ``dy``."""
         w1s, b1s, w2s = self.w1.chunk(2, 0), self.b1.chunk(2), self.w2.chunk(2, 1)
+        dt = self.w1.dtype  # the activation dtype: every GEMM output is rounded to it
         s_x = self._scale("fc1.in", x)  # current: the sequence-parallel amax is reduced, x is replicated otherwise
         xq = _q(x, s_x, E4M3)
         s_w1 = [self._scale("fc1.w", w) for w in w1s]
         w1q = [_q(w, s, E4M3) for w, s in zip(w1s, s_w1, strict=True)]
         h = [
             (torch.matmul(xq, w1q[r].t()) * _alpha(s_x, s_w1[r]) + b1s[r].to(torch.bfloat16).float())
+            .to(dt)
             .detach()
             .requires_grad_()
             for r in range(2)
@@ -103,7 +106,7 @@ class _Reference:
         aq = [_q(ar, s, E4M3) for ar, s in zip(a, s_a, strict=True)]
         s_w2 = [self._scale("fc2.w", w) for w in w2s]
         w2q = [_q(w, s, E4M3) for w, s in zip(w2s, s_w2, strict=True)]
-        p = [torch.matmul(aq[r], w2q[r].t()) * _alpha(s_a[r], s_w2[r]) for r in range(2)]
+        p = [(torch.matmul(aq[r], w2q[r].t()) * _alpha(s_a[r], s_w2[r])).to(dt) for r in range(2)]
         ysum = p[0] + p[1]
         rows = (lambda t: t.chunk(2, 0)[rank]) if sp else (lambda t: t)
         y = rows(ysum) + self.b2
@@ -112,23 +115,23 @@ class _Reference:
         (torch.zeros_like(rows(ysum)) + bias).backward(rows(dy))
         s_g2 = self._scale("fc2.grad", dy)  # current: reduced under sequence parallel, replicated otherwise
         dyq = _q(dy, s_g2, E5M2)
-        da = [torch.matmul(dyq, w2q[r]) * _alpha(s_g2, s_w2[r]) for r in range(2)]
-        dw2 = torch.matmul(dyq.t(), aq[rank]) * _alpha(s_g2, s_a[rank])
+        da = [(torch.matmul(dyq, w2q[r]) * _alpha(s_g2, s_w2[r])).to(dt) for r in range(2)]
+        dw2 = (torch.matmul(dyq.t(), aq[rank]) * _alpha(s_g2, s_a[rank])).to(dt)
         for r in range(2):
             a[r].backward(da[r])
         dh = [hr.grad for hr in h]
         s_g1 = [self._scale("fc1.grad", d) for d in dh]
         dhq = [_q(d, s, E5M2) for d, s in zip(dh, s_g1, strict=True)]
-        dxp = [torch.matmul(dhq[r], w1q[r]) * _alpha(s_g1[r], s_w1[r]) for r in range(2)]
+        dxp = [(torch.matmul(dhq[r], w1q[r]) * _alpha(s_g1[r], s_w1[r])).to(dt) for r in range(2)]
         dx_full = dxp[0] + dxp[1]
         dx = rows(dx_full)
-        dw1 = torch.matmul(dhq[rank].t(), xq) * _alpha(s_g1[rank], s_x)
+        dw1 = (torch.matmul(dhq[rank].t(), xq) * _alpha(s_g1[rank], s_x)).to(dt)
         out = {
             "y": y.detach(),
             "dx": dx,
             "dx_full": dx_full,
             "dw1": dw1,
-            "db1": dh[rank].float().sum(0),
+            "db1": dh[rank].float().sum(0).to(dt),
             "dw2": dw2,
             "db2": bias.grad,
             "scales": {"fc1.in": s_x, "fc2.grad": s_g2, "fc1.w": s_w1[rank], "fc2.w": s_w2[rank]},
@@ -158,16 +161,21 @@ def _state(m: object) -> dict:
     }
 
 
-def _run(rank: int, recipe_name: str, sp: bool, tp_group: object, amax_group: object) -> list[dict]:
+def _run(
+    rank: int, recipe_name: str, sp: bool, tp_group: object, amax_group: object, dt: torch.dtype = torch.float32
+) -> list[dict]:
+    """Linear(column) -> relu -> Linear(row) in ``dt`` (bf16: every GEMM output, the two-rank sums and the
+    row bias add are bf16, as TE's activation dtype)."""
     import fp8sim.pytorch as te
     from fp8sim.recipe import DelayedScaling, Float8CurrentScaling
 
     te.FP8GlobalStateManager.reset()
     torch.manual_seed(0)
-    w1, b1 = torch.randn(F, H) * 0.1, torch.randn(F) * 0.1
-    w2, b2 = torch.randn(H, F) * 0.1, torch.randn(H) * 0.1
-    fc1 = te.Linear(H, F, tp_group=tp_group, parallel_mode="column", sequence_parallel=sp)
-    fc2 = te.Linear(F, H, tp_group=tp_group, parallel_mode="row", sequence_parallel=sp)
+    w1, b1 = (torch.randn(F, H) * 0.1).to(dt), (torch.randn(F) * 0.1).to(dt)
+    w2, b2 = (torch.randn(H, F) * 0.1).to(dt), (torch.randn(H) * 0.1).to(dt)
+    kw = {"tp_group": tp_group, "sequence_parallel": sp, "params_dtype": dt}
+    fc1 = te.Linear(H, F, parallel_mode="column", **kw)
+    fc2 = te.Linear(F, H, parallel_mode="row", **kw)
     with torch.no_grad():
         fc1.weight.copy_(w1.chunk(2, 0)[rank])
         fc1.bias.copy_(b1.chunk(2)[rank])
@@ -177,7 +185,7 @@ def _run(rank: int, recipe_name: str, sp: bool, tp_group: object, amax_group: ob
     ref = _Reference(recipe_name, w1, b1, w2, b2)
     out = []
     for step in range(STEPS):
-        x, dy = _data(step)
+        x, dy = (t.to(dt) for t in _data(step))
         xl = (x.chunk(2, 0)[rank] if sp else x).clone().requires_grad_()
         for p in (*fc1.parameters(), *fc2.parameters()):
             p.grad = None
@@ -194,6 +202,7 @@ def _run(rank: int, recipe_name: str, sp: bool, tp_group: object, amax_group: ob
             "db2": fc2.bias.grad,
         }
         diffs = {k: int((got[k] != want[k]).sum()) for k in got}
+        diffs["dtype"] = int(y.dtype != dt or fc1.weight.grad.dtype != dt)
         out.append({"diffs": diffs, "fc1": _state(fc1), "fc2": _state(fc2), "want_scales": want["scales"]})
     return out
 
@@ -269,6 +278,7 @@ def _worker(rank: int, world: int) -> dict:
     alone = [dist.new_group([r]) for r in range(world)][rank]  # a wrong amax group: no reduction
     res = {f"{r}-{sp}": _run(rank, r, sp, tp, None) for r, sp in CASES}
     res["wrong"] = _run(rank, "delayed", True, tp, alone)
+    res.update({f"bf16-{r}-{sp}": _run(rank, r, sp, tp, None, torch.bfloat16) for r, sp in BF16_CASES})
     res.update({f"mlp-{r}-{sp}": _run_mlp(rank, r, sp, tp) for r, sp in CASES})
     res.update({f"lnl-{r}-{sp}": _run_mlp(rank, r, sp, tp, lnl=True) for r, sp in CASES})
     import fp8sim.pytorch as te
@@ -314,6 +324,16 @@ def test_megatron_mlp_forward_and_gradients_equal_the_per_shard_reference(result
         for step, st in enumerate(res[f"{recipe}-{sp}"]):
             bad = {k: n for k, n in st["diffs"].items() if n}
             assert not bad, f"{recipe} sequence_parallel={sp} rank {rank} step {step}: elements differing {bad}"
+
+
+@pytest.mark.parametrize(("recipe", "sp"), BF16_CASES)
+def test_bf16_activations_sum_and_round_in_bf16_as_te(results: list, recipe: str, sp: bool) -> None:
+    """params and input in bf16: GEMM outputs rounded to bf16, the two-rank all-reduce / reduce-scatter a
+    bf16 sum (one rounding of p_0 + p_1 on gloo as on NCCL), the row bias added in bf16."""
+    for rank, res in enumerate(results):
+        for step, st in enumerate(res[f"bf16-{recipe}-{sp}"]):
+            bad = {k: n for k, n in st["diffs"].items() if n}
+            assert not bad, f"bf16 {recipe} sequence_parallel={sp} rank {rank} step {step}: differing {bad}"
 
 
 @pytest.mark.parametrize("module", ["mlp", "lnl"])
