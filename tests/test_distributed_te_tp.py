@@ -393,3 +393,20 @@ def test_tp_errors_on_the_ranks(results: list) -> None:
     assert "Amax reduction across tensor parallel group is necessary" in errors["reduce_amax"]
     assert "sequence_parallel under MXFP8BlockScaling" in errors["block"]
     assert results[0]["sizes"] == ((32, 32), (64, 16))
+
+
+def test_fp32_bias_gradient_is_not_rounded_to_bf16() -> None:
+    """TE linear.py: an FP32 bias goes into the FP8 GEMM as BF16 (``bias_dtype = torch.bfloat16``, cast inside
+    ``_Linear``), and its gradient is the bgrad in the grad dtype, float32 here: fp8sim rounded it to BF16."""
+    import fp8sim.pytorch as te
+    from fp8sim.recipe import Float8CurrentScaling
+
+    torch.manual_seed(0)
+    m = te.Linear(32, 32)
+    x, g = torch.randn(16, 32), torch.randn(16, 32) * 1e-3
+    with te.autocast(recipe=Float8CurrentScaling()):
+        y = m(x)
+    y.backward(g)
+    want = g.sum(0)
+    assert m.bias.grad.dtype == torch.float32 and torch.equal(m.bias.grad, want)
+    assert not torch.equal(want, want.bfloat16().float())  # the test can tell the two apart

@@ -42,6 +42,7 @@ __all__ = [
     "reduce_scatter_along_first_dim",
     "allreduce",
     "tp_linear",
+    "module_tp_linear",
 ]
 
 
@@ -129,9 +130,10 @@ def _gather_fp8(op: Any, shape: tuple, group: Any) -> FP8Handoff:
     world = get_distributed_world_size(group)
     codes = op.codes.contiguous()
     out = torch.empty((codes.shape[0] * world, *codes.shape[1:]), dtype=torch.uint8)
-    wire = getattr(torch, "float8_e5m2" if op.fmt.name == "e5m2" else "float8_e4m3fn", None)
-    if wire is not None and op.fmt.name in ("e4m3", "e5m2"):  # the float8 dtype through the byte-view collective
-        all_gather_into_tensor(out.view(wire), codes.view(wire), group=group)
+    wire = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}.get(op.fmt.name)
+    if wire is not None:  # the float8 dtype, through the byte-view collective (gloo refuses float8)
+        dtype = getattr(torch, wire)
+        all_gather_into_tensor(out.view(dtype), codes.view(dtype), group=group)
     else:
         all_gather_into_tensor(out, codes, group=group)
     full = (shape[0] * world, *shape[1:])
@@ -266,3 +268,19 @@ def tp_linear(
     if bias is not None:
         out = out + bias.to(out.dtype)
     return out
+
+
+def module_tp_linear(
+    module: Any, mode: str, name: str, x: torch.Tensor, w: torch.Tensor, b: Any, *args: Any, **kw: Any
+) -> torch.Tensor:
+    """``module._linear(name, x, w, b, *args, **kw)`` on this rank's shard in TE's collectives for ``mode``;
+    FP8 hand-offs between modules (``fp8_output``, ``fp8_grad``, an FP8 input) are refused under TP."""
+    io = kw.pop("fp8_io", None)
+    if io and (io.get("fp8_output") or io.get("fp8_grad") or io.get("input_fp8") is not None):
+        raise NotImplementedError("fp8sim: FP8 inputs and outputs (fp8_output, fp8_grad) with tp_size > 1")
+    row = mode == "row"
+
+    def run(xx: torch.Tensor, fp8_io: dict | None) -> torch.Tensor:
+        return module._linear(name, xx, w, None if row else b, *args, **kw, fp8_io=fp8_io)
+
+    return tp_linear(module, name, mode, x, run, b if row else None)

@@ -24,6 +24,7 @@ from ..quantization import (
     get_recipe,
     reduce_and_update_fp8_tensors,
 )
+from ._bias import bias_through_bf16
 from ._fp8_params import is_fp8_weight, quantize_primary_weights
 from ._gemm_state import _GemmState, _ScalingMeta
 from ._linear_function import LinearOptions, fp8_linear, hp_linear
@@ -312,7 +313,7 @@ class TransformerEngineBaseModule(nn.Module):
             if not is_fp8_weight(w):
                 w = w.to(act)
             if b is not None:  # TE: cuBLAS takes no FP32 bias in an FP8 GEMM, so an FP32 bias goes through BF16
-                b = _bias_cast(b) if act == torch.float32 else b.to(act)
+                b = bias_through_bf16(b) if act == torch.float32 else b.to(act)
             opts = LinearOptions(
                 weight_param=weight_param,
                 fuse_wgrad_accumulation=getattr(self, "fuse_wgrad_accumulation", False),
@@ -340,21 +341,13 @@ class TransformerEngineBaseModule(nn.Module):
         return torch.nn.functional.linear(x, w, b)
 
     def _tp_linear(self, mode: str | None, name: str, x: torch.Tensor, w: torch.Tensor, b: Any, *args: Any, **kw: Any):  # noqa: ANN202
-        """:meth:`_linear` on this rank's shard inside TE's tensor-parallel collectives (``module/_tp.py``);
-        ``mode``: "column", "row" or None (no collectives)."""
+        """:meth:`_linear` on this rank's shard inside TE's tensor-parallel collectives for ``mode``
+        ("column", "row"; None: none), see ``module/_tp.py``."""
         if self.tp_size == 1 or mode is None:
             return self._linear(name, x, w, b, *args, **kw)
-        io = kw.pop("fp8_io", None)
-        if io and (io.get("fp8_output") or io.get("fp8_grad") or io.get("input_fp8") is not None):
-            raise NotImplementedError("fp8sim: FP8 inputs and outputs (fp8_output, fp8_grad) with tp_size > 1")
-        from ._tp import tp_linear
+        from ._tp import module_tp_linear
 
-        row = mode == "row"
-
-        def run(xx: torch.Tensor, fp8_io: dict | None) -> torch.Tensor:
-            return self._linear(name, xx, w, None if row else b, *args, **kw, fp8_io=fp8_io)
-
-        return tp_linear(self, name, mode, x, run, b if row else None)
+        return module_tp_linear(self, mode, name, x, w, b, *args, **kw)
 
     @property
     def quantizers(self) -> dict[str, list]:
@@ -463,27 +456,6 @@ class TransformerEngineBaseModule(nn.Module):
                     "amax_history": st.amax_history_bwd[:, 2 * i : 2 * i + 2].numpy(),
                 }
             )
-
-
-class _BiasCast(torch.autograd.Function):
-    """The bias rounded to the GEMM's bias dtype but kept in its own dtype, the gradient passed through
-    unrounded: TE casts the bias inside its autograd function (linear.py ``cast_if_needed(bias,
-    bias_dtype)``) and returns the bgrad in the grad dtype, so an FP32 bias's gradient is not rounded to BF16."""
-
-    @staticmethod
-    def forward(ctx: Any, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[override]
-        return b.to(dtype).to(b.dtype)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return grad, None
-
-
-def _bias_cast(b: torch.Tensor) -> torch.Tensor:
-    """An FP32-activation bias through BF16 (values), its gradient in float32 (``_BiasCast``)."""
-    if not torch.is_grad_enabled() or not b.requires_grad:
-        return b.to(torch.bfloat16).to(b.dtype)
-    return _BiasCast.apply(b, torch.bfloat16)
 
 
 def _calibration_amax(t: torch.Tensor) -> float:
