@@ -380,6 +380,10 @@ def test_tp_arguments_follow_te() -> None:
     assert m.sequence_parallel is False  # TE: (tp_size > 1) and sequence_parallel
     with pytest.raises(ValueError, match="64 is not divisible by 3"):
         te.Linear(32, 64, tp_size=3, parallel_mode="column")
+    qkv = te.Linear(32, 96, tp_size=2, parallel_mode="column", parameters_split=("query", "key", "value"))
+    assert [tuple(getattr(qkv, f"{n}_weight").shape) for n in ("query", "key", "value")] == [(16, 32)] * 3
+    with pytest.raises(RuntimeError, match="out_features=30 between 4 tensor-parallel processes"):
+        te.Linear(32, 64, tp_size=4, parallel_mode="column", parameters_split={"a": 30, "b": 34})
     with pytest.raises(NotImplementedError, match="needs set_parallel_mode=True"):
         te.LayerNormMLP(32, 64, tp_size=2)
     with pytest.raises(NotImplementedError, match="does not emulate tensor or sequence parallelism"):
