@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+nn_f = torch.nn.functional
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
@@ -272,6 +273,41 @@ def _run_mlp(rank: int, recipe_name: str, sp: bool, tp_group: object, lnl: bool 
     return out
 
 
+def _run_hp(rank: int, sp: bool, tp_group: object) -> dict:
+    """FP8 off: the same collectives around torch's own linear; the reference is autograd over the per-shard
+    ``F.linear`` graph of the full tensors (each two-branch gradient sum is one float32 add)."""
+    import fp8sim.pytorch as te
+
+    torch.manual_seed(2)
+    w1, b1, w2, b2 = torch.randn(F, H) * 0.1, torch.randn(F) * 0.1, torch.randn(H, F) * 0.1, torch.randn(H) * 0.1
+    fc1 = te.Linear(H, F, tp_group=tp_group, parallel_mode="column", sequence_parallel=sp)
+    fc2 = te.Linear(F, H, tp_group=tp_group, parallel_mode="row", sequence_parallel=sp)
+    with torch.no_grad():
+        for p, v in (
+            (fc1.weight, w1.chunk(2, 0)[rank]),
+            (fc1.bias, b1.chunk(2)[rank]),
+            (fc2.weight, w2.chunk(2, 1)[rank]),
+            (fc2.bias, b2),
+        ):
+            p.copy_(v)
+    x, dy = _data(0)
+    xl = (x.chunk(2, 0)[rank] if sp else x).clone().requires_grad_()
+    y = fc2(torch.relu(fc1(xl)))
+    y.backward(dy.chunk(2, 0)[rank] if sp else dy)
+    leaves = [t.clone().requires_grad_() for t in (x, *w1.chunk(2, 0), *b1.chunk(2), *w2.chunk(2, 1), b2)]
+    xr, w10, w11, b10, b11, w20, w21, b2r = leaves
+    hs = [torch.relu(nn_f.linear(xr, w, b)) for w, b in ((w10, b10), (w11, b11))]
+    ysum = nn_f.linear(hs[0], w20) + nn_f.linear(hs[1], w21)
+    rows = (lambda t: t.chunk(2, 0)[rank]) if sp else (lambda t: t)
+    ysum.backward(dy)  # the row layer's backward gathers every rank's grad output
+    (torch.zeros_like(rows(ysum)) + b2r).backward(rows(dy))  # its bias: this rank's rows
+    want = {"y": rows(ysum) + b2, "dx": rows(xr.grad), "dw1": (w10, w11)[rank].grad, "db1": (b10, b11)[rank].grad}
+    want.update(dw2=(w20, w21)[rank].grad, db2=b2r.grad)
+    got = {"y": y, "dx": xl.grad, "dw1": fc1.weight.grad, "db1": fc1.bias.grad, "dw2": fc2.weight.grad}
+    got["db2"] = fc2.bias.grad
+    return {k: int((got[k].detach() != want[k].detach()).sum()) for k in got}
+
+
 def _worker(rank: int, world: int) -> dict:
     torch.set_num_threads(1)
     tp = dist.new_group([0, 1])
@@ -281,6 +317,7 @@ def _worker(rank: int, world: int) -> dict:
     res.update({f"bf16-{r}-{sp}": _run(rank, r, sp, tp, None, torch.bfloat16) for r, sp in BF16_CASES})
     res.update({f"mlp-{r}-{sp}": _run_mlp(rank, r, sp, tp) for r, sp in CASES})
     res.update({f"lnl-{r}-{sp}": _run_mlp(rank, r, sp, tp, lnl=True) for r, sp in CASES})
+    res.update({f"hp-{sp}": _run_hp(rank, sp, tp) for sp in (False, True)})
     import fp8sim.pytorch as te
 
     errors = {}
@@ -324,6 +361,13 @@ def test_megatron_mlp_forward_and_gradients_equal_the_per_shard_reference(result
         for step, st in enumerate(res[f"{recipe}-{sp}"]):
             bad = {k: n for k, n in st["diffs"].items() if n}
             assert not bad, f"{recipe} sequence_parallel={sp} rank {rank} step {step}: elements differing {bad}"
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_without_fp8_the_collectives_wrap_torch_linear(results: list, sp: bool) -> None:
+    for rank, res in enumerate(results):
+        bad = {k: n for k, n in res[f"hp-{sp}"].items() if n}
+        assert not bad, f"FP8 off, sequence_parallel={sp}, rank {rank}: differing {bad}"
 
 
 @pytest.mark.parametrize(("recipe", "sp"), BF16_CASES)
