@@ -1,4 +1,5 @@
-"""TE-style tensor parallelism of ``fp8sim.pytorch.Linear`` on 2 gloo ranks (issue 16, item 3).
+"""TE-style tensor parallelism of ``fp8sim.pytorch`` ``Linear``, ``LayerNormLinear`` and ``LayerNormMLP`` on
+2 gloo ranks (issue 16, item 3).
 
 A Megatron MLP, ``fc2(relu(fc1(x)))`` with ``fc1 = Linear(32, 64, parallel_mode="column")`` and
 ``fc2 = Linear(64, 32, parallel_mode="row")``, trains for 3 steps (new ``x`` and output gradient each
@@ -9,22 +10,24 @@ full weights with ml_dtypes casts and torch's float32 matmul, applying the arith
 
 * every rank runs its own GEMM on its shard (fc1: rows ``r`` of W1 and b1; fc2: columns ``r`` of W2),
   exact FP8 products summed in float32, ``scale_inv_a * scale_inv_b`` applied after, the fused bias
-  (fc1) rounded to bf16 first (linear.py 504-508: cuBLAS takes no FP32 bias in an FP8 GEMM);
+  (fc1) rounded to bf16 first (linear.py 499-503: cuBLAS takes no FP32 bias in an FP8 GEMM);
 * fc2's partial outputs are summed (``allreduce``, or ``reduce_scatter_along_first_dim`` with
   sequence parallel, linear.py 568-577) as ``p_0 + p_1`` in float32 (two ranks: one rounded add,
   the same in either order), then b2 is added (the unfused add after the collective, linear.py
-  1806-1809 and 2089-2090); fc1's dgrad is summed the same way (linear.py 1122-1132);
+  1807 and 2076); fc1's dgrad is summed the same way (linear.py 1122-1132);
 * with sequence parallel, fc1's input and fc2's grad output are quantized on each rank with one scale
-  and all-gathered as FP8 codes (linear.py 381-420, base.py ``grad_output_preprocess`` 1721-1751),
+  and all-gathered as FP8 codes (linear.py 378-420, base.py ``grad_output_preprocess`` 1721-1751),
   which is the cast of the whole tensor; b2's gradient is the sum over this rank's rows only;
-* amaxes: delayed scaling MAX-reduces every slot over autocast's group (the world), so each scale is
+* amaxes: delayed scaling MAX-reduces every slot over autocast's group, so each scale is
   ``448 or 57344 / max(amax_t, amax_{t-1})`` of the *whole* logical tensor (``quantization.py``
-  ``reduce_and_update_fp8_tensors``); current scaling reduces only the sequence-parallel input of fc1
-  and grad output of fc2 (linear.py 352-355 and 810-824); a weight shard, fc2's input shard and fc1's
+  ``reduce_and_update_fp8_tensors`` 656-684, here over autocast's ``amax_reduction_group``: the world,
+  or the TP group itself); current scaling reduces only the sequence-parallel input of fc1 and grad
+  output of fc2 (linear.py 352-355 and 810-824); a weight shard, fc2's input shard and fc1's
   grad-output shard are scaled by their own amax.
 
-Then the same run with a wrong amax group (each rank alone) gives different scales on the two ranks
-and an output that is not the reference's.
+The same spawn runs the MLP in bf16, behind a LayerNorm (``LayerNormMLP(set_parallel_mode=True)`` and
+``LayerNormLinear`` column + ``Linear`` row), and with FP8 off; and the same run with a wrong amax group
+(each rank alone) gives different scales on the two ranks and an output that is not the reference's.
 """
 
 from __future__ import annotations
@@ -312,7 +315,7 @@ def _worker(rank: int, world: int) -> dict:
     torch.set_num_threads(1)
     tp = dist.new_group([0, 1])
     alone = [dist.new_group([r]) for r in range(world)][rank]  # a wrong amax group: no reduction
-    res = {f"{r}-{sp}": _run(rank, r, sp, tp, None) for r, sp in CASES}
+    res = {f"{r}-{sp}": _run(rank, r, sp, tp, tp if sp else None) for r, sp in CASES}  # both amax groups
     res["wrong"] = _run(rank, "delayed", True, tp, alone)
     res.update({f"bf16-{r}-{sp}": _run(rank, r, sp, tp, None, torch.bfloat16) for r, sp in BF16_CASES})
     res.update({f"mlp-{r}-{sp}": _run_mlp(rank, r, sp, tp) for r, sp in CASES})
@@ -417,7 +420,8 @@ def test_a_wrong_amax_group_gives_the_ranks_different_scales_and_wrong_outputs(r
 
 
 def test_tp_arguments_follow_te() -> None:
-    """TE linear.py 1608-1627 and utils.divide (295-305); base.py prepare_forward's messages."""
+    """TE linear.py 1608-1627 (group, sizes, ``sequence_parallel`` only with ``tp_size > 1``), 1746-1753
+    (splits) and utils.divide (295-305)."""
     import fp8sim.pytorch as te
 
     m = te.Linear(32, 64, tp_size=1, parallel_mode="column", sequence_parallel=True)
@@ -435,6 +439,7 @@ def test_tp_arguments_follow_te() -> None:
 
 
 def test_tp_errors_on_the_ranks(results: list) -> None:
+    """TE base.py prepare_forward (1610-1630) and utils.divide messages; what fp8sim refuses."""
     errors = results[0]["errors"]
     assert errors["divide"] == "31 is not divisible by 2"
     assert "Tensor parallel group not initialized" in errors["group"]
