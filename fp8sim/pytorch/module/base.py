@@ -154,7 +154,7 @@ class TransformerEngineBaseModule(nn.Module):
         if tp_size != 1 and not self._tp_supported:
             raise NotImplementedError(
                 f"fp8sim.pytorch: {type(self).__name__} with tp_size={tp_size} is not emulated across processes"
-                " (Linear is: module/_tp.py)"
+                " (Linear, LayerNormLinear and LayerNormMLP are: module/_tp.py)"
             )
         # TE: sequence parallelism only with more than one tensor-parallel rank
         self.sequence_parallel, self.tp_group, self.tp_size = tp_size > 1 and sequence_parallel, tp_group, tp_size
@@ -340,7 +340,9 @@ class TransformerEngineBaseModule(nn.Module):
             return hp_linear(x, w, b, opts, is_first_microbatch)
         return torch.nn.functional.linear(x, w, b)
 
-    def _tp_linear(self, mode: str | None, name: str, x: torch.Tensor, w: torch.Tensor, b: Any, *args: Any, **kw: Any):  # noqa: ANN202
+    def _tp_linear(
+        self, mode: str | None, name: str, x: torch.Tensor, w: torch.Tensor, b: Any, *args: Any, **kw: Any
+    ) -> torch.Tensor:
         """:meth:`_linear` on this rank's shard inside TE's tensor-parallel collectives for ``mode``
         ("column", "row"; None: none), see ``module/_tp.py``."""
         if self.tp_size == 1 or mode is None:
