@@ -116,8 +116,8 @@ def test_delay_wgrad_compute_defers_wgrad_to_backward_dw() -> None:
 def test_parallel_arguments_take_single_process_semantics() -> None:
     m = te.Linear(16, 16, tp_size=1, parallel_mode="column", sequence_parallel=True, name="qkv")
     assert m.name == "qkv" and m.parallel_mode == "column"
-    with pytest.raises(NotImplementedError, match="tp_size=2"):
-        te.Linear(16, 16, tp_size=2)
+    with pytest.raises(RuntimeError, match="Tensor parallel group not initialized"):  # TE: at forward
+        te.Linear(16, 16, tp_size=2, parallel_mode="column")(torch.randn(16, 16))
     with pytest.raises(ValueError, match="parallel_mode 'diag'"):
         te.Linear(16, 16, parallel_mode="diag")
 

@@ -24,6 +24,7 @@ from ..quantization import (
     get_recipe,
     reduce_and_update_fp8_tensors,
 )
+from ._bias import bias_through_bf16
 from ._fp8_params import is_fp8_weight, quantize_primary_weights
 from ._gemm_state import _GemmState, _ScalingMeta
 from ._linear_function import LinearOptions, fp8_linear, hp_linear
@@ -116,6 +117,7 @@ class TransformerEngineBaseModule(nn.Module):
     registration with TE's ``init_fn`` and ``reset_parameters``."""
 
     _gemm_names: tuple[str, ...] = ("gemm",)
+    _tp_supported = False  # tp_size > 1 across processes (module/_tp.py)
 
     def __init__(self, accumulator: str | None = None, name: str | None = None) -> None:
         super().__init__()
@@ -145,21 +147,27 @@ class TransformerEngineBaseModule(nn.Module):
         self._preserve_high_precision_init_val = st.high_precision_init_val
         if parallel_mode not in (None, "column", "row"):
             raise ValueError(f"parallel_mode {parallel_mode!r} not supported; known: None, 'column', 'row'")
-        if tp_group is not None:
-            import torch.distributed as dist
+        if tp_group is not None:  # TE: the group's size wins over tp_size
+            from ._tp import get_distributed_world_size
 
-            tp_size = dist.get_world_size(tp_group) if dist.is_initialized() else 1
-        if tp_size != 1:
+            tp_size = get_distributed_world_size(tp_group)
+        if tp_size != 1 and not self._tp_supported:
             raise NotImplementedError(
-                f"fp8sim.pytorch modules emulate one process: tp_size={tp_size} needs the distributed emulation"
+                f"fp8sim.pytorch: {type(self).__name__} with tp_size={tp_size} is not emulated across processes"
+                " (Linear, LayerNormLinear and LayerNormMLP are: module/_tp.py)"
             )
-        self.sequence_parallel, self.tp_group, self.tp_size = sequence_parallel, tp_group, tp_size
+        # TE: sequence parallelism only with more than one tensor-parallel rank
+        self.sequence_parallel, self.tp_group, self.tp_size = tp_size > 1 and sequence_parallel, tp_group, tp_size
         self.parallel_mode = parallel_mode
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.use_bias, self.return_bias = bool(bias), bool(return_bias)
         self.apply_bias = self.use_bias and not self.return_bias
         self.save_original_input = save_original_input
         self.wgrad_store: list | None = [] if delay_wgrad_compute else None
+
+    def set_tensor_parallel_group(self, tp_group: Any) -> None:
+        """TE ``set_tensor_parallel_group``: the ``torch.distributed`` group of the tensor-parallel ranks."""
+        self.tp_group = tp_group
 
     def need_backward_dw(self) -> bool:
         """True when wgrad is deferred to :meth:`backward_dw` (``delay_wgrad_compute=True``)."""
@@ -305,7 +313,7 @@ class TransformerEngineBaseModule(nn.Module):
             if not is_fp8_weight(w):
                 w = w.to(act)
             if b is not None:  # TE: cuBLAS takes no FP32 bias in an FP8 GEMM, so an FP32 bias goes through BF16
-                b = b.to(torch.bfloat16 if act == torch.float32 else act)
+                b = bias_through_bf16(b) if act == torch.float32 else b.to(act)
             opts = LinearOptions(
                 weight_param=weight_param,
                 fuse_wgrad_accumulation=getattr(self, "fuse_wgrad_accumulation", False),
@@ -331,6 +339,17 @@ class TransformerEngineBaseModule(nn.Module):
             opts = LinearOptions(weight_param, self.fuse_wgrad_accumulation, self.wgrad_store)
             return hp_linear(x, w, b, opts, is_first_microbatch)
         return torch.nn.functional.linear(x, w, b)
+
+    def _tp_linear(
+        self, mode: str | None, name: str, x: torch.Tensor, w: torch.Tensor, b: Any, *args: Any, **kw: Any
+    ) -> torch.Tensor:
+        """:meth:`_linear` on this rank's shard inside TE's tensor-parallel collectives for ``mode``
+        ("column", "row"; None: none), see ``module/_tp.py``."""
+        if self.tp_size == 1 or mode is None:
+            return self._linear(name, x, w, b, *args, **kw)
+        from ._tp import module_tp_linear
+
+        return module_tp_linear(self, mode, name, x, w, b, *args, **kw)
 
     @property
     def quantizers(self) -> dict[str, list]:

@@ -77,6 +77,15 @@ class LayerNormLinear(TransformerEngineBaseModule):
             delay_wgrad_compute=delay_wgrad_compute,
         )
         dtype = resolve_params_dtype(params_dtype)
+        if self.tp_size > 1:  # TE: this rank's shard (module/_tp.py)
+            from ._tp import divide
+
+            if parallel_mode == "column":
+                out_features = divide(out_features, self.tp_size)
+            elif parallel_mode == "row":
+                in_features = divide(in_features, self.tp_size)
+            if self.sequence_parallel and return_layernorm_output and return_layernorm_output_gathered:
+                raise NotImplementedError("fp8sim: return_layernorm_output_gathered with sequence_parallel")
         self.in_features, self.out_features, self.eps = in_features, out_features, eps
         self.normalization, self.zero_centered_gamma = normalization, zero_centered_gamma
         self.return_layernorm_output = return_layernorm_output
@@ -101,6 +110,8 @@ class LayerNormLinear(TransformerEngineBaseModule):
         )
         self.reset_parameters(defer_init=torch.device(device).type == "meta")
 
+    _tp_supported = True
+
     def _deferred_weight_names(self) -> list[str]:
         return self.weight_names[:1]
 
@@ -116,7 +127,8 @@ class LayerNormLinear(TransformerEngineBaseModule):
         weight = cat_params(self, self.weight_names)
         bias = cat_params(self, self.bias_names) if self.use_bias else None
         wparam = weight if len(self.weight_names) == 1 else None
-        out = self._linear(
+        out = self._tp_linear(
+            self.parallel_mode,
             "gemm",
             x,
             weight,

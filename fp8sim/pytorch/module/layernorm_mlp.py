@@ -84,6 +84,12 @@ class LayerNormMLP(TransformerEngineBaseModule):
             delay_wgrad_compute=delay_wgrad_compute,
         )
         dtype = resolve_params_dtype(params_dtype)
+        if self.tp_size > 1:  # TE: fc1 column-, fc2 row-parallel, ffn_hidden_size / tp_size per rank (module/_tp.py)
+            from ._tp import divide
+
+            if not set_parallel_mode:
+                raise NotImplementedError("fp8sim: LayerNormMLP with tp_size > 1 needs set_parallel_mode=True")
+            ffn_hidden_size = divide(ffn_hidden_size, self.tp_size)
         self.hidden_size, self.ffn_hidden_size, self.eps = hidden_size, ffn_hidden_size, eps
         self.normalization, self.activation, self.activation_params = normalization, activation, activation_params
         self.return_layernorm_output, self.zero_centered_gamma = return_layernorm_output, zero_centered_gamma
@@ -105,6 +111,8 @@ class LayerNormMLP(TransformerEngineBaseModule):
         )
         self.reset_parameters(defer_init=torch.device(device).type == "meta")
 
+    _tp_supported = True
+
     def _deferred_weight_names(self) -> list[str]:
         return ["fc2_weight", "fc1_weight"]  # backward order: fc2's wgrad is stored first
 
@@ -117,13 +125,23 @@ class LayerNormMLP(TransformerEngineBaseModule):
         fc1_b = self.fc1_bias if self.use_bias else None
         fc2_b = self.fc2_bias if self.use_bias else None
         fuse_act = fused_producer()
-        h = self._linear(
-            "fc1", x, self.fc1_weight, fc1_b, is_first_microbatch, act if fused else None, self.fc1_weight, fuse_act
+        mode1, mode2 = ("column", "row") if self.set_parallel_mode else (None, None)
+        h = self._tp_linear(
+            mode1,
+            "fc1",
+            x,
+            self.fc1_weight,
+            fc1_b,
+            is_first_microbatch,
+            act if fused else None,
+            self.fc1_weight,
+            fuse_act,
         )
         with torch.autocast(inp.device.type, enabled=False):
             a32 = self._act(h)  # float32, as TE's activation kernels compute
         a = a32 if fuse_act else a32.to(act)
-        out = self._linear(
+        out = self._tp_linear(
+            mode2,
             "fc2",
             a,
             self.fc2_weight,

@@ -71,6 +71,15 @@ class Linear(TransformerEngineBaseModule):
             save_original_input=save_original_input,
         )
         dtype = resolve_params_dtype(params_dtype)
+        if self.tp_size > 1:  # TE: this rank's shard (module/_tp.py)
+            from ._tp import divide
+
+            if parallel_mode == "column":
+                if parameters_split is not None:  # TE: each split of the full weight is divided across the ranks
+                    parameters_split = _split_per_rank(parameters_split, out_features, self.tp_size)
+                out_features = divide(out_features, self.tp_size)
+            elif parallel_mode == "row":
+                in_features = divide(in_features, self.tp_size)
         self.in_features, self.out_features = in_features, out_features
         self.weight_names, self.bias_names = make_linear_params(
             self,
@@ -83,6 +92,8 @@ class Linear(TransformerEngineBaseModule):
             device=device,
         )
         self.reset_parameters(defer_init=torch.device(device).type == "meta")
+
+    _tp_supported = True
 
     def _deferred_weight_names(self) -> list[str]:
         return self.weight_names[:1]
@@ -106,7 +117,9 @@ class Linear(TransformerEngineBaseModule):
         bias = cat_params(self, self.bias_names) if self.use_bias else None
         wparam = weight if len(self.weight_names) == 1 else None
         b = bias if self.apply_bias else None
-        out = self._linear("gemm", inp, weight, b, is_first_microbatch, None, wparam, fp8_io=fp8_io)
+        out = self._tp_linear(
+            self.parallel_mode, "gemm", inp, weight, b, is_first_microbatch, None, wparam, fp8_io=fp8_io
+        )
         out = attach_output(self, out, fp8_io)
         if self.return_bias:
             return out, None if bias is None else bias.to(self._activation_dtype(inp))  # TE: None without a bias
@@ -114,3 +127,17 @@ class Linear(TransformerEngineBaseModule):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.use_bias}"
+
+
+def _split_per_rank(parameters_split: Any, out_features: int, tp_size: int) -> dict[str, int]:
+    """TE linear.py: the split sizes of the full weight, each divided by ``tp_size`` (TE's error)."""
+    from ._params import split_names
+
+    names, _, sizes = split_names(parameters_split, out_features)
+    for size in sizes:
+        if size % tp_size != 0:
+            raise RuntimeError(
+                f"Attempting to distribute a parameter with out_features={size} "
+                f"between {tp_size} tensor-parallel processes"
+            )
+    return {n.removesuffix("_weight"): size // tp_size for n, size in zip(names, sizes, strict=True)}

@@ -1,0 +1,286 @@
+"""TE's tensor parallelism across processes for fp8sim's ``Linear`` (``module/linear.py``, ``distributed.py``).
+
+Each rank holds one shard of the weight and runs its own FP8 GEMM; the collectives sit where TE puts them:
+
+* ``parallel_mode="column"``: the weight's ``out_features / tp_size`` rows, output left split.  Backward:
+  dgrad all-reduced (SUM) over ``tp_group``, or reduce-scattered along dim 0 with ``sequence_parallel``.
+  With ``sequence_parallel`` the input (sharded along dim 0) is all-gathered before the GEMM; under a
+  per-tensor recipe it is quantized first and gathered in FP8 (TE ``_all_gather_fp8``: the codes of
+  every rank read with this rank's ``scale_inv``, "Assume scaling factors are identical across ranks").
+* ``parallel_mode="row"``: the weight's ``in_features / tp_size`` columns; the GEMM output (activation
+  dtype) is all-reduced, or reduce-scattered along dim 0 with ``sequence_parallel``, and the bias is
+  added after the reduction (TE ``gemm_bias_unfused_add``).  With ``sequence_parallel`` the backward
+  quantizes the local grad output and all-gathers it (in FP8 under a per-tensor recipe).
+
+Amax reduction as TE: delayed scaling reduces its amax history over autocast's ``amax_reduction_group``
+(TE's ``fp8_group``; None: the world), and TE refuses ``sequence_parallel`` without ``reduce_amax``;
+current scaling reduces the amax of a sequence-parallel input (column) or grad output (row) over
+``tp_group`` (``set_quantizer_amax_reduction_group``), every other amax stays local.  Block recipes
+run without sequence parallelism only (their local GEMMs need no FP8 collective); their sharded
+all-gathers are not emulated.  FP8 payloads travel through
+:mod:`fp8sim.distributed` as byte views (gloo refuses float8).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...cast import decode
+from ...recipe import DelayedScaling
+from ...scaling.current import compute_scale_from_amax
+from ..quantization import current_state, get_recipe
+from ._fp8_handoff import FP8Handoff
+from ._operands import PER_TENSOR, _per_tensor, _role_qparams, nan_skipping_amax
+
+__all__ = [
+    "divide",
+    "get_distributed_world_size",
+    "gather_along_first_dim",
+    "reduce_scatter_along_first_dim",
+    "allreduce",
+    "tp_linear",
+    "module_tp_linear",
+]
+
+
+def divide(numerator: int, denominator: int) -> int:
+    """TE ``utils.divide``: ``numerator // denominator``, refusing a remainder with TE's message."""
+    if numerator % denominator != 0:
+        raise ValueError(f"{numerator} is not divisible by {denominator}")
+    return numerator // denominator
+
+
+def get_distributed_world_size(group: Any = None) -> int:
+    """TE ``distributed.get_distributed_world_size``: 1 without an initialised ``torch.distributed``."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(group)
+
+
+def gather_along_first_dim(inp: torch.Tensor, group: Any) -> torch.Tensor:
+    """TE ``gather_along_first_dim`` for a plain tensor: every rank's ``inp`` concatenated along dim 0."""
+    from ...distributed import all_gather_into_tensor
+
+    world = get_distributed_world_size(group)
+    if world == 1:
+        return inp
+    out = torch.empty((inp.shape[0] * world, *inp.shape[1:]), dtype=inp.dtype, device=inp.device)
+    all_gather_into_tensor(out, inp.contiguous(), group=group)
+    return out
+
+
+def reduce_scatter_along_first_dim(inp: torch.Tensor, group: Any) -> torch.Tensor:
+    """TE ``reduce_scatter_along_first_dim``: the SUM over ranks, this rank's slice of dim 0 (TE's error)."""
+    from ...distributed import reduce_scatter_tensor
+
+    world = get_distributed_world_size(group)
+    if world == 1:
+        return inp
+    if inp.shape[0] % world != 0:
+        raise ValueError(
+            "First dimension of the tensor should be divisible by tensor parallel size, "
+            f"but got dim_size[0]={inp.shape[0]} and world_size={world} (remainder={inp.shape[0] % world})."
+        )
+    out = torch.empty((inp.shape[0] // world, *inp.shape[1:]), dtype=inp.dtype, device=inp.device)
+    reduce_scatter_tensor(out, inp.contiguous(), group=group)
+    return out
+
+
+def allreduce(inp: torch.Tensor, group: Any) -> torch.Tensor:
+    """TE ``distributed.allreduce``: the SUM over ranks (a copy; the input is left as it is)."""
+    from ...distributed import all_reduce
+
+    if get_distributed_world_size(group) == 1:
+        return inp
+    out = inp.contiguous().clone()
+    all_reduce(out, group=group)
+    return out
+
+
+# -- FP8 all-gather ----------------------------------------------------------------------------------
+def _quantize_local(g: Any, x: torch.Tensor, recipe: Any, kind: str, group: Any) -> Any:
+    """This rank's shard quantized as TE's quantizer would before the all-gather: delayed scaling with
+    the slot's scale (its amax joins the staging row), current scaling with the amax MAX-reduced over
+    ``group`` (TE ``with_amax_reduction``)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if isinstance(recipe, DelayedScaling):
+        return g._quantize(x2, recipe, kind, 1)
+    import torch.distributed as dist
+
+    from ...recipe import tensor_format
+
+    fmt = tensor_format(recipe.fp8_format, kind != "grad")
+    amax = torch.tensor([nan_skipping_amax(x2)], dtype=torch.float32)
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+    qp = _role_qparams(recipe, kind)
+    scale = compute_scale_from_amax(np.float32(amax.item()), fmt.max, pow2=qp.power_2_scale, eps=qp.amax_epsilon)
+    return _per_tensor(x2, fmt, float(scale), g.stats)
+
+
+def _gather_fp8(op: Any, shape: tuple, group: Any) -> FP8Handoff:
+    """All-gather a per-tensor FP8 operand's codes along dim 0 (as float8 bytes); every rank's codes are
+    read with this rank's ``scale_inv`` (TE ``_all_gather_fp8``)."""
+    from ...distributed import all_gather_into_tensor
+
+    world = get_distributed_world_size(group)
+    codes = op.codes.contiguous()
+    out = torch.empty((codes.shape[0] * world, *codes.shape[1:]), dtype=torch.uint8)
+    wire = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}.get(op.fmt.name)
+    if wire is not None:  # the float8 dtype, through the byte-view collective (gloo refuses float8)
+        dtype = getattr(torch, wire)
+        all_gather_into_tensor(out.view(dtype), codes.view(dtype), group=group)
+    else:
+        all_gather_into_tensor(out, codes, group=group)
+    full = (shape[0] * world, *shape[1:])
+    vals = decode(out, op.fmt).reshape(full)
+    return FP8Handoff(vals, out.reshape(full), op.scale_inv, op.fmt)
+
+
+def _fp8_per_tensor() -> Any:
+    st = current_state()
+    if not st.enabled:
+        return None
+    recipe = get_recipe()
+    return recipe if isinstance(recipe, PER_TENSOR) else None
+
+
+class _GatherInput(torch.autograd.Function):
+    """Column + sequence parallel: the input all-gathered along dim 0 (FP8 under a per-tensor recipe: the
+    dequantized values flow on, the codes ride in ``slot``); backward: dgrad reduce-scattered."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, module: Any, name: str, slot: dict) -> torch.Tensor:  # type: ignore[override]
+        ctx.group, ctx.dtype = module.tp_group, x.dtype
+        recipe = _fp8_per_tensor()
+        if recipe is None:
+            return gather_along_first_dim(x, module.tp_group)
+        g = module.fp8_gemms[name]
+        g.ensure(recipe, current_state().group)
+        g.group = current_state().group
+        op = _quantize_local(g, x, recipe, "input", module.tp_group)
+        h = _gather_fp8(op, tuple(x.shape), module.tp_group)
+        slot["input_fp8"] = h
+        return h.dequant(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, dgrad: torch.Tensor) -> tuple:
+        return reduce_scatter_along_first_dim(dgrad, ctx.group), None, None, None
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Column parallel without sequence parallel: identity forward, dgrad all-reduced backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, dgrad: torch.Tensor) -> tuple:
+        return allreduce(dgrad, ctx.group), None
+
+
+class _GradSlot:
+    """Stands in for ``LinearOptions.out_handoff``: the backward reads the FP8 grad output from ``grad``."""
+
+    grad: FP8Handoff | None = None
+
+
+class _ReduceOutput(torch.autograd.Function):
+    """Row parallel: the partial outputs all-reduced (or reduce-scattered with sequence parallel).
+    Backward with sequence parallel: the local grad output all-gathered (in FP8 under a per-tensor
+    recipe, handed to the GEMM's backward through ``slot``)."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, module: Any, name: str, slot: _GradSlot, recipe: Any) -> torch.Tensor:  # type: ignore[override]
+        ctx.module, ctx.name, ctx.slot, ctx.recipe = module, name, slot, recipe
+        if module.sequence_parallel:
+            return reduce_scatter_along_first_dim(out, module.tp_group)
+        return allreduce(out, module.tp_group)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple:
+        m = ctx.module
+        if not m.sequence_parallel:
+            return dy, None, None, None, None
+        recipe = ctx.recipe
+        if recipe is None or getattr(recipe, "backward_override", None) is not None:  # TE: a high-precision gather
+            return gather_along_first_dim(dy, m.tp_group), None, None, None, None
+        op = _quantize_local(m.fp8_gemms[ctx.name], dy, recipe, "grad", m.tp_group)
+        h = _gather_fp8(op, tuple(dy.shape), m.tp_group)
+        ctx.slot.grad = h
+        return h.dequant(dy.dtype), None, None, None, None
+
+
+def check_tp_forward(module: Any) -> None:
+    """TE ``prepare_forward``: a group for ``tp_size > 1``, and amax reduction for sequence parallel under
+    delayed scaling (TE's messages)."""
+    if module.tp_size > 1 and module.tp_group is None:
+        raise RuntimeError(
+            "Tensor parallel group not initialized. Call "
+            "set_tensor_parallel_group() before forward pass when tp_size > 1."
+        )
+    recipe = get_recipe() if current_state().enabled else None
+    if module.sequence_parallel and recipe is not None and not isinstance(recipe, PER_TENSOR):
+        # TE gathers block-scaled data quantized per shard (_all_gather_mxfp8, ..._fp8_blockwise, _nvfp4)
+        raise NotImplementedError(
+            f"fp8sim: sequence_parallel under {type(recipe).__name__} (block-scaled all-gather) is not emulated;"
+            " DelayedScaling and Float8CurrentScaling are"
+        )
+    if module.sequence_parallel and getattr(recipe, "backward_override", None) == "high_precision":
+        raise NotImplementedError(
+            "fp8sim: sequence_parallel with backward_override='high_precision' (TE re-gathers the original input)"
+        )
+    if module.sequence_parallel and isinstance(recipe, DelayedScaling) and not recipe.reduce_amax:
+        raise ValueError(
+            "Amax reduction across tensor parallel group is necessary when using sequence parallelism with FP8."
+        )
+
+
+def tp_linear(
+    module: Any, name: str, mode: str, inp: torch.Tensor, run: Any, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``run(x, fp8_io)`` (GEMM ``name`` on this rank's shard, without the bias in row mode) wrapped in
+    TE's TP collectives for ``mode`` ("column" or "row"); ``bias``: the row-parallel bias, added in the
+    output's dtype after the reduction."""
+    check_tp_forward(module)
+    if mode == "column":
+        slot: dict = {}
+        if module.sequence_parallel:
+            x = _GatherInput.apply(inp, module, name, slot)
+        else:
+            x = _CopyToTP.apply(inp, module.tp_group)
+        fp8_io = None
+        if slot.get("input_fp8") is not None:
+            fp8_io = {"input_fp8": slot["input_fp8"], "fp8_output": False, "fp8_grad": False}
+        return run(x, fp8_io)
+    recipe = _fp8_per_tensor()
+    gslot = _GradSlot()
+    fp8_io = None
+    if module.sequence_parallel and recipe is not None:
+        fp8_io = {"input_fp8": None, "fp8_output": False, "fp8_grad": False, "out_handoff": gslot}
+    out = _ReduceOutput.apply(run(inp, fp8_io), module, name, gslot, recipe)
+    if bias is not None:
+        out = out + bias.to(out.dtype)
+    return out
+
+
+def module_tp_linear(
+    module: Any, mode: str, name: str, x: torch.Tensor, w: torch.Tensor, b: Any, *args: Any, **kw: Any
+) -> torch.Tensor:
+    """``module._linear(name, x, w, b, *args, **kw)`` on this rank's shard in TE's collectives for ``mode``;
+    FP8 hand-offs between modules (``fp8_output``, ``fp8_grad``, an FP8 input) are refused under TP."""
+    io = kw.pop("fp8_io", None)
+    if io and (io.get("fp8_output") or io.get("fp8_grad") or io.get("input_fp8") is not None):
+        raise NotImplementedError("fp8sim: FP8 inputs and outputs (fp8_output, fp8_grad) with tp_size > 1")
+    row = mode == "row"
+
+    def run(xx: torch.Tensor, fp8_io: dict | None) -> torch.Tensor:
+        return module._linear(name, xx, w, None if row else b, *args, **kw, fp8_io=fp8_io)
+
+    return tp_linear(module, name, mode, x, run, b if row else None)

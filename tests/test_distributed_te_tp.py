@@ -1,0 +1,465 @@
+"""TE-style tensor parallelism of ``fp8sim.pytorch`` ``Linear``, ``LayerNormLinear`` and ``LayerNormMLP`` on
+2 gloo ranks (issue 16, item 3).
+
+A Megatron MLP, ``fc2(relu(fc1(x)))`` with ``fc1 = Linear(32, 64, parallel_mode="column")`` and
+``fc2 = Linear(64, 32, parallel_mode="row")``, trains for 3 steps (new ``x`` and output gradient each
+step, weights fixed) under DelayedScaling(amax_history_len=2) and Float8CurrentScaling, with
+``sequence_parallel`` off and on, in ONE spawn.  Oracle: a one-process reference written here from the
+full weights with ml_dtypes casts and torch's float32 matmul, applying the arithmetic of TE's TP
+(``transformer_engine/pytorch/module/linear.py`` at d0067d0):
+
+* every rank runs its own GEMM on its shard (fc1: rows ``r`` of W1 and b1; fc2: columns ``r`` of W2),
+  exact FP8 products summed in float32, ``scale_inv_a * scale_inv_b`` applied after, the fused bias
+  (fc1) rounded to bf16 first (linear.py 499-503: cuBLAS takes no FP32 bias in an FP8 GEMM);
+* fc2's partial outputs are summed (``allreduce``, or ``reduce_scatter_along_first_dim`` with
+  sequence parallel, linear.py 568-577) as ``p_0 + p_1`` in float32 (two ranks: one rounded add,
+  the same in either order), then b2 is added (the unfused add after the collective, linear.py
+  1807 and 2076); fc1's dgrad is summed the same way (linear.py 1122-1132);
+* with sequence parallel, fc1's input and fc2's grad output are quantized on each rank with one scale
+  and all-gathered as FP8 codes (linear.py 378-420, base.py ``grad_output_preprocess`` 1721-1751),
+  which is the cast of the whole tensor; b2's gradient is the sum over this rank's rows only;
+* amaxes: delayed scaling MAX-reduces every slot over autocast's group, so each scale is
+  ``448 or 57344 / max(amax_t, amax_{t-1})`` of the *whole* logical tensor (``quantization.py``
+  ``reduce_and_update_fp8_tensors`` 656-684, here over autocast's ``amax_reduction_group``: the world,
+  or the TP group itself); current scaling reduces only the sequence-parallel input of fc1 and grad
+  output of fc2 (linear.py 352-355 and 810-824); a weight shard, fc2's input shard and fc1's
+  grad-output shard are scaled by their own amax.
+
+The same spawn runs the MLP in bf16, behind a LayerNorm (``LayerNormMLP(set_parallel_mode=True)`` and
+``LayerNormLinear`` column + ``Linear`` row), and with FP8 off; and the same run with a wrong amax group
+(each rank alone) gives different scales on the two ranks and an output that is not the reference's.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn_f = torch.nn.functional
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
+
+from _dist import ranks  # noqa: E402
+
+S, H, F, STEPS, HIST = 16, 32, 64, 3, 2
+E4M3, E5M2 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
+FMAX = {E4M3: np.float32(448.0), E5M2: np.float32(57344.0)}
+# slot -> (format, which module, forward?)
+SLOTS = {"fc1.in": E4M3, "fc1.w": E4M3, "fc1.grad": E5M2, "fc2.in": E4M3, "fc2.w": E4M3, "fc2.grad": E5M2}
+CASES = [("delayed", False), ("delayed", True), ("current", False), ("current", True)]
+BF16_CASES = [("delayed", True), ("current", False)]
+
+
+# -- the reference ------------------------------------------------------------------------------
+def _q(t: torch.Tensor, scale: np.float32, dt: type) -> torch.Tensor:
+    """TE's per-tensor cast: fl32(t * scale), saturated, RNE to ``dt`` (ml_dtypes); the code values."""
+    scaled = (t.detach().float() * torch.tensor(scale, dtype=torch.float32)).numpy()
+    return torch.from_numpy(np.clip(scaled, -FMAX[dt], FMAX[dt]).astype(dt).astype(np.float32))
+
+
+def _alpha(sa: np.float32, sb: np.float32) -> torch.Tensor:
+    inv = np.float32(1) / np.float32(sa), np.float32(1) / np.float32(sb)
+    return torch.tensor(np.float32(inv[0] * inv[1]), dtype=torch.float32)
+
+
+def _amax(t: torch.Tensor) -> np.float32:
+    return np.float32(t.detach().abs().max().item())
+
+
+class _Reference:
+    """The TP arithmetic of the module docstring, on full tensors in one process."""
+
+    def __init__(self, recipe: str, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor) -> None:
+        self.recipe, self.w1, self.b1, self.w2, self.b2 = recipe, w1, b1, w2, b2
+        self.scale = dict.fromkeys(SLOTS, np.float32(1))  # delayed scaling starts at scale 1
+        self.prev = dict.fromkeys(SLOTS, np.float32(0))  # amax_{t-1} (history length 2)
+
+    def _scale(self, slot: str, own: torch.Tensor) -> np.float32:
+        if self.recipe == "delayed":
+            return self.scale[slot]
+        a = _amax(own)  # TE compute_scale_from_amax: fl32(fmax / amax), amax > 0 here
+        return np.float32(FMAX[SLOTS[slot]] / a)
+
+    def _update(self, amaxes: dict) -> None:
+        """TE's delayed update: amax = max over the history (this and the last step), scale = fmax / amax."""
+        for slot, a in amaxes.items():
+            m = max(a, self.prev[slot])
+            self.scale[slot] = np.float32(FMAX[SLOTS[slot]] / m)
+            self.prev[slot] = a
+
+    def step(self, x: torch.Tensor, dy: torch.Tensor, sp: bool, rank: int) -> dict:
+        """Output, gradients (this rank's) and the scales used, for the full ``x`` and grad ``dy``."""
+        w1s, b1s, w2s = self.w1.chunk(2, 0), self.b1.chunk(2), self.w2.chunk(2, 1)
+        dt = self.w1.dtype  # the activation dtype: every GEMM output is rounded to it
+        s_x = self._scale("fc1.in", x)  # current: the sequence-parallel amax is reduced, x is replicated otherwise
+        xq = _q(x, s_x, E4M3)
+        s_w1 = [self._scale("fc1.w", w) for w in w1s]
+        w1q = [_q(w, s, E4M3) for w, s in zip(w1s, s_w1, strict=True)]
+        h = [
+            (torch.matmul(xq, w1q[r].t()) * _alpha(s_x, s_w1[r]) + b1s[r].to(torch.bfloat16).float())
+            .to(dt)
+            .detach()
+            .requires_grad_()
+            for r in range(2)
+        ]
+        a = [torch.relu(hr) for hr in h]
+        s_a = [self._scale("fc2.in", ar) for ar in a]
+        aq = [_q(ar, s, E4M3) for ar, s in zip(a, s_a, strict=True)]
+        s_w2 = [self._scale("fc2.w", w) for w in w2s]
+        w2q = [_q(w, s, E4M3) for w, s in zip(w2s, s_w2, strict=True)]
+        p = [(torch.matmul(aq[r], w2q[r].t()) * _alpha(s_a[r], s_w2[r])).to(dt) for r in range(2)]
+        ysum = p[0] + p[1]
+        rows = (lambda t: t.chunk(2, 0)[rank]) if sp else (lambda t: t)
+        y = rows(ysum) + self.b2
+        # backward
+        bias = self.b2.clone().requires_grad_()
+        (torch.zeros_like(rows(ysum)) + bias).backward(rows(dy))
+        s_g2 = self._scale("fc2.grad", dy)  # current: reduced under sequence parallel, replicated otherwise
+        dyq = _q(dy, s_g2, E5M2)
+        da = [(torch.matmul(dyq, w2q[r]) * _alpha(s_g2, s_w2[r])).to(dt) for r in range(2)]
+        dw2 = (torch.matmul(dyq.t(), aq[rank]) * _alpha(s_g2, s_a[rank])).to(dt)
+        for r in range(2):
+            a[r].backward(da[r])
+        dh = [hr.grad for hr in h]
+        s_g1 = [self._scale("fc1.grad", d) for d in dh]
+        dhq = [_q(d, s, E5M2) for d, s in zip(dh, s_g1, strict=True)]
+        dxp = [(torch.matmul(dhq[r], w1q[r]) * _alpha(s_g1[r], s_w1[r])).to(dt) for r in range(2)]
+        dx_full = dxp[0] + dxp[1]
+        dx = rows(dx_full)
+        dw1 = (torch.matmul(dhq[rank].t(), xq) * _alpha(s_g1[rank], s_x)).to(dt)
+        out = {
+            "y": y.detach(),
+            "dx": dx,
+            "dx_full": dx_full,
+            "dw1": dw1,
+            "db1": dh[rank].float().sum(0).to(dt),
+            "dw2": dw2,
+            "db2": bias.grad,
+            "scales": {"fc1.in": s_x, "fc2.grad": s_g2, "fc1.w": s_w1[rank], "fc2.w": s_w2[rank]},
+        }
+        if self.recipe == "delayed":
+            full_a, full_dh = torch.cat(a, 1), torch.cat(dh, 1)
+            self._update(
+                {"fc1.in": _amax(x), "fc1.w": _amax(self.w1), "fc2.in": _amax(full_a), "fc2.w": _amax(self.w2)}
+            )
+            self._update({"fc1.grad": _amax(full_dh), "fc2.grad": _amax(dy)})
+        return out
+
+
+# -- the TP run -----------------------------------------------------------------------------------
+def _data(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(S, H, generator=g) * (1 + step), torch.randn(S, H, generator=g) * 1e-3 * (1 + step)
+
+
+def _state(m: object) -> dict:
+    g = m.fp8_gemms["gemm"]
+    if g.fwd is None:
+        return {}
+    return {
+        k: v.copy()
+        for k, v in (("fs", g.fwd.scale), ("fh", g.fwd.amax_history), ("bs", g.bwd.scale), ("bh", g.bwd.amax_history))
+    }
+
+
+def _run(
+    rank: int, recipe_name: str, sp: bool, tp_group: object, amax_group: object, dt: torch.dtype = torch.float32
+) -> list[dict]:
+    """Linear(column) -> relu -> Linear(row) in ``dt`` (bf16: every GEMM output, the two-rank sums and the
+    row bias add are bf16, as TE's activation dtype)."""
+    import fp8sim.pytorch as te
+    from fp8sim.recipe import DelayedScaling, Float8CurrentScaling
+
+    te.FP8GlobalStateManager.reset()
+    torch.manual_seed(0)
+    w1, b1 = (torch.randn(F, H) * 0.1).to(dt), (torch.randn(F) * 0.1).to(dt)
+    w2, b2 = (torch.randn(H, F) * 0.1).to(dt), (torch.randn(H) * 0.1).to(dt)
+    kw = {"tp_group": tp_group, "sequence_parallel": sp, "params_dtype": dt}
+    fc1 = te.Linear(H, F, parallel_mode="column", **kw)
+    fc2 = te.Linear(F, H, parallel_mode="row", **kw)
+    with torch.no_grad():
+        fc1.weight.copy_(w1.chunk(2, 0)[rank])
+        fc1.bias.copy_(b1.chunk(2)[rank])
+        fc2.weight.copy_(w2.chunk(2, 1)[rank])
+        fc2.bias.copy_(b2)
+    recipe = DelayedScaling(amax_history_len=HIST) if recipe_name == "delayed" else Float8CurrentScaling()
+    ref = _Reference(recipe_name, w1, b1, w2, b2)
+    out = []
+    for step in range(STEPS):
+        x, dy = (t.to(dt) for t in _data(step))
+        xl = (x.chunk(2, 0)[rank] if sp else x).clone().requires_grad_()
+        for p in (*fc1.parameters(), *fc2.parameters()):
+            p.grad = None
+        with te.autocast(recipe=recipe, amax_reduction_group=amax_group):
+            y = fc2(torch.relu(fc1(xl)))
+        y.backward(dy.chunk(2, 0)[rank] if sp else dy)
+        want = ref.step(x, dy, sp, rank)
+        got = {
+            "y": y.detach(),
+            "dx": xl.grad,
+            "dw1": fc1.weight.grad,
+            "db1": fc1.bias.grad,
+            "dw2": fc2.weight.grad,
+            "db2": fc2.bias.grad,
+        }
+        diffs = {k: int((got[k] != want[k]).sum()) for k in got}
+        diffs["dtype"] = int(y.dtype != dt or fc1.weight.grad.dtype != dt)
+        out.append({"diffs": diffs, "fc1": _state(fc1), "fc2": _state(fc2), "want_scales": want["scales"]})
+    return out
+
+
+def _run_mlp(rank: int, recipe_name: str, sp: bool, tp_group: object, lnl: bool = False) -> list[dict]:
+    """``LayerNormMLP(set_parallel_mode=True, activation="relu")`` (``lnl``: ``LayerNormLinear`` column,
+    relu, ``Linear`` row): the same MLP behind a LayerNorm.  The
+    norm rows are fp8sim's ``normalize`` (checked on its own in test_pytorch_modules.py); with sequence
+    parallel each rank normalises its rows and its norm-parameter gradients cover those rows only."""
+    import fp8sim.pytorch as te
+    from fp8sim.pytorch.module._normalization import normalize
+    from fp8sim.recipe import DelayedScaling, Float8CurrentScaling
+
+    te.FP8GlobalStateManager.reset()
+    torch.manual_seed(1)
+    w1, b1 = torch.randn(F, H) * 0.1, torch.randn(F) * 0.1
+    w2, b2 = torch.randn(H, F) * 0.1, torch.randn(H) * 0.1
+    lnw, lnb = 1 + torch.randn(H) * 0.1, torch.randn(H) * 0.1
+    if lnl:  # LayerNormLinear(column) -> relu -> Linear(row)
+        fc1 = te.LayerNormLinear(H, F, eps=1e-5, tp_group=tp_group, parallel_mode="column", sequence_parallel=sp)
+        fc2 = te.Linear(F, H, tp_group=tp_group, parallel_mode="row", sequence_parallel=sp)
+        mlp = torch.nn.Sequential(fc1, torch.nn.ReLU(), fc2)
+        names = {"fc1_weight": fc1.weight, "fc1_bias": fc1.bias, "fc2_weight": fc2.weight, "fc2_bias": fc2.bias}
+        names.update(layer_norm_weight=fc1.layer_norm_weight, layer_norm_bias=fc1.layer_norm_bias)
+    else:
+        mlp = te.LayerNormMLP(
+            H, F, tp_group=tp_group, sequence_parallel=sp, set_parallel_mode=True, activation="relu", eps=1e-5
+        )
+        names = dict(mlp.named_parameters())
+    with torch.no_grad():
+        for name, v in (("fc1_weight", w1.chunk(2, 0)[rank]), ("fc1_bias", b1.chunk(2)[rank])):
+            names[name].copy_(v)
+        for name, v in (("fc2_weight", w2.chunk(2, 1)[rank]), ("fc2_bias", b2)):
+            names[name].copy_(v)
+        names["layer_norm_weight"].copy_(lnw)
+        names["layer_norm_bias"].copy_(lnb)
+    recipe = DelayedScaling(amax_history_len=HIST) if recipe_name == "delayed" else Float8CurrentScaling()
+    ref = _Reference(recipe_name, w1, b1, w2, b2)
+    out = []
+    for step in range(STEPS):
+        x, dy = _data(step)
+        xl = (x.chunk(2, 0)[rank] if sp else x).clone().requires_grad_()
+        for p in mlp.parameters():
+            p.grad = None
+        with te.autocast(recipe=recipe):
+            y = mlp(xl)
+        y.backward(dy.chunk(2, 0)[rank] if sp else dy)
+        parts = [p.clone().requires_grad_() for p in (x.chunk(2, 0) if sp else (x,))]
+        norms = [(lnw.clone().requires_grad_(), lnb.clone().requires_grad_()) for _ in parts]
+        lns = [normalize(p, w, b, 1e-5, "LayerNorm", False) for p, (w, b) in zip(parts, norms, strict=True)]
+        want = ref.step(torch.cat(lns).detach(), dy, sp, rank)
+        for ln, d in zip(lns, want["dx_full"].chunk(len(lns), 0), strict=True):
+            ln.backward(d)
+        mine = rank if sp else 0
+        want.update(dx=parts[mine].grad, dlnw=norms[mine][0].grad, dlnb=norms[mine][1].grad)
+        got = {
+            "y": y.detach(),
+            "dx": xl.grad,
+            "dw1": names["fc1_weight"].grad,
+            "db1": names["fc1_bias"].grad,
+            "dw2": names["fc2_weight"].grad,
+            "db2": names["fc2_bias"].grad,
+            "dlnw": names["layer_norm_weight"].grad,
+            "dlnb": names["layer_norm_bias"].grad,
+        }
+        out.append({"diffs": {k: int((got[k] != want[k]).sum()) for k in got}})
+    return out
+
+
+def _run_hp(rank: int, sp: bool, tp_group: object) -> dict:
+    """FP8 off: the same collectives around torch's own linear; the reference is autograd over the per-shard
+    ``F.linear`` graph of the full tensors (each two-branch gradient sum is one float32 add)."""
+    import fp8sim.pytorch as te
+
+    torch.manual_seed(2)
+    w1, b1, w2, b2 = torch.randn(F, H) * 0.1, torch.randn(F) * 0.1, torch.randn(H, F) * 0.1, torch.randn(H) * 0.1
+    fc1 = te.Linear(H, F, tp_group=tp_group, parallel_mode="column", sequence_parallel=sp)
+    fc2 = te.Linear(F, H, tp_group=tp_group, parallel_mode="row", sequence_parallel=sp)
+    with torch.no_grad():
+        for p, v in (
+            (fc1.weight, w1.chunk(2, 0)[rank]),
+            (fc1.bias, b1.chunk(2)[rank]),
+            (fc2.weight, w2.chunk(2, 1)[rank]),
+            (fc2.bias, b2),
+        ):
+            p.copy_(v)
+    x, dy = _data(0)
+    xl = (x.chunk(2, 0)[rank] if sp else x).clone().requires_grad_()
+    y = fc2(torch.relu(fc1(xl)))
+    y.backward(dy.chunk(2, 0)[rank] if sp else dy)
+    leaves = [t.clone().requires_grad_() for t in (x, *w1.chunk(2, 0), *b1.chunk(2), *w2.chunk(2, 1), b2)]
+    xr, w10, w11, b10, b11, w20, w21, b2r = leaves
+    hs = [torch.relu(nn_f.linear(xr, w, b)) for w, b in ((w10, b10), (w11, b11))]
+    ysum = nn_f.linear(hs[0], w20) + nn_f.linear(hs[1], w21)
+    rows = (lambda t: t.chunk(2, 0)[rank]) if sp else (lambda t: t)
+    ysum.backward(dy)  # the row layer's backward gathers every rank's grad output
+    (torch.zeros_like(rows(ysum)) + b2r).backward(rows(dy))  # its bias: this rank's rows
+    want = {"y": rows(ysum) + b2, "dx": rows(xr.grad), "dw1": (w10, w11)[rank].grad, "db1": (b10, b11)[rank].grad}
+    want.update(dw2=(w20, w21)[rank].grad, db2=b2r.grad)
+    got = {"y": y, "dx": xl.grad, "dw1": fc1.weight.grad, "db1": fc1.bias.grad, "dw2": fc2.weight.grad}
+    got["db2"] = fc2.bias.grad
+    return {k: int((got[k].detach() != want[k].detach()).sum()) for k in got}
+
+
+def _worker(rank: int, world: int) -> dict:
+    torch.set_num_threads(1)
+    tp = dist.new_group([0, 1])
+    alone = [dist.new_group([r]) for r in range(world)][rank]  # a wrong amax group: no reduction
+    res = {f"{r}-{sp}": _run(rank, r, sp, tp, tp if sp else None) for r, sp in CASES}  # both amax groups
+    res["wrong"] = _run(rank, "delayed", True, tp, alone)
+    res.update({f"bf16-{r}-{sp}": _run(rank, r, sp, tp, None, torch.bfloat16) for r, sp in BF16_CASES})
+    res.update({f"mlp-{r}-{sp}": _run_mlp(rank, r, sp, tp) for r, sp in CASES})
+    res.update({f"lnl-{r}-{sp}": _run_mlp(rank, r, sp, tp, lnl=True) for r, sp in CASES})
+    res.update({f"hp-{sp}": _run_hp(rank, sp, tp) for sp in (False, True)})
+    import fp8sim.pytorch as te
+
+    errors = {}
+    try:
+        te.Linear(31, 64, tp_group=tp, parallel_mode="row")
+    except ValueError as exc:
+        errors["divide"] = str(exc)
+    lin = te.Linear(32, 64, tp_size=2, parallel_mode="column")
+    try:
+        lin(torch.randn(16, 32))
+    except RuntimeError as exc:
+        errors["group"] = str(exc)
+    from fp8sim.recipe import DelayedScaling
+
+    sp = te.Linear(32, 64, tp_group=tp, parallel_mode="column", sequence_parallel=True)
+    try:
+        with te.autocast(recipe=DelayedScaling(reduce_amax=False)):
+            sp(torch.randn(16, 32))
+    except ValueError as exc:
+        errors["reduce_amax"] = str(exc)
+    from fp8sim.recipe import MXFP8BlockScaling
+
+    try:
+        with te.autocast(recipe=MXFP8BlockScaling()):
+            sp(torch.randn(16, 32))
+    except NotImplementedError as exc:
+        errors["block"] = str(exc)
+    res["errors"] = errors
+    res["sizes"] = (tuple(lin.weight.shape), tuple(te.Linear(32, 64, tp_group=tp, parallel_mode="row").weight.shape))
+    return res
+
+
+@pytest.fixture(scope="module")
+def results() -> list[dict]:
+    return ranks(_worker, world_size=2)
+
+
+@pytest.mark.parametrize(("recipe", "sp"), CASES)
+def test_megatron_mlp_forward_and_gradients_equal_the_per_shard_reference(results: list, recipe: str, sp: bool) -> None:
+    for rank, res in enumerate(results):
+        for step, st in enumerate(res[f"{recipe}-{sp}"]):
+            bad = {k: n for k, n in st["diffs"].items() if n}
+            assert not bad, f"{recipe} sequence_parallel={sp} rank {rank} step {step}: elements differing {bad}"
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_without_fp8_the_collectives_wrap_torch_linear(results: list, sp: bool) -> None:
+    for rank, res in enumerate(results):
+        bad = {k: n for k, n in res[f"hp-{sp}"].items() if n}
+        assert not bad, f"FP8 off, sequence_parallel={sp}, rank {rank}: differing {bad}"
+
+
+@pytest.mark.parametrize(("recipe", "sp"), BF16_CASES)
+def test_bf16_activations_sum_and_round_in_bf16_as_te(results: list, recipe: str, sp: bool) -> None:
+    """params and input in bf16: GEMM outputs rounded to bf16, the two-rank all-reduce / reduce-scatter a
+    bf16 sum (one rounding of p_0 + p_1 on gloo as on NCCL), the row bias added in bf16."""
+    for rank, res in enumerate(results):
+        for step, st in enumerate(res[f"bf16-{recipe}-{sp}"]):
+            bad = {k: n for k, n in st["diffs"].items() if n}
+            assert not bad, f"bf16 {recipe} sequence_parallel={sp} rank {rank} step {step}: differing {bad}"
+
+
+@pytest.mark.parametrize("module", ["mlp", "lnl"])
+@pytest.mark.parametrize(("recipe", "sp"), CASES)
+def test_layernorm_mlp_and_layernorm_linear_equal_the_per_shard_reference(
+    results: list, module: str, recipe: str, sp: bool
+) -> None:
+    """LayerNormMLP(set_parallel_mode=True), and LayerNormLinear(column) -> relu -> Linear(row)."""
+    for rank, res in enumerate(results):
+        for step, st in enumerate(res[f"{module}-{recipe}-{sp}"]):
+            bad = {k: n for k, n in st["diffs"].items() if n}
+            assert not bad, f"{module} {recipe} sequence_parallel={sp} rank {rank} step {step}: differing {bad}"
+
+
+@pytest.mark.parametrize(("recipe", "sp"), [c for c in CASES if c[0] == "delayed"])
+def test_delayed_scales_and_amax_history_are_identical_on_every_rank_and_the_reference(
+    results: list, recipe: str, sp: bool
+) -> None:
+    r0, r1 = results[0][f"{recipe}-{sp}"], results[1][f"{recipe}-{sp}"]
+    for step, (a, b) in enumerate(zip(r0, r1, strict=True)):
+        for mod in ("fc1", "fc2"):
+            for k in ("fs", "fh", "bs", "bh"):
+                assert np.array_equal(a[mod][k].view(np.uint32), b[mod][k].view(np.uint32)), (mod, k, step)
+        if step + 1 < len(r0):  # the scales this step's update wrote are the ones the next step used
+            nxt = r0[step + 1]["want_scales"]
+            assert a["fc1"]["fs"][0] == nxt["fc1.in"] and a["fc2"]["bs"][0] == nxt["fc2.grad"], step
+
+
+def test_a_wrong_amax_group_gives_the_ranks_different_scales_and_wrong_outputs(results: list) -> None:
+    """Each rank reducing alone: fc1's sequence-parallel input shards have different amaxes, so the ranks'
+    scales part after the first update, and the FP8 all-gather reads the other rank's codes with the wrong
+    scale_inv (TE ``_all_gather_fp8`` assumes identical scales): the output leaves the reference."""
+    w0, w1 = results[0]["wrong"], results[1]["wrong"]
+    assert w0[0]["diffs"]["y"] == 0  # step 0: every scale is still 1
+    assert w0[1]["fc1"]["fs"][0] != w1[1]["fc1"]["fs"][0]
+    assert w0[2]["diffs"]["y"] > 0 and w1[2]["diffs"]["y"] > 0
+
+
+def test_tp_arguments_follow_te() -> None:
+    """TE linear.py 1608-1627 (group, sizes, ``sequence_parallel`` only with ``tp_size > 1``), 1746-1753
+    (splits) and utils.divide (295-305)."""
+    import fp8sim.pytorch as te
+
+    m = te.Linear(32, 64, tp_size=1, parallel_mode="column", sequence_parallel=True)
+    assert m.sequence_parallel is False  # TE: (tp_size > 1) and sequence_parallel
+    with pytest.raises(ValueError, match="64 is not divisible by 3"):
+        te.Linear(32, 64, tp_size=3, parallel_mode="column")
+    qkv = te.Linear(32, 96, tp_size=2, parallel_mode="column", parameters_split=("query", "key", "value"))
+    assert [tuple(getattr(qkv, f"{n}_weight").shape) for n in ("query", "key", "value")] == [(16, 32)] * 3
+    with pytest.raises(RuntimeError, match="out_features=30 between 4 tensor-parallel processes"):
+        te.Linear(32, 64, tp_size=4, parallel_mode="column", parameters_split={"a": 30, "b": 34})
+    with pytest.raises(NotImplementedError, match="needs set_parallel_mode=True"):
+        te.LayerNormMLP(32, 64, tp_size=2)
+    with pytest.raises(NotImplementedError, match="does not emulate tensor or sequence parallelism"):
+        te.MultiheadAttention(32, 2, tp_size=2)
+
+
+def test_tp_errors_on_the_ranks(results: list) -> None:
+    """TE base.py prepare_forward (1610-1630) and utils.divide messages; what fp8sim refuses."""
+    errors = results[0]["errors"]
+    assert errors["divide"] == "31 is not divisible by 2"
+    assert "Tensor parallel group not initialized" in errors["group"]
+    assert "Amax reduction across tensor parallel group is necessary" in errors["reduce_amax"]
+    assert "sequence_parallel under MXFP8BlockScaling" in errors["block"]
+    assert results[0]["sizes"] == ((32, 32), (64, 16))
+
+
+def test_fp32_bias_gradient_is_not_rounded_to_bf16() -> None:
+    """TE linear.py: an FP32 bias goes into the FP8 GEMM as BF16 (``bias_dtype = torch.bfloat16``, cast inside
+    ``_Linear``), and its gradient is the bgrad in the grad dtype, float32 here: fp8sim rounded it to BF16."""
+    import fp8sim.pytorch as te
+    from fp8sim.recipe import Float8CurrentScaling
+
+    torch.manual_seed(0)
+    m = te.Linear(32, 32)
+    x, g = torch.randn(16, 32), torch.randn(16, 32) * 1e-3
+    with te.autocast(recipe=Float8CurrentScaling()):
+        y = m(x)
+    y.backward(g)
+    want = g.sum(0)
+    assert m.bias.grad.dtype == torch.float32 and torch.equal(m.bias.grad, want)
+    assert not torch.equal(want, want.bfloat16().float())  # the test can tell the two apart
