@@ -205,11 +205,7 @@ class TransformerEngineBaseModule(nn.Module):
                 p = getattr(self, name, None)
                 if p is None or p.device.type == "meta":
                     continue
-                if (
-                    getattr(self, "primary_weights_in_fp8", False)
-                    and name.endswith("weight")
-                    and name in self._weights()
-                ):
+                if getattr(self, "primary_weights_in_fp8", False) and name in self._weights():
                     fp8_names.append(name)
                     if is_fp8_weight(p):  # re-initialise in high precision, then quantize again
                         p = torch.empty(p.shape, dtype=p.dtype, device=p.device)
