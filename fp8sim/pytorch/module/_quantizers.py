@@ -30,26 +30,28 @@ def _dtype(recipe: Recipe, forward: bool) -> Any:
     return DType.kFloat8E4M3 if tensor_format(recipe.fp8_format, forward).name == "e4m3" else DType.kFloat8E5M2
 
 
+def _pick(role: str, inp: Any, weight: Any, grad: Any) -> Any:
+    """TE's per-role dispatch (``_slot_tensor_type``): gradients, weights, and the rest as inputs."""
+    return grad if role.startswith("grad") else weight if role == "weight" else inp
+
+
 def _stateless(recipe: Recipe, forward: bool, slot: int) -> Any:
     from ..tensor import Float8BlockQuantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer
 
-    role = ("input", "weight", "output")[slot % 3] if forward else ("grad", "grad")[slot % 2]
+    role = ("input", "weight", "output")[slot % 3] if forward else ("grad_output", "grad_input")[slot % 2]
     dt = _dtype(recipe, forward)
     if isinstance(recipe, Float8CurrentScaling):
-        qp = {"input": recipe.fp8_quant_fwd_inp, "weight": recipe.fp8_quant_fwd_weight}.get(
-            role, recipe.fp8_quant_bwd_grad
-        )
+        if role in ("output", "grad_input"):  # TE make_quantizers: only these keep the recipe-wide setting
+            return Float8CurrentScalingQuantizer(dt, force_pow_2_scales=recipe.use_power_2_scales)
+        # linear.py _customize_quantizers_float8_current_scaling: input, weight, grad_output from the QParams
+        qp = _pick(role, recipe.fp8_quant_fwd_inp, recipe.fp8_quant_fwd_weight, recipe.fp8_quant_bwd_grad)
         return Float8CurrentScalingQuantizer(dt, force_pow_2_scales=qp.power_2_scale, amax_epsilon=qp.amax_epsilon)
     if isinstance(recipe, MXFP8BlockScaling):
         two_d = forward and role == "weight" and getattr(recipe, "enable_2d_quantization", False)
         return MXFP8Quantizer(dt, with_2d_quantization=two_d)
     if isinstance(recipe, Float8BlockScaling):
-        dim = {"input": recipe.x_block_scaling_dim, "weight": recipe.w_block_scaling_dim}.get(
-            role, recipe.grad_block_scaling_dim
-        )
-        qp = {"input": recipe.fp8_quant_fwd_inp, "weight": recipe.fp8_quant_fwd_weight}.get(
-            role, recipe.fp8_quant_bwd_grad
-        )
+        dim = _pick(role, recipe.x_block_scaling_dim, recipe.w_block_scaling_dim, recipe.grad_block_scaling_dim)
+        qp = _pick(role, recipe.fp8_quant_fwd_inp, recipe.fp8_quant_fwd_weight, recipe.fp8_quant_bwd_grad)
         return Float8BlockQuantizer(
             dt,
             rowwise=True,
@@ -71,7 +73,7 @@ def _nvfp4(recipe: NVFP4BlockScaling, forward: bool, role: str) -> Any:
     """TE ``quantization.py`` ``NVFP4BlockScalingRecipeState.make_quantizers`` for one slot."""
     from ..tensor import NVFP4Quantizer
 
-    qp = {"input": recipe.fp4_quant_fwd_inp, "weight": recipe.fp4_quant_fwd_weight}.get(role, recipe.fp4_quant_bwd_grad)
+    qp = _pick(role, recipe.fp4_quant_fwd_inp, recipe.fp4_quant_fwd_weight, recipe.fp4_quant_bwd_grad)
     use_4over6 = forward and _4over6_scope(recipe.nvfp4_4over6, role)  # never for gradients
     e4m3_max = 448
     if use_4over6:

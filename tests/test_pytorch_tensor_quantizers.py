@@ -1,0 +1,104 @@
+"""A module's ``quantizers`` under NVFP4BlockScaling, as TE builds them.
+
+Reference written from NVIDIA/TransformerEngine at d0067d0, ``pytorch/quantization.py``
+``NVFP4BlockScalingRecipeState.make_quantizers`` (lines 1670-1750): per slot, the role's ``QParams``
+(``fp4_quant_fwd_weight`` for weights, ``fp4_quant_bwd_grad`` for gradients, ``fp4_quant_fwd_inp``
+otherwise) give ``with_rht = with_post_rht_amax = random_hadamard_transform``,
+``with_2d_quantization = fp4_2d_quantization``, ``stochastic_rounding``; ``row_scaled_nvfp4`` only in
+the forward pass for non-weights with ``row_scaled_activation``; 4over6 only for non-gradient slots in
+the ``nvfp4_4over6`` scope, refusing RHT and stochastic rounding, with ``nvfp4_e4m3_max`` 256 in the
+``nvfp4_4over6_e4m3_use_256`` scope.  The recipe's ``QParams`` are TE's ``common/recipe/__init__.py``
+lines 595-609.  Slot roles: forward ``[input, weight, output]`` per GEMM, backward
+``[grad_output, grad_input]`` (``RecipeState._slot_tensor_type`` positional fallback).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fp8sim.pytorch as te  # noqa: E402
+from fp8sim.recipe import NVFP4BlockScaling  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def _want(fwd: bool, role: str, *, rht: bool, sr: bool, two_d: bool, row_scaled: bool, scope: str) -> dict:
+    """TE's NVFP4Quantizer arguments for one slot (module docstring), defaults ``disable_*=False``."""
+    grad = not fwd
+    weight = role == "weight"
+    use_4over6 = (not grad) and (scope == "all" or (scope == "weights") == weight) and scope != "none"
+    return {
+        "with_rht": rht and not weight,
+        "with_post_rht_amax": rht and not weight,
+        "with_2d_quantization": two_d and weight,
+        "stochastic_rounding": sr and grad,
+        "row_scaled_nvfp4": fwd and not weight and row_scaled,
+        "nvfp4_use_4over6": use_4over6,
+    }
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"disable_rht": True, "row_scaled_activation": True},
+        {"disable_stochastic_rounding": True, "disable_2d_quantization": True},
+        {"disable_rht": True, "disable_stochastic_rounding": True, "nvfp4_4over6": "weights"},
+    ],
+    ids=["default", "row_scaled", "no_sr_no_2d", "4over6_weights"],
+)
+def test_nvfp4_module_quantizers_carry_tes_arguments_per_role(kw: dict) -> None:
+    recipe = NVFP4BlockScaling(**kw)
+    m = te.LayerNormMLP(32, 32)
+    with te.autocast(recipe=recipe):  # a fresh module reports the active recipe's quantizers
+        q = m.quantizers
+    assert len(q["scaling_fwd"]) == 6 and len(q["scaling_bwd"]) == 4
+    flags = dict(
+        rht=not kw.get("disable_rht", False),
+        sr=not kw.get("disable_stochastic_rounding", False),
+        two_d=not kw.get("disable_2d_quantization", False),
+        row_scaled=kw.get("row_scaled_activation", False),
+        scope=kw.get("nvfp4_4over6", "none"),
+    )
+    for fwd, slots in ((True, q["scaling_fwd"]), (False, q["scaling_bwd"])):
+        roles = ("input", "weight", "output") if fwd else ("grad_output", "grad_input")
+        for i, quantizer in enumerate(slots):
+            assert isinstance(quantizer, te.NVFP4Quantizer)
+            want = _want(fwd, roles[i % len(roles)], **flags)
+            got = {k: getattr(quantizer, k) for k in want}
+            assert got == want, f"{'fwd' if fwd else 'bwd'} slot {i}: {got} != {want}"
+            assert quantizer.rowwise_usage and quantizer.columnwise_usage
+            e4m3_max = 256 if want["nvfp4_use_4over6"] else 448  # nvfp4_4over6_e4m3_use_256 defaults to "all"
+            assert quantizer.nvfp4_e4m3_max == e4m3_max
+
+
+def test_nvfp4_4over6_with_rht_is_refused_as_te_does() -> None:
+    m = te.Linear(32, 32)
+    recipe = NVFP4BlockScaling(nvfp4_4over6="activations", disable_stochastic_rounding=True)
+    with te.autocast(recipe=recipe), pytest.raises(ValueError, match="NVFP4 4over6 quantization does not support RHT."):
+        m.quantizers  # noqa: B018
+    recipe = NVFP4BlockScaling(nvfp4_4over6="all", disable_rht=True)  # gradients never use 4over6: SR stays allowed
+    with te.autocast(recipe=recipe):
+        assert all(not q.nvfp4_use_4over6 and q.stochastic_rounding for q in m.quantizers["scaling_bwd"])
+
+
+def test_output_and_grad_input_slots_follow_tes_dispatch() -> None:
+    """TE ``quantization.py``: ``Float8BlockScalingRecipeState`` gives the forward ``output`` slot the input
+    configuration (lines 1620-1625, ``x_block_scaling_dim``); ``Float8CurrentScalingRecipeState`` builds every
+    slot with ``force_pow_2_scales=recipe.use_power_2_scales`` (lines 1487-1495), and ``linear.py``
+    ``_customize_quantizers_float8_current_scaling`` (lines 2202-2228) then sets input, weight and grad_output
+    from the class-level ``fp8_quant_*`` QParams, leaving output and grad_input as built."""
+    from fp8sim.recipe import Float8BlockScaling, Float8CurrentScaling
+
+    m = te.Linear(32, 32)
+    with te.autocast(recipe=Float8BlockScaling(x_block_scaling_dim=2, w_block_scaling_dim=1)):
+        fwd = m.quantizers["scaling_fwd"]
+    assert [q.block_scaling_dim for q in fwd] == [2, 1, 2]
+    recipe = Float8CurrentScaling(use_power_2_scales=True)
+    with te.autocast(recipe=recipe):
+        q = m.quantizers
+    pow2 = recipe.fp8_quant_fwd_inp.power_2_scale  # a class attribute fixed at import, as in TE
+    assert [x.force_pow_2_scales for x in q["scaling_fwd"]] == [pow2, pow2, True]
+    assert [x.force_pow_2_scales for x in q["scaling_bwd"]] == [pow2, True]
