@@ -39,6 +39,8 @@ __all__ = [
     "operand_from_fp8_weight",
     "block_operands_from_fp8_weight",
     "is_fp8_weight",
+    "weight_quantizers",
+    "update_weight_quantizers",
 ]
 
 
@@ -69,6 +71,30 @@ def _weight_quantizer(module: Any, name: str, recipe: Recipe) -> Any:
         f"transformer_engine.pytorch.quantized_model_init with {type(recipe).__name__}: FP8 primary weights are "
         "not emulated for this recipe"
     )
+
+
+def weight_quantizers(module: Any) -> list:
+    """TE ``_get_weight_quantizers``: the weight slot's quantizer of each GEMM weight under the module's
+    recipe (the last FP8 step's, else the ``quantized_model_init`` one); None outside FP8."""
+    recipe = module._last_recipe or (module._param_recipe if module.primary_weights_in_fp8 else None)
+    names = module._weights()
+    if recipe is None:
+        return [None] * len(names)
+    return [_weight_quantizer(module, name, recipe) for name in names]
+
+
+def update_weight_quantizers(module: Any) -> None:
+    """TE ``base.py`` ``_update_weight_quantizers``: each quantized weight takes its slot's current
+    quantizer (``update_quantizer``, which warns when it changes), e.g. after the delayed-scaling state
+    was rebuilt for a new ``amax_history_len``."""
+    from ..tensor import QuantizedTensorStorage
+
+    tensors = [getattr(module, n) for n in module._weights()]
+    quantizers = weight_quantizers(module)
+    for weight, quantizer in zip(tensors, quantizers, strict=True):
+        if quantizer is not None and isinstance(weight, QuantizedTensorStorage):
+            quantizer.set_usage(rowwise=True, columnwise=weight.get_usages()["columnwise"])
+            weight.update_quantizer(quantizer)
 
 
 def quantize_primary_weights(module: Any, names: list[str], recipe: Recipe, preserve: bool) -> None:

@@ -218,6 +218,21 @@ class TransformerEngineBaseModule(nn.Module):
         """The GEMM weight parameters (FP8 primary weights apply to these)."""
         return list(getattr(self, "weight_names", [])) + [n for n in ("fc1_weight", "fc2_weight") if hasattr(self, n)]
 
+    def _get_weight_tensors(self) -> list:
+        """TE's: the GEMM weights (quantized tensors for FP8 primary weights)."""
+        return [getattr(self, n) for n in self._weights()]
+
+    def _get_weight_quantizers(self) -> list:
+        from ._fp8_params import weight_quantizers
+
+        return weight_quantizers(self)
+
+    def _update_weight_quantizers(self) -> None:
+        """TE's: each FP8 primary weight takes its slot's current quantizer (``update_quantizer``)."""
+        from ._fp8_params import update_weight_quantizers
+
+        update_weight_quantizers(self)
+
     def _gemm_of_weight(self, name: str) -> str:
         return name.split("_")[0] if name.startswith("fc") else "gemm"
 

@@ -24,6 +24,7 @@ from ...scaling.block import quantize_block_scaling
 from ..constants import DType, TE_DType_To_Torch
 from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
 from .quantized_tensor import Quantizer, _check_high_precision
+from .storage.float8_blockwise_tensor_storage import Float8BlockwiseQTensorStorage
 
 __all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensor"]
 
@@ -132,7 +133,7 @@ def _as_ml_dtypes(x: torch.Tensor) -> np.ndarray:
     return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
 
 
-class Float8BlockwiseQTensor(BlockScaledTensor):
+class Float8BlockwiseQTensor(Float8BlockwiseQTensorStorage, BlockScaledTensor):
     """FP8 block-scaled data: ``_rowwise_data`` (logical shape), ``_columnwise_data`` (transposed),
     float32 ``_rowwise_scale_inv`` / ``_columnwise_scale_inv`` in TE's layouts, ``_fp8_dtype``,
     ``_is_2D_scaled``."""

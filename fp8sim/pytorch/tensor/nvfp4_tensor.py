@@ -27,6 +27,7 @@ from ...scaling.quantized import QuantizedTensor as _SimQT
 from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType
 from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
 from .quantized_tensor import Quantizer, _check_high_precision
+from .storage.nvfp4_tensor_storage import NVFP4TensorStorage
 
 __all__ = ["NVFP4Quantizer", "NVFP4Tensor"]
 
@@ -164,13 +165,17 @@ class NVFP4Quantizer(Quantizer):
         return float(t.item())
 
 
-class NVFP4Tensor(BlockScaledTensor):
+class NVFP4Tensor(NVFP4TensorStorage, BlockScaledTensor):
     """NVFP4 data: packed ``_rowwise_data`` / ``_columnwise_data``, uint8 E4M3
     ``_rowwise_scale_inv`` / ``_columnwise_scale_inv``, float32 ``_amax_rowwise`` /
     ``_amax_columnwise``, ``_fp4_dtype``."""
 
     _extra_fields = ("amax_rowwise", "amax_columnwise", "with_2d_quantization")
     _saved_fields = (*BlockScaledTensor._saved_fields, "_amax_rowwise", "_amax_columnwise")
+
+    def _build_default_quantizer(self) -> NVFP4Quantizer:
+        """TE ``nvfp4_tensor.py`` ``_get_quantizer``: a default ``NVFP4Quantizer()``."""
+        return NVFP4Quantizer()
 
     def _view_refusal(self, shape: tuple[int, ...], view: bool) -> tuple[type | None, str] | None:
         """TE (``nvfp4_tensor.py`` ``_ViewFunc``): the last dim must stay, else a warning and the

@@ -1,0 +1,188 @@
+"""TE's tensor-side API: the ``*TensorStorage`` hierarchy, ``_get_quantizer`` / ``update_quantizer``,
+``tensor.utils.replace_raw_data`` and ``quantize_master_weights`` (single process).
+
+References written from NVIDIA/TransformerEngine at d0067d0:
+
+- ``pytorch/quantized_tensor.py`` ``QuantizedTensorStorage`` (line 53; ``_get_quantizer`` 132-147:
+  the tensor's quantizer else ``_build_default_quantizer``, which raises ``ValueError``;
+  ``update_quantizer`` 156-162: ``RuntimeError`` without a quantizer, a warning when it changes);
+  ``QuantizedTensor(torch.Tensor)`` (line 707) is not a storage; each tensor is
+  ``XTensor(XTensorStorage, QuantizedTensor)`` (``tensor/float8_tensor.py`` 440, ``mxfp8_tensor.py`` 227,
+  ``float8_blockwise_tensor.py`` 258, ``nvfp4_tensor.py`` 405, ``identity_tensor.py`` 172), each storage a
+  ``QuantizedTensorStorage`` (``tensor/storage/*.py``); MXFP8's default quantizer is
+  ``MXFP8Quantizer(fp8_dtype)`` (``mxfp8_tensor.py`` 300-302), NVFP4's ``NVFP4Quantizer()`` (``nvfp4_tensor.py``
+  500-508);
+- ``pytorch/tensor/utils.py`` ``replace_raw_data`` (lines 30-98): copy the raw buffer into the new one and
+  make it the tensor's (``_data`` / ``_rowwise_data`` / ``_hp_data``), ``ValueError`` on a dtype mismatch,
+  ``NotImplementedError`` for MXFP8; ``quantize_master_weights`` (204-344): master cast to the model
+  weight's dtype, delayed scaling (371-463) casts the flat fragment with the quantizer's scale, folds the
+  amax, then ``scale_inv = 1/scale``; current scaling (466-590) takes the master's amax, ``scale`` from it,
+  writes ``scale_inv`` and casts the fragment with ``scale``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fp8sim.pytorch as te  # noqa: E402
+from fp8sim.pytorch.constants import DType  # noqa: E402
+from fp8sim.pytorch.tensor import (  # noqa: E402
+    Float8BlockQuantizer,
+    Float8BlockwiseQTensor,
+    Float8BlockwiseQTensorStorage,
+    Float8CurrentScalingQuantizer,
+    Float8Quantizer,
+    Float8Tensor,
+    Float8TensorStorage,
+    IdentityQuantizer,
+    IdentityTensor,
+    IdentityTensorStorage,
+    MXFP8Quantizer,
+    MXFP8Tensor,
+    MXFP8TensorStorage,
+    NVFP4Quantizer,
+    NVFP4Tensor,
+    NVFP4TensorStorage,
+    QuantizedTensor,
+    QuantizedTensorStorage,
+)
+from fp8sim.pytorch.tensor.utils import cast_master_weights_to_fp8, quantize_master_weights, replace_raw_data  # noqa: E402
+
+torch.set_num_threads(1)
+E4M3 = DType.kFloat8E4M3
+
+
+def _x(shape: tuple = (32, 64), seed: int = 0) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _delayed(scale: float = 1.0) -> Float8Quantizer:
+    return Float8Quantizer(torch.tensor([scale]), torch.zeros(1), E4M3)
+
+
+QUANTIZERS = {
+    "float8": (_delayed, Float8Tensor, Float8TensorStorage),
+    "mxfp8": (lambda: MXFP8Quantizer(E4M3), MXFP8Tensor, MXFP8TensorStorage),
+    "block": (
+        lambda: Float8BlockQuantizer(E4M3, rowwise=True, columnwise=True),
+        Float8BlockwiseQTensor,
+        Float8BlockwiseQTensorStorage,
+    ),
+    "nvfp4": (NVFP4Quantizer, NVFP4Tensor, NVFP4TensorStorage),
+    "identity": (IdentityQuantizer, IdentityTensor, IdentityTensorStorage),
+}
+
+
+@pytest.mark.parametrize("name", list(QUANTIZERS))
+def test_tensor_classes_follow_tes_storage_hierarchy(name: str) -> None:
+    make, cls, storage = QUANTIZERS[name]
+    assert cls.__mro__[1] is storage and issubclass(storage, QuantizedTensorStorage)
+    assert not issubclass(storage, torch.Tensor) and not issubclass(QuantizedTensor, QuantizedTensorStorage)
+    q = make()
+    t = q(_x())
+    assert isinstance(t, storage) and isinstance(t, QuantizedTensorStorage) and isinstance(t, QuantizedTensor)
+    assert t._get_quantizer() is t._quantizer
+    assert te.Float8TensorStorage is Float8TensorStorage and te.QuantizedTensorStorage is QuantizedTensorStorage
+
+
+def test_update_quantizer_warns_and_later_in_place_quantization_uses_it() -> None:
+    t = Float8CurrentScalingQuantizer(E4M3)(_x())
+    new = Float8CurrentScalingQuantizer(E4M3, force_pow_2_scales=True)
+    with pytest.warns(UserWarning, match="Quantizer is being updated, this may affect model behavior"):
+        t.update_quantizer(new)
+    assert t._get_quantizer() is new
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t.update_quantizer(new)  # the same quantizer: no warning
+    x = _x(seed=1)
+    t.quantize_(x)
+    amax = x.abs().max()
+    scale = torch.tensor(448.0) / amax
+    pow2 = torch.exp2(torch.floor(torch.log2(scale)))  # force_pow_2_scales: round the scale down to 2^k
+    assert torch.equal(t._scale_inv, (1 / pow2).reshape(1))
+    bare = Float8Tensor(shape=(4, 4), dtype=torch.float32, data=torch.zeros(4, 4, dtype=torch.uint8), fp8_scale_inv=1.0)
+    with pytest.raises(RuntimeError, match="To be updated, quantizer must be set"):
+        bare.update_quantizer(new)
+    with pytest.raises(ValueError, match="Float8Tensor has no quantizer and no default quantizer"):
+        bare.quantize_(torch.ones(4, 4))
+
+
+def test_block_tensors_without_a_quantizer_use_tes_default_one() -> None:
+    x = _x()
+    m = MXFP8Quantizer(DType.kFloat8E5M2)(x)
+    m._quantizer = None
+    d = m._get_quantizer()
+    assert isinstance(d, MXFP8Quantizer) and d.dtype == DType.kFloat8E5M2 and not d.with_2d_quantization
+    m.quantize_(2 * x)
+    ref = MXFP8Quantizer(DType.kFloat8E5M2)(2 * x)
+    assert torch.equal(m._rowwise_data, ref._rowwise_data) and torch.equal(m._rowwise_scale_inv, ref._rowwise_scale_inv)
+    n = NVFP4Quantizer(with_2d_quantization=True)(x)
+    n._quantizer = None
+    d = n._get_quantizer()
+    assert isinstance(d, NVFP4Quantizer) and not (d.with_2d_quantization or d.with_rht or d.stochastic_rounding)
+
+
+@pytest.mark.parametrize("name", ["float8", "block", "nvfp4", "identity"])
+def test_replace_raw_data_moves_the_buffer_and_keeps_the_values(name: str) -> None:
+    make, _, _ = QUANTIZERS[name]
+    t = make()(_x())
+    attr = {"float8": "_data", "identity": "_hp_data"}.get(name, "_rowwise_data")
+    old = getattr(t, attr).clone()
+    before = t.dequantize().clone()
+    buf = torch.empty(old.numel() + 8, dtype=old.dtype)[8:].view(old.shape)  # inside a bigger (ZeRO) buffer
+    replace_raw_data(t, buf)
+    assert getattr(t, attr) is buf and torch.equal(buf, old) and torch.equal(t.dequantize(), before)
+    wrong = torch.empty(old.shape, dtype=torch.float64 if old.dtype != torch.float64 else torch.float32)
+    with pytest.raises(ValueError, match="The data types of raw data don't match"):
+        replace_raw_data(t, wrong)
+
+
+def test_replace_raw_data_refuses_what_te_refuses() -> None:
+    with pytest.raises(NotImplementedError, match="replace_raw_data for MXFP8Tensor is not supported yet"):
+        replace_raw_data(MXFP8Quantizer(E4M3)(_x()), torch.empty(32, 64, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="replace_raw_data for .* is not supported yet"):
+        replace_raw_data(torch.zeros(3), torch.zeros(3))
+
+
+def _e4m3(x: torch.Tensor) -> torch.Tensor:
+    """satfinite RN to E4M3 by torch's own cast, as uint8 codes."""
+    return x.float().clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def test_quantize_master_weights_delayed_scaling_casts_the_fragment_with_the_quantizers_scale() -> None:
+    q = _delayed(scale=64.0)
+    q.amax.fill_(0.5)
+    w = q(torch.zeros(16, 32, dtype=torch.bfloat16))
+    old = w._data.clone()
+    master = _x((100,), seed=2) * 0.1  # float32 master shard of elements 40..139
+    w._high_precision_init_val = torch.ones(1)
+    w.clear_high_precision_init_val = lambda: setattr(w, "_high_precision_init_val", None)
+    quantize_master_weights([w], [master], [40], group=None)
+    want = old.reshape(-1).clone()
+    want[40:140] = _e4m3(master.to(torch.bfloat16).float() * 64.0)
+    assert torch.equal(w._data.reshape(-1), want) and w._high_precision_init_val is None
+    amax = torch.fmax(torch.tensor(0.5), master.to(torch.bfloat16).float().abs().max())
+    assert torch.equal(q.amax, amax.reshape(1)) and torch.equal(w._scale_inv, torch.tensor([1 / 64.0]))
+
+
+def test_quantize_master_weights_current_scaling_takes_the_scale_from_the_master_amax() -> None:
+    q = Float8CurrentScalingQuantizer(E4M3)
+    w1, w2 = q(_x((16, 32), seed=3)), q(_x((8, 32), seed=4))
+    m1 = _x((16 * 32,), seed=5) * 3  # the whole weight
+    old2 = w2._data.clone()
+    cast_master_weights_to_fp8([w1, w2], [m1, None], [0, None], group=None)
+    amax = m1.abs().max()
+    scale = torch.tensor(448.0) / amax
+    assert torch.equal(w1._scale_inv, (1 / scale).reshape(1))
+    assert torch.equal(w1._data.reshape(-1), _e4m3(m1 * scale))
+    # a weight whose master shard is on another rank: amax 0 -> scale 1, codes untouched
+    assert torch.equal(w2._scale_inv, torch.ones(1)) and torch.equal(w2._data, old2)
+    with pytest.raises(ValueError, match="All model weights must have the same force_pow_2_scales"):
+        w3 = Float8CurrentScalingQuantizer(E4M3, force_pow_2_scales=True)(_x((8, 32)))
+        quantize_master_weights([w1, w3], [m1, None], [0, None], group=None)
+    with pytest.raises(NotImplementedError, match="MXFP8Quantizer"):
+        quantize_master_weights([MXFP8Quantizer(E4M3)(_x())], [_x().reshape(-1)], [0], group=None)
