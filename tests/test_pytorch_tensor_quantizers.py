@@ -102,3 +102,54 @@ def test_output_and_grad_input_slots_follow_tes_dispatch() -> None:
     pow2 = recipe.fp8_quant_fwd_inp.power_2_scale  # a class attribute fixed at import, as in TE
     assert [x.force_pow_2_scales for x in q["scaling_fwd"]] == [pow2, pow2, True]
     assert [x.force_pow_2_scales for x in q["scaling_bwd"]] == [pow2, True]
+
+
+def _ref_block_scale(amax: torch.Tensor, eps: float, pow2: bool) -> torch.Tensor:
+    """TE ``common/recipe/recipe_common.cuh`` ``compute_scale_from_amax`` (lines 14-49), float32: an amax
+    below ``epsilon`` becomes ``epsilon``; Inf/0/NaN give 1; ``448 / amax`` rounded once (Inf -> the input
+    type's max); ``force_pow_2_scales`` keeps only sign and exponent bits."""
+    eps32 = torch.tensor(eps, dtype=torch.float32)
+    a = torch.where(amax < eps32, eps32, amax)
+    special = torch.isinf(a) | (a == 0) | torch.isnan(a)
+    scale = torch.tensor(448.0) / torch.where(special, torch.ones(()), a)
+    scale = torch.where(torch.isinf(scale), torch.tensor(torch.finfo(torch.float32).max), scale)
+    if pow2:
+        scale = (scale.view(torch.int32) & -8388608).view(torch.float32)  # 0xFF800000
+    return torch.where(special, torch.ones(()), scale)
+
+
+@pytest.mark.parametrize("pow2", [True, False])
+@pytest.mark.parametrize("dim", [1, 2])
+def test_float8_block_quantizer_amax_epsilon_floors_each_block_amax(pow2: bool, dim: int) -> None:
+    """TE ``quantize_transpose_{vector,square}_blockwise.cu``: each block's scale is
+    ``compute_scale_from_types(amax, epsilon, pow_2_scaling)`` (vector lines 295/384, square 158/389)."""
+    from fp8sim.pytorch.constants import DType
+
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(256, 256, generator=g)
+    x[:128, :128] *= 1e-6  # amax below epsilon: its scale comes from epsilon
+    x[128:, 128:] = 0.0  # amax 0 < epsilon: epsilon too
+    eps = 1e-3
+    q = te.Float8BlockQuantizer(
+        DType.kFloat8E4M3,
+        rowwise=True,
+        columnwise=False,
+        amax_epsilon=eps,
+        force_pow_2_scales=pow2,
+        block_scaling_dim=dim,
+    )
+    t = q(x)
+    if dim == 2:
+        amax = x.abs().reshape(2, 128, 2, 128).amax(dim=(1, 3))
+        scale = _ref_block_scale(amax, eps, pow2)
+        full = scale.repeat_interleave(128, 0).repeat_interleave(128, 1)
+        got_sinv = t._rowwise_scale_inv[:2, :2]
+    else:
+        amax = x.abs().reshape(256, 2, 128).amax(dim=-1)  # (rows, blocks)
+        scale = _ref_block_scale(amax, eps, pow2)
+        full = scale.repeat_interleave(128, 1)
+        got_sinv = t._rowwise_scale_inv[:2, :256].t()  # TE stores 1x128 scales as [block, row]
+    assert torch.equal(got_sinv, 1 / scale)
+    want = (x * full).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert torch.equal(t._rowwise_data, want)
+    assert q.copy().amax_epsilon == eps

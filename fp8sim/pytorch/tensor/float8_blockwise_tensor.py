@@ -52,8 +52,6 @@ class Float8BlockQuantizer(Quantizer):
             raise ValueError(f"fp8_dtype must be DType.kFloat8E4M3 or DType.kFloat8E5M2, got {self.dtype!r}")
         if block_scaling_dim not in (1, 2):
             raise RuntimeError(f"Only 1D or 2D blocks are supported, but got block_scaling_dim={block_scaling_dim}")
-        if amax_epsilon != 0.0:
-            raise NotImplementedError("Float8BlockQuantizer: amax_epsilon != 0 is not emulated (TE's recipe uses 0)")
         self.block_len = 128
         self.force_pow_2_scales = force_pow_2_scales
         self.amax_epsilon = amax_epsilon
@@ -90,9 +88,10 @@ class Float8BlockQuantizer(Quantizer):
         x = tensor.detach().to(device="cpu").reshape(m, k)
         x = numpy_view(x) if tensor.dtype == torch.float32 else _as_ml_dtypes(x)  # .numpy() pins the storage
         fmt, pow2, dim = _FORMATS[self.dtype], self.force_pow_2_scales, self.block_scaling_dim
+        eps = float(np.float32(self.amax_epsilon))  # TE passes it to the kernel as a float
         rd = rs = cd = cs = None
         if dim == 2:
-            q = quantize_block_scaling(x, fmt, block_dim=2, pow2=pow2)
+            q = quantize_block_scaling(x, fmt, block_dim=2, pow2=pow2, eps=eps)
             codes = torch.from_numpy(np.ascontiguousarray(q.codes[:m, :k]))
             if self.rowwise_usage:
                 rd, rs = codes.reshape(shape), padded(q.scales, self.get_scale_shape(shape, False), torch.float32)
@@ -101,11 +100,11 @@ class Float8BlockQuantizer(Quantizer):
                 cs = padded(q.scales.T, self.get_scale_shape(shape, True), torch.float32)
         else:
             if self.rowwise_usage:
-                q = quantize_block_scaling(x, fmt, block_dim=1, pow2=pow2)
+                q = quantize_block_scaling(x, fmt, block_dim=1, pow2=pow2, eps=eps)
                 rd = torch.from_numpy(np.ascontiguousarray(q.codes[:m, :k])).reshape(shape)
                 rs = padded(q.scales.T, self.get_scale_shape(shape, False), torch.float32)
             if self.columnwise_usage:
-                q = quantize_block_scaling(x, fmt, block_dim=1, columnwise=True, pow2=pow2)
+                q = quantize_block_scaling(x, fmt, block_dim=1, columnwise=True, pow2=pow2, eps=eps)
                 cd = torch.from_numpy(np.ascontiguousarray(q.codes[:m, :k].T)).reshape(self.get_columnwise_shape(shape))
                 cs = padded(q.scales, self.get_scale_shape(shape, True), torch.float32)
         dev = tensor.device
