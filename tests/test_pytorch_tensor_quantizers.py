@@ -153,3 +153,39 @@ def test_float8_block_quantizer_amax_epsilon_floors_each_block_amax(pow2: bool, 
     want = (x * full).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
     assert torch.equal(t._rowwise_data, want)
     assert q.copy().amax_epsilon == eps
+
+
+def test_nvfp4_quantizer_rht_options_follow_tes_quantize_impl() -> None:
+    """TE ``csrc/quantizer.cpp`` ``NVFP4Quantizer::quantize_impl`` (lines 2561-2650): ``with_post_rht_amax``
+    matters only with RHT (without it the amax is the input's, for both copies); RHT with a pre-RHT amax,
+    RHT of a non-bf16 input, 4over6 with RHT or stochastic rounding and row-scaled NVFP4 with RHT / 2D / SR /
+    amax reduction are refused with TE's messages.  ``with_random_sign_mask=False`` (``nvfp4_tensor.py``
+    ``get_rht_matrix``, sign mask 0): the columnwise copy is ``x^T`` times the unsigned ``H16/4`` in bf16."""
+    from _te_nvfp4_reference import apply_rht, quantize_1x16
+
+    x = (torch.randn(32, 64, generator=torch.Generator().manual_seed(12)) * 3).to(torch.bfloat16)
+    plain, post = te.NVFP4Quantizer()(x), te.NVFP4Quantizer(with_post_rht_amax=True)(x)
+    for name in ("_rowwise_data", "_columnwise_data", "_columnwise_scale_inv", "_amax_columnwise"):
+        assert torch.equal(getattr(plain, name), getattr(post, name)), name
+    for kw, message in (
+        ({"with_rht": True}, "Pre-RHT amax is not supported yet. Use with_post_rht_amax=true instead."),
+        ({"nvfp4_use_4over6": True, "with_rht": True}, "NVFP4 4over6 quantization does not support RHT."),
+        ({"nvfp4_use_4over6": True, "stochastic_rounding": True}, "does not support stochastic rounding."),
+        ({"row_scaled_nvfp4": True, "with_rht": True, "with_post_rht_amax": True}, "does not support RHT."),
+        ({"row_scaled_nvfp4": True, "with_2d_quantization": True}, "does not support 2D quantization."),
+        ({"row_scaled_nvfp4": True, "stochastic_rounding": True}, "does not support stochastic rounding."),
+    ):
+        with pytest.raises(RuntimeError, match=message.replace(".", r"\.")):
+            te.NVFP4Quantizer(**kw)(x)
+    with pytest.raises(RuntimeError, match="RHT is only supported for bfloat16 input, got dtype enum value 4"):
+        te.NVFP4Quantizer(with_rht=True, with_post_rht_amax=True)(x.float())
+    with pytest.raises(NotImplementedError, match="nvfp4_use_4over6=True"):
+        te.NVFP4Quantizer(nvfp4_use_4over6=True)(x)
+    t = te.NVFP4Quantizer(with_rht=True, with_post_rht_amax=True, with_random_sign_mask=False)(x)
+    packed, scales, amax = quantize_1x16(apply_rht(x.t().contiguous(), random_sign_mask=False))
+    assert torch.equal(t._columnwise_data, packed) and torch.equal(t._columnwise_scale_inv[:64, :2], scales)
+    assert torch.equal(t._amax_columnwise, amax.reshape(1))
+    signed = te.NVFP4Quantizer(with_rht=True, with_post_rht_amax=True)(x)
+    assert not torch.equal(signed._columnwise_data, t._columnwise_data)
+    want_signed = quantize_1x16(apply_rht(x.t().contiguous()))[0]
+    assert torch.equal(signed._columnwise_data, want_signed)

@@ -9,7 +9,9 @@ block scales (uint8) of shape ``(round_up(M, 128), round_up(ceil(K/16), 4))`` an
 ``(round_up(K, 128), round_up(ceil(M/16), 4))``; ``_amax_rowwise`` / ``_amax_columnwise`` float32
 (one per row for ``row_scaled_nvfp4``).  Dequantization is TE's (``dequantize_nvfp4.cuh``, via
 ``fp8sim.scaling.dequantize_nvfp4``).  Stochastic rounding uses fp8sim's seeded generator (TE's
-Philox bits are not emulated, spec section 10); 4over6 is not emulated.
+Philox bits are not emulated, spec section 10); ``with_random_sign_mask=False`` transforms with the
+unsigned Hadamard matrix; ``with_post_rht_amax`` without RHT changes nothing (TE ignores it there);
+what TE's ``quantize_impl`` refuses raises its ``RuntimeError``; 4over6 is not emulated.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ import numpy as np
 import torch
 
 from ...formats import get_format
-from ...scaling.nvfp4 import dequantize_nvfp4, quantize_nvfp4
+from ...scaling.nvfp4 import RHT_SIGNS, dequantize_nvfp4, quantize_nvfp4, rht_matrix
 from ...scaling.packing import pack_fp4, unpack_fp4
 from ...scaling.quantized import QuantizedTensor as _SimQT
-from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType
+from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType, TE_DType
 from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
 from .quantized_tensor import Quantizer, _check_high_precision
 from .storage.nvfp4_tensor_storage import NVFP4TensorStorage
@@ -94,21 +96,38 @@ class NVFP4Quantizer(Quantizer):
             return round_up(k, 128), round_up(-(-m // _B), 4)
         return round_up(m, 128), round_up(-(-k // _B), 4)
 
-    def _unsupported(self) -> str | None:
+    def _check(self, tensor: torch.Tensor) -> None:
+        """TE's refusals (``csrc/quantizer.cpp`` ``NVFP4Quantizer::quantize_impl``), in its order; 4over6
+        block selection is TE's but not emulated here (``fp8sim.scaling.quantize_nvfp4_4over6`` has the
+        rowwise 1x16 kernel)."""
         if self.nvfp4_use_4over6:
-            return "nvfp4_use_4over6=True (4over6 block selection)"
-        if self.with_rht and not self.with_random_sign_mask:
-            return "with_rht=True with with_random_sign_mask=False"
-        if self.with_rht != self.with_post_rht_amax and self.columnwise_usage:
-            return "with_rht != with_post_rht_amax (fp8sim takes the columnwise amax after the transform)"
-        return None
+            if self.with_rht:
+                raise RuntimeError("NVFP4 4over6 quantization does not support RHT.")
+            if self.stochastic_rounding:
+                raise RuntimeError("NVFP4 4over6 quantization does not support stochastic rounding.")
+            raise NotImplementedError(
+                "NVFP4Quantizer: nvfp4_use_4over6=True (4over6 block selection) is not emulated by fp8sim"
+            )
+        if self.row_scaled_nvfp4:
+            for flag, what in (
+                (self.with_rht, "RHT"),
+                (self.with_2d_quantization, "2D quantization"),
+                (self.stochastic_rounding, "stochastic rounding"),
+                (self.with_amax_reduction, "amax reduction"),
+            ):
+                if flag:
+                    raise RuntimeError(f"Row-scaled NVFP4 quantization does not support {what}.")
+        if self.with_rht:
+            if tensor.dtype != torch.bfloat16:
+                dt = int(TE_DType[tensor.dtype])
+                raise RuntimeError(f"RHT is only supported for bfloat16 input, got dtype enum value {dt}")
+            if not self.with_post_rht_amax:
+                raise RuntimeError("Pre-RHT amax is not supported yet. Use with_post_rht_amax=true instead.")
 
     def quantize_impl(self, tensor: torch.Tensor) -> NVFP4Tensor:
         _check_high_precision(tensor, type(self).__name__)
         check_usage(self)
-        why = self._unsupported()
-        if why:
-            raise NotImplementedError(f"NVFP4Quantizer: {why} is not emulated by fp8sim")
+        self._check(tensor)
         shape = tuple(tensor.shape)
         m, k = flatten_2d(shape)
         x = tensor.detach().to("cpu").reshape(m, k)
@@ -129,7 +148,10 @@ class NVFP4Quantizer(Quantizer):
         if self.columnwise_usage:
             xt = x.t().contiguous()
             s2 = None if seed is None else seed + 2**32
-            q = quantize_nvfp4(xt, **common, rht=self.with_rht, seed=s2)
+            if self.with_rht and not self.with_random_sign_mask:  # TE's sign mask 0: the plain Hadamard/4
+                xt = _hadamard_bf16(xt)
+            rht = self.with_rht and self.with_random_sign_mask
+            q = quantize_nvfp4(xt, **common, rht=rht, seed=s2)
             out.update(
                 columnwise_data=pack_fp4(torch.from_numpy(q.codes[:k, :m])),
                 columnwise_scale_inv=padded(self._per_row(q.scales), self.get_scale_shape(shape, True), torch.uint8),
@@ -163,6 +185,13 @@ class NVFP4Quantizer(Quantizer):
         if dist.is_available() and dist.is_initialized() and dist.get_world_size(self.amax_reduction_group) > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.amax_reduction_group)
         return float(t.item())
+
+
+def _hadamard_bf16(x: torch.Tensor) -> torch.Tensor:
+    """``x.reshape(-1, 16) @ H/4`` in bf16 (TE ``get_rht_matrix(with_random_sign_mask=False)``: no signs),
+    as :func:`fp8sim.scaling.nvfp4.apply_rht` computes the signed one."""
+    h = torch.from_numpy(rht_matrix() * np.asarray(RHT_SIGNS, np.float32)[:, None]).to(torch.bfloat16)
+    return (x.contiguous().reshape(-1, _B) @ h).reshape(x.shape)
 
 
 class NVFP4Tensor(NVFP4TensorStorage, BlockScaledTensor):
