@@ -188,3 +188,26 @@ def test_optimizer_step_requantizes_the_block_primary_weight_in_place(name: str)
     torch.optim.SGD([w], lr=0.5).step()
     assert isinstance(m.weight, cls) and m.weight is w and w._rowwise_data.data_ptr() == ptr
     _assert_same_buffers(w, _te_weight_quantizer(recipe)(before.add(grad, alpha=-0.5)))
+
+
+def test_new_amax_history_len_hands_the_fp8_weight_the_rebuilt_quantizer() -> None:
+    """TE ``module/base.py`` lines 1066-1083: when ``amax_history_len`` changes the history is cut or padded,
+    the quantizers are rebuilt over the new buffers and ``_update_weight_quantizers`` gives each FP8 weight
+    its new one, so a later in-place quantization (an optimizer step) folds its amax into the live history."""
+    from fp8sim.recipe import DelayedScaling
+
+    with te.quantized_model_init(recipe=DelayedScaling(amax_history_len=4)):
+        m = te.Linear(32, 32, bias=False)
+    x = torch.randn(32, 32)
+    with te.autocast(recipe=DelayedScaling(amax_history_len=4)):
+        m(x)
+    with (
+        pytest.warns(UserWarning, match="Quantizer is being updated"),
+        te.autocast(recipe=DelayedScaling(amax_history_len=8)),
+    ):
+        m(x)
+    state = m.fp8_gemms["gemm"].fwd
+    assert state.amax_history.shape == (8, 3)
+    with torch.no_grad():
+        m.weight.copy_(torch.full((32, 32), 3.0))  # in place: re-quantized with the weight's quantizer
+    assert state.amax_history[0, 1] == np.float32(3.0)  # the WEIGHT slot of the live history

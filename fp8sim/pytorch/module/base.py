@@ -306,7 +306,10 @@ class TransformerEngineBaseModule(nn.Module):
             recipe = get_recipe()
             self._last_recipe = recipe
             assert_dim_for_fp8_exec(x, w)
+            hist = None if g.fwd is None else g.fwd.amax_history
             g.ensure(recipe, st.group)
+            if hist is not None and g.fwd.amax_history is not hist and is_fp8_weight(w):
+                self._update_weight_quantizers()  # TE base.py: a new amax_history_len rebuilds the quantizers
             g.group = st.group
             first = _register(self, _requires_grad(x, w, b))
             self._region_token = st.modules
