@@ -169,7 +169,7 @@ def test_tensor_storage_and_utils_names_resolve_under_transformer_engine() -> No
         storage = importlib.import_module("transformer_engine.pytorch.tensor.storage")
         assert storage.Float8TensorStorage is fp8_tensor.Float8TensorStorage
         for name in ("replace_raw_data", "quantize_master_weights", "cast_master_weights_to_fp8"):
-            assert getattr(utils_mod, name) is getattr(fp8_tensor, name)
+            assert getattr(utils_mod, name) is getattr(fp8_tensor.utils, name)
     finally:
         shim.uninstall()
 

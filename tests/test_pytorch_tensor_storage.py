@@ -186,3 +186,21 @@ def test_quantize_master_weights_current_scaling_takes_the_scale_from_the_master
         quantize_master_weights([w1, w3], [m1, None], [0, None], group=None)
     with pytest.raises(NotImplementedError, match="MXFP8Quantizer"):
         quantize_master_weights([MXFP8Quantizer(E4M3)(_x())], [_x().reshape(-1)], [0], group=None)
+
+
+def test_clear_columnwise_cache_and_is_custom_follow_te() -> None:
+    """TE ``tensor/utils.py`` ``clear_columnwise_cache`` (lines 1523-1535) and ``is_custom`` (1538-1547)."""
+    from fp8sim.pytorch.tensor.utils import clear_columnwise_cache, is_custom
+
+    b = MXFP8Quantizer(E4M3)(_x())
+    clear_columnwise_cache(b)
+    assert b._columnwise_data is None and b._columnwise_scale_inv is None and b._rowwise_data is not None
+    f = _delayed()(_x())
+    clear_columnwise_cache(f)
+    assert f._transpose is None and f._transpose_invalid and f._data is not None
+    q = IdentityQuantizer()
+    assert not is_custom() and not is_custom(torch.zeros(1)) and not is_custom(f) and not is_custom(q)
+    q.custom = True
+    assert is_custom(q)
+    with pytest.raises(AssertionError, match="Object must be a Quantizer or QuantizedTensorStorage instance"):
+        is_custom(3)

@@ -21,7 +21,7 @@ from .storage import (
     QuantizedTensorStorage,
 )
 from .storage.identity_tensor_storage import IdentityTensorStorage
-from .utils import cast_master_weights_to_fp8, quantize_master_weights, replace_raw_data
+from .utils import cast_master_weights_to_fp8, replace_raw_data
 
 __all__ = [
     "Quantizer",
@@ -53,5 +53,4 @@ __all__ = [
     "IdentityTensorStorage",
     "replace_raw_data",
     "cast_master_weights_to_fp8",
-    "quantize_master_weights",
 ]

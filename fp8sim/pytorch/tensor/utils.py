@@ -1,5 +1,6 @@
 """TE's helpers for quantized primary weights (TE: ``pytorch/tensor/utils.py``).
 
+- ``clear_columnwise_cache``: drop the columnwise copy (FSDP2 frees it after use); ``is_custom``;
 - ``replace_raw_data``: move a quantized tensor's raw buffer into a caller-given buffer (ZeRO packing);
 - ``quantize_master_weights`` (and its deprecated name ``cast_master_weights_to_fp8``): write master
   weights (or a flat ``start_offset`` fragment of each, a data-parallel shard) into FP8 primary
@@ -23,7 +24,13 @@ from .identity_tensor import IdentityTensor
 from .mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
 from .nvfp4_tensor import NVFP4Quantizer, NVFP4Tensor
 
-__all__ = ["replace_raw_data", "quantize_master_weights", "cast_master_weights_to_fp8"]
+__all__ = [
+    "replace_raw_data",
+    "quantize_master_weights",
+    "cast_master_weights_to_fp8",
+    "clear_columnwise_cache",
+    "is_custom",
+]
 
 _FP8_MAX = {DType.kFloat8E4M3: 448.0, DType.kFloat8E5M2: 57344.0}
 
@@ -195,3 +202,24 @@ def cast_master_weights_to_fp8(
     quantize_master_weights(
         model_weights, master_weights, start_offsets, group, fsdp_shard_model_weights, manual_post_all_gather_processing
     )
+
+
+def clear_columnwise_cache(tensor: Any) -> None:
+    """Drop ``tensor``'s columnwise data and scales (or its FP8 transpose) where it has them (TE ``utils.py``)."""
+    for name in ("_columnwise_data", "_columnwise_scale_inv", "_transpose"):
+        if hasattr(tensor, name):
+            setattr(tensor, name, None)
+    if hasattr(tensor, "_transpose_invalid"):
+        tensor._transpose_invalid = True
+
+
+def is_custom(x: Any = None) -> bool:
+    """Whether a quantizer or storage is marked ``custom``; False for None and any ``torch.Tensor`` (TE's
+    rule, so quantized tensors, being tensors, are never custom)."""
+    from .quantized_tensor import QuantizedTensorStorage, Quantizer
+
+    if x is None or isinstance(x, torch.Tensor):
+        return False
+    if not isinstance(x, Quantizer | QuantizedTensorStorage):
+        raise AssertionError("Object must be a Quantizer or QuantizedTensorStorage instance")
+    return bool(getattr(x, "custom", False))
