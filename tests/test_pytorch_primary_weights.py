@@ -211,3 +211,31 @@ def test_new_amax_history_len_hands_the_fp8_weight_the_rebuilt_quantizer() -> No
     with torch.no_grad():
         m.weight.copy_(torch.full((32, 32), 3.0))  # in place: re-quantized with the weight's quantizer
     assert state.amax_history[0, 1] == np.float32(3.0)  # the WEIGHT slot of the live history
+
+
+@pytest.mark.parametrize("name", ["block", "nvfp4", "mxfp8", "block_1d_weights", "nvfp4_1d"])
+def test_weights_built_without_grad_make_the_columnwise_copy_where_te_can(name: str) -> None:
+    """TE ``linear.py`` backward (line 1051) calls ``weight_fp8.update_usage(columnwise_usage=True)``: 2D-tiled
+    tensors make the columnwise copy from the rowwise one (``storage/float8_blockwise_tensor_storage.py``
+    ``_create_columnwise`` 394-424, ``storage/nvfp4_tensor_storage.py`` 424-480), which equals quantizing with
+    columnwise usage; MXFP8 and 1D tiles raise TE's errors (mxfp8 storage line 310, blockwise 478-483, NVFP4
+    429)."""
+    recipe, _ = RECIPES[name]
+    torch.manual_seed(9)
+    with torch.no_grad(), te.quantized_model_init(recipe=recipe, preserve_high_precision_init_val=True):
+        m = te.Linear(64, 32, bias=False, params_dtype=torch.bfloat16)
+    assert m.weight._columnwise_data is None
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    errors = {
+        "mxfp8": (RuntimeError, "MXFP8Tensor is missing column-scaled FP8 data"),
+        "block_1d_weights": (AssertionError, "Cannot update to rowwise and columnwise usage."),
+        "nvfp4_1d": (RuntimeError, "Cannot create columnwise data without 2D quantization enabled."),
+    }
+    if name in errors:
+        exc, message = errors[name]
+        with pytest.raises(exc, match=message), te.autocast(recipe=recipe):
+            m(x)
+        return
+    with te.autocast(recipe=recipe):
+        m(x).sum().backward()
+    _assert_same_buffers(m.weight, _te_weight_quantizer(recipe)(m.weight.get_high_precision_init_val()))

@@ -62,10 +62,7 @@ class _GemmState:
             if self._per_tensor(recipe):
                 op = operand_from_fp8_weight(w)
                 return op, op
-            row, col = block_operands_from_fp8_weight(w)
-            if col is None and torch.is_grad_enabled() and w.requires_grad:
-                w.update_usage(columnwise_usage=True)  # TE linear.py: raises, no columnwise data for dgrad
-            return row, col
+            return block_operands_from_fp8_weight(w)  # no columnwise copy: None (base._linear asks for it)
         row = self._quantize(w, recipe, "weight", 1)
         col = row if self._per_tensor(recipe) else self._quantize(w, recipe, "weight", 0)
         if is_first_microbatch is not None:

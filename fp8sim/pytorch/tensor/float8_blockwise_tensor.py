@@ -157,6 +157,20 @@ class Float8BlockwiseQTensor(Float8BlockwiseQTensorStorage, BlockScaledTensor):
             return self
         return super()._viewed(shape, view)
 
+    def _create_columnwise(self) -> None:
+        """TE ``storage/float8_blockwise_tensor_storage.py`` ``_create_columnwise`` (2D only): the rowwise
+        codes transposed, the tile scales transposed into the columnwise layout."""
+        if not self._is_2D_scaled:  # 1x128 rowwise and 128x1 columnwise scales differ
+            raise AssertionError("Cannot update to rowwise and columnwise usage.")
+        m, k = flatten_2d(self.shape)
+        codes = self._rowwise_data.reshape(m, k).t().contiguous()
+        self._columnwise_data = codes.reshape(self._data_shape(tuple(self.shape), True))
+        sm, sk = -(-m // 128), -(-k // 128)
+        rs = self._rowwise_scale_inv
+        cs = torch.zeros(sk, round_up(sm, 4), dtype=rs.dtype, device=rs.device)
+        cs[:, :sm] = rs[:sm, :sk].t()
+        self._columnwise_scale_inv = cs
+
     def _data_shape(self, shape: tuple[int, ...], columnwise: bool) -> tuple[int, ...]:
         return (shape[-1], *shape[:-1]) if columnwise else shape
 

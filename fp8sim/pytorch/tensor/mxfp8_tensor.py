@@ -136,6 +136,10 @@ class MXFP8Tensor(MXFP8TensorStorage, BlockScaledTensor):
 
     _extra_fields = ("with_gemm_swizzled_scales",)
 
+    def _create_columnwise(self) -> None:
+        """TE (``storage/mxfp8_tensor_storage.py`` ``update_usage``): only the quantization makes it."""
+        raise RuntimeError("Requested column-wise usage, but MXFP8Tensor is missing column-scaled FP8 data")
+
     def _build_default_quantizer(self) -> MXFP8Quantizer:
         """TE ``mxfp8_tensor.py``: an ``MXFP8Quantizer`` of the tensor's FP8 dtype."""
         return MXFP8Quantizer(self._fp8_dtype)

@@ -202,6 +202,21 @@ class NVFP4Tensor(NVFP4TensorStorage, BlockScaledTensor):
     _extra_fields = ("amax_rowwise", "amax_columnwise", "with_2d_quantization")
     _saved_fields = (*BlockScaledTensor._saved_fields, "_amax_rowwise", "_amax_columnwise")
 
+    def _create_columnwise(self) -> None:
+        """TE ``storage/nvfp4_tensor_storage.py`` ``_create_columnwise`` (2D quantization only): the E2M1
+        codes transposed (nibbles repacked), each 16x16 tile's scale written on the rows of the transposed
+        tile, ``_amax_columnwise`` the rowwise amax."""
+        if self._quantizer is None or not self._quantizer.with_2d_quantization:
+            raise RuntimeError("Cannot create columnwise data without 2D quantization enabled.")
+        m, k = flatten_2d(self.shape)
+        codes = unpack_fp4(self._rowwise_data.reshape(m, k // 2).cpu())
+        self._columnwise_data = pack_fp4(codes.t().contiguous()).to(self._rowwise_data.device)
+        tiles = self._rowwise_scale_inv[: round_up(m, _B) : _B, : -(-k // _B)]  # one row per tile row
+        cs = torch.zeros(self._quantizer.get_scale_shape(tuple(self.shape), True), dtype=torch.uint8)
+        cs[: -(-k // _B) * _B, : tiles.shape[0]] = tiles.t().repeat_interleave(_B, dim=0)
+        self._columnwise_scale_inv = cs.to(self._rowwise_scale_inv.device)
+        self._amax_columnwise = self._amax_rowwise.clone()
+
     def _build_default_quantizer(self) -> NVFP4Quantizer:
         """TE ``nvfp4_tensor.py`` ``_get_quantizer``: a default ``NVFP4Quantizer()``."""
         return NVFP4Quantizer()
