@@ -204,3 +204,34 @@ def test_clear_columnwise_cache_and_is_custom_follow_te() -> None:
     assert is_custom(q)
     with pytest.raises(AssertionError, match="Object must be a Quantizer or QuantizedTensorStorage instance"):
         is_custom(3)
+
+
+def test_quantize_master_weights_block_scaling_casts_the_shard_per_128x128_tile() -> None:
+    """TE ``tensor/utils.py`` ``_cast_master_weights_to_fp8_blockwise_scaling`` (lines 593-749) with
+    ``common/recipe/fp8_block_scaling.cu`` (partial amax: the shard's elements of each 128x128 tile, flat
+    index ``i`` at row ``i // w``; partial cast ``fp8(master * scale)``) and ``recipe_common.cuh``'s scale;
+    the columnwise copy is dropped and remade from the rowwise one in the next training step."""
+    q = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=True, block_scaling_dim=2)
+    w = q(torch.zeros(256, 192, dtype=torch.bfloat16))
+    old = w._rowwise_data.clone().reshape(-1)
+    start, n = 200, 30000
+    master = torch.randn(n, generator=torch.Generator().manual_seed(6)) * 2
+    quantize_master_weights([w], [master], [start], group=None)
+    mb = master.to(torch.bfloat16).float()
+    idx = torch.arange(start, start + n)
+    tile = (idx // 192) // 128 * 2 + (idx % 192) // 128  # 2 x 2 tiles
+    amax = torch.zeros(4).scatter_reduce(0, tile, mb.abs(), reduce="amax").reshape(2, 2)
+    scale = torch.exp2(torch.floor(torch.log2(torch.tensor(448.0) / amax)))  # force_pow_2_scales (TE default)
+    assert torch.equal(w._rowwise_scale_inv[:2, :2], 1 / scale) and torch.all(w._rowwise_scale_inv[:, 2:] == 1)
+    got = w._rowwise_data.reshape(-1)
+    want = (mb * scale.reshape(-1)[tile]).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert torch.equal(got[start : start + n], want)
+    assert torch.equal(got[:start], old[:start]) and torch.equal(got[start + n :], old[start + n :])
+    assert w._columnwise_data is None
+    w.update_usage(columnwise_usage=True)  # 2D tiles: the transpose of the rowwise copy
+    assert torch.equal(w._columnwise_data, w._rowwise_data.t()) and torch.equal(
+        w._columnwise_scale_inv[:2, :2], w._rowwise_scale_inv[:2, :2].t()
+    )
+    with pytest.raises(NotImplementedError, match="Float8BlockQuantizer with 1x128 blocks"):
+        w1 = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=True, block_scaling_dim=1)(_x())
+        quantize_master_weights([w1], [_x().reshape(-1)], [0], group=None)

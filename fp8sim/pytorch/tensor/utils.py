@@ -4,9 +4,9 @@
 - ``replace_raw_data``: move a quantized tensor's raw buffer into a caller-given buffer (ZeRO packing);
 - ``quantize_master_weights`` (and its deprecated name ``cast_master_weights_to_fp8``): write master
   weights (or a flat ``start_offset`` fragment of each, a data-parallel shard) into FP8 primary
-  weights.  Emulated for per-tensor FP8 (delayed and current scaling); the amax all-reduce over
-  ``group`` runs when ``torch.distributed`` is initialized with more than one rank.  The block-scaled
-  paths (blockwise, MXFP8, NVFP4 2D) and ``fsdp_shard_model_weights`` raise ``NotImplementedError``.
+  weights.  Emulated for per-tensor FP8 (delayed and current scaling) and 128x128 block scaling; the
+  amax all-reduce over ``group`` runs when ``torch.distributed`` is initialized with more than one rank.
+  1x128 blocks, MXFP8, NVFP4 2D and ``fsdp_shard_model_weights`` raise ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -151,6 +151,76 @@ def _current(params: list, group: Any) -> None:
         _cast_into(codes, master, scale_t, torch.zeros(1, dtype=torch.float32), model_weight._fp8_dtype)
 
 
+def _blockwise(params: list, group: Any, manual: bool) -> None:
+    """TE ``_cast_master_weights_to_fp8_blockwise_scaling`` (128x128 tiles): per tile, the amax of the
+    shard's elements (``fp8_block_scaling_compute_partial_amax``: flat index ``i`` is row ``i // w``, column
+    ``i % w``; NaN skipped; 0 where the shard has none), all-reduced, ``scale`` from it (FLT_MAX for an
+    infinite one), ``scale_inv`` written over the whole rowwise scale buffer, the columnwise copy dropped
+    (remade from the rowwise one when needed), then each shard element cast with its tile's scale
+    (``fp8_block_scaling_partial_cast``; TE may also scribble on unsharded elements of the tiles it
+    touches, which the all-gather overwrites; fp8sim writes only the shard)."""
+    first = params[0][0]._get_quantizer()
+    for model_weight, _, _ in params:
+        q = model_weight._get_quantizer()
+        for name, want, got in (
+            ("block_len", first.block_len, q.block_len),
+            ("fp8 dtype", first.dtype, q.dtype),
+            ("force_pow_2_scales", first.force_pow_2_scales, q.force_pow_2_scales),
+            ("amax_epsilon", first.amax_epsilon, q.amax_epsilon),
+        ):
+            if want != got:
+                raise ValueError(f"All model weights must have the same {name}, expected {want} but got {got}")
+        if model_weight.dim() != 2:
+            raise ValueError(
+                f"model_weight must be 2D for blockwise scaling, got {model_weight.dim()}D shape {model_weight.shape}"
+            )
+    b = first.block_len
+    amaxes = [
+        torch.zeros(w._get_quantizer().get_scale_shape(w.shape, False), dtype=torch.float32) for w, _, _ in params
+    ]
+    for (model_weight, master, start_offset), amax in zip(params, amaxes, strict=True):
+        if master is None:
+            continue
+        rows, cols = _tile_index(model_weight, master, start_offset, b)
+        mag = master.detach().float().reshape(-1).abs().nan_to_num(nan=0.0)
+        amax.view(-1).scatter_reduce_(0, rows * amax.shape[1] + cols, mag, reduce="amax")
+    packed = torch.cat([a.reshape(-1) for a in amaxes])
+    _all_reduce_max(packed, group)
+    offset = 0
+    for (model_weight, master, start_offset), amax in zip(params, amaxes, strict=True):
+        amax.copy_(packed[offset : offset + amax.numel()].view(amax.shape))
+        offset += amax.numel()
+        scale = torch.from_numpy(
+            np.asarray(
+                compute_scale_from_amax(
+                    amax.numpy(), _FP8_MAX[first.dtype], pow2=first.force_pow_2_scales, eps=first.amax_epsilon
+                )
+            )
+        )
+        model_weight._rowwise_scale_inv.copy_(torch.reciprocal(scale))
+        if not manual:
+            model_weight.update_usage(rowwise_usage=True, columnwise_usage=False)
+        if master is None:
+            continue
+        rows, cols = _tile_index(model_weight, master, start_offset, b)
+        scaled = master.detach().float().reshape(-1) * scale[rows, cols]
+        fp8 = torch.float8_e4m3fn if first.dtype == DType.kFloat8E4M3 else torch.float8_e5m2
+        fmax = _FP8_MAX[first.dtype]
+        codes = scaled.clamp(-fmax, fmax).to(fp8).view(torch.uint8)  # the cast is satfinite; NaN stays NaN
+        model_weight._rowwise_data.view(-1)[start_offset : start_offset + master.numel()] = codes
+
+
+def _tile_index(model_weight: Any, master: torch.Tensor, start_offset: int | None, b: int) -> tuple:
+    if start_offset is None or start_offset < 0 or start_offset + master.numel() > model_weight.numel():
+        raise ValueError(
+            f"start_offset {start_offset} with {master.numel()} master elements does not fit "
+            f"model_weight numel ({model_weight.numel()})"
+        )
+    idx = torch.arange(start_offset, start_offset + master.numel())
+    width = model_weight.shape[1]
+    return (idx // width) // b, (idx % width) // b
+
+
 def quantize_master_weights(
     model_weights: list,
     master_weights: list,
@@ -162,10 +232,9 @@ def quantize_master_weights(
     """Write ``master_weights[i]`` (cast to ``model_weights[i].dtype`` first, as TE does for numerical
     consistency) into the flat elements ``start_offsets[i]:`` of the quantized ``model_weights[i]``;
     a None master weight is a shard held by another rank.  Clears ``_high_precision_init_val``."""
-    del manual_post_all_gather_processing  # fp8sim rebuilds caches on use
     if fsdp_shard_model_weights is not None:
         raise NotImplementedError("quantize_master_weights with fsdp_shard_model_weights is not emulated by fp8sim")
-    buckets: dict[str, list] = {"delayed": [], "current": []}
+    buckets: dict[str, list] = {"delayed": [], "current": [], "blockwise": []}
     for model_weight, master, start_offset in zip(model_weights, master_weights, start_offsets, strict=True):
         if hasattr(model_weight, "clear_high_precision_init_val"):
             model_weight.clear_high_precision_init_val()
@@ -176,10 +245,15 @@ def quantize_master_weights(
             buckets["delayed"].append((model_weight, master, start_offset))
         elif isinstance(quantizer, Float8CurrentScalingQuantizer):
             buckets["current"].append((model_weight, master, start_offset))
+        elif isinstance(quantizer, Float8BlockQuantizer) and quantizer.block_scaling_dim == 2:
+            buckets["blockwise"].append((model_weight, master, start_offset))
         elif isinstance(quantizer, Float8BlockQuantizer | MXFP8Quantizer | NVFP4Quantizer):
+            what = type(quantizer).__name__ + (
+                " with 1x128 blocks" if isinstance(quantizer, Float8BlockQuantizer) else ""
+            )
             raise NotImplementedError(
-                f"quantize_master_weights for {type(quantizer).__name__} (TE's partial-cast kernels) is not "
-                "emulated by fp8sim; per-tensor FP8 (Float8Quantizer, Float8CurrentScalingQuantizer) is"
+                f"quantize_master_weights for {what} (TE's partial-cast kernels) is not emulated by fp8sim; "
+                "per-tensor FP8 and 128x128 block scaling are"
             )
         else:
             raise ValueError(f"quantize_master_weights for {type(quantizer)} is not supported yet")
@@ -188,6 +262,8 @@ def quantize_master_weights(
             _delayed(buckets["delayed"], group)
         if buckets["current"]:
             _current(buckets["current"], group)
+        if buckets["blockwise"]:
+            _blockwise(buckets["blockwise"], group, manual_post_all_gather_processing)
 
 
 def cast_master_weights_to_fp8(
