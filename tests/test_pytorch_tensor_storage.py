@@ -184,8 +184,8 @@ def test_quantize_master_weights_current_scaling_takes_the_scale_from_the_master
     with pytest.raises(ValueError, match="All model weights must have the same force_pow_2_scales"):
         w3 = Float8CurrentScalingQuantizer(E4M3, force_pow_2_scales=True)(_x((8, 32)))
         quantize_master_weights([w1, w3], [m1, None], [0, None], group=None)
-    with pytest.raises(NotImplementedError, match="MXFP8Quantizer"):
-        quantize_master_weights([MXFP8Quantizer(E4M3)(_x())], [_x().reshape(-1)], [0], group=None)
+    with pytest.raises(NotImplementedError, match="NVFP4Quantizer"):
+        quantize_master_weights([NVFP4Quantizer()(_x())], [_x().reshape(-1)], [0], group=None)
 
 
 def test_clear_columnwise_cache_and_is_custom_follow_te() -> None:
@@ -235,3 +235,39 @@ def test_quantize_master_weights_block_scaling_casts_the_shard_per_128x128_tile(
     with pytest.raises(NotImplementedError, match="Float8BlockQuantizer with 1x128 blocks"):
         w1 = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=True, block_scaling_dim=1)(_x())
         quantize_master_weights([w1], [_x().reshape(-1)], [0], group=None)
+
+
+def _ref_e8m0(amax: torch.Tensor) -> torch.Tensor:
+    """TE ``float_to_e8m0(amax * fl32(1/448))`` for normal values: the exponent field, plus one unless the
+    mantissa is zero (round up); 0 for a zero amax (``util/ptx.cuh``, ``multi_tensor/compute_scale.cu``)."""
+    val = amax.float() * torch.tensor(1 / 448, dtype=torch.float32)
+    bits = val.view(torch.int32)
+    e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+    return torch.where(val == 0, torch.zeros_like(e), e).to(torch.uint8)
+
+
+def test_quantize_master_weights_mxfp8_casts_both_copies_of_the_shard() -> None:
+    """TE ``tensor/utils.py`` ``_cast_master_weights_to_fp8_mxfp8_scaling`` (lines 1015-1126) with
+    ``common/recipe/mxfp8_scaling.cu``: bf16 amaxes of the shard per 1x32 (rowwise) and 32x1 (columnwise)
+    block, E8M0 scales over the whole buffers, ``fp8(x * 2^(127 - e))`` into both copies."""
+    q = MXFP8Quantizer(E4M3)
+    w = q(torch.zeros(64, 96, dtype=torch.bfloat16))
+    old_r, old_c = w._rowwise_data.clone().reshape(-1), w._columnwise_data.clone().reshape(-1)
+    start, n = 40, 5000
+    master = torch.randn(n, generator=torch.Generator().manual_seed(8)) * 5
+    quantize_master_weights([w], [master], [start], group=None)
+    mb = master.to(torch.bfloat16)
+    idx = torch.arange(start, start + n)
+    r, c = idx // 96, idx % 96
+    row_amax = torch.zeros(64 * 3, dtype=torch.bfloat16).scatter_reduce(0, r * 3 + c // 32, mb.abs(), "amax")
+    col_amax = torch.zeros(2 * 96, dtype=torch.bfloat16).scatter_reduce(0, (r // 32) * 96 + c, mb.abs(), "amax")
+    row_e, col_e = _ref_e8m0(row_amax).reshape(64, 3), _ref_e8m0(col_amax).reshape(2, 96)
+    assert torch.equal(w._rowwise_scale_inv[:64, :3], row_e) and torch.equal(w._columnwise_scale_inv[:2, :96], col_e)
+    for data, old, e in ((w._rowwise_data, old_r, row_e[r, c // 32]), (w._columnwise_data, old_c, col_e[r // 32, c])):
+        mult = torch.exp2(127 - e.to(torch.float32))
+        want = (mb.float() * mult).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+        got = data.reshape(-1)
+        assert torch.equal(got[start : start + n], want)
+        assert torch.equal(got[:start], old[:start]) and torch.equal(got[start + n :], old[start + n :])
+    with pytest.raises(RuntimeError, match="amax should be bf16"):
+        quantize_master_weights([q(_x((64, 96)))], [master], [0], group=None)

@@ -6,7 +6,8 @@
   weights (or a flat ``start_offset`` fragment of each, a data-parallel shard) into FP8 primary
   weights.  Emulated for per-tensor FP8 (delayed and current scaling) and 128x128 block scaling; the
   amax all-reduce over ``group`` runs when ``torch.distributed`` is initialized with more than one rank.
-  1x128 blocks, MXFP8, NVFP4 2D and ``fsdp_shard_model_weights`` raise ``NotImplementedError``.
+  MXFP8 (bf16 weights, both copies) too; 1x128 blocks, NVFP4 2D and ``fsdp_shard_model_weights`` raise
+  ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -210,6 +211,67 @@ def _blockwise(params: list, group: Any, manual: bool) -> None:
         model_weight._rowwise_data.view(-1)[start_offset : start_offset + master.numel()] = codes
 
 
+def _exp2f_rcp(codes: torch.Tensor) -> torch.Tensor:
+    """TE ``util/ptx.cuh`` ``exp2f_rcp``: ``2^(127 - e)`` from bits (255 -> NaN, 254 -> 2^-127)."""
+    e = codes.to(torch.int32)
+    bits = (254 - e) << 23
+    bits = torch.where(e == 254, torch.tensor(0x00400000, dtype=torch.int32), bits)
+    bits = torch.where(e == 255, torch.tensor(0x7FFFFFFF, dtype=torch.int32), bits)
+    return bits.view(torch.float32)
+
+
+def _mxfp8(params: list, group: Any) -> None:
+    """TE ``_cast_master_weights_to_fp8_mxfp8_scaling`` (``common/recipe/mxfp8_scaling.cu``): per 1x32 block
+    (rowwise) and 32x1 block (columnwise) the amax of the shard's elements, kept in the model dtype (bf16
+    only: ``multi_tensor_compute_scale_inv_e8m0``'s "amax should be bf16"), all-reduced, E8M0 scales
+    ``float_to_e8m0(amax * fl32(1/448))`` (E4M3's limit whatever the element format) written over both
+    whole scale buffers, then each shard element cast into both copies with ``x * exp2f_rcp(scale)``."""
+    from ...scaling.mx import e8m0_scale_codes
+
+    for model_weight, _, _ in params:
+        if model_weight.dim() != 2:
+            raise ValueError(
+                f"model_weight must be 2D for MXFP8 scaling, got {model_weight.dim()}D shape {model_weight.shape}"
+            )
+        if model_weight._rowwise_scale_inv is None or model_weight._columnwise_scale_inv is None:
+            raise ValueError("quantize_master_weights for MXFP8 needs both the rowwise and the columnwise copy")
+        if model_weight.dtype != torch.bfloat16:
+            raise RuntimeError("amax should be bf16")
+    rows_amax = [torch.zeros(w._rowwise_scale_inv.shape, dtype=torch.bfloat16) for w, _, _ in params]
+    cols_amax = [torch.zeros(w._columnwise_scale_inv.shape, dtype=torch.bfloat16) for w, _, _ in params]
+    for (model_weight, master, start_offset), ra, ca in zip(params, rows_amax, cols_amax, strict=True):
+        if master is None:
+            continue
+        r, c = _tile_index(model_weight, master, start_offset, 1)
+        mag = master.detach().reshape(-1).abs().nan_to_num(nan=0.0)
+        ra.view(-1).scatter_reduce_(0, r * ra.shape[1] + c // 32, mag, reduce="amax")
+        ca.view(-1).scatter_reduce_(0, (r // 32) * ca.shape[1] + c, mag, reduce="amax")
+    packed = torch.cat([a.reshape(-1) for a in rows_amax + cols_amax])
+    _all_reduce_max(packed, group)
+    offset = 0
+    for a in rows_amax + cols_amax:
+        a.copy_(packed[offset : offset + a.numel()].view(a.shape))
+        offset += a.numel()
+    for (model_weight, master, start_offset), ra, ca in zip(params, rows_amax, cols_amax, strict=True):
+        rs = torch.from_numpy(e8m0_scale_codes(ra.float().numpy(), "e4m3", "rceil", flavor="te"))
+        cs = torch.from_numpy(e8m0_scale_codes(ca.float().numpy(), "e4m3", "rceil", flavor="te"))
+        model_weight._rowwise_scale_inv.copy_(rs)
+        model_weight._columnwise_scale_inv.copy_(cs)
+        if master is None:
+            continue
+        r, c = _tile_index(model_weight, master, start_offset, 1)
+        x = master.detach().reshape(-1).float()
+        q = model_weight._get_quantizer()
+        fp8 = torch.float8_e4m3fn if q.dtype == DType.kFloat8E4M3 else torch.float8_e5m2
+        fmax = _FP8_MAX[q.dtype]
+        end = start_offset + master.numel()
+        for data, mult in (
+            (model_weight._rowwise_data, _exp2f_rcp(rs)[r, c // 32]),
+            (model_weight._columnwise_data, _exp2f_rcp(cs)[r // 32, c]),
+        ):
+            data.view(-1)[start_offset:end] = (x * mult).clamp(-fmax, fmax).to(fp8).view(torch.uint8)
+
+
 def _tile_index(model_weight: Any, master: torch.Tensor, start_offset: int | None, b: int) -> tuple:
     if start_offset is None or start_offset < 0 or start_offset + master.numel() > model_weight.numel():
         raise ValueError(
@@ -234,7 +296,7 @@ def quantize_master_weights(
     a None master weight is a shard held by another rank.  Clears ``_high_precision_init_val``."""
     if fsdp_shard_model_weights is not None:
         raise NotImplementedError("quantize_master_weights with fsdp_shard_model_weights is not emulated by fp8sim")
-    buckets: dict[str, list] = {"delayed": [], "current": [], "blockwise": []}
+    buckets: dict[str, list] = {"delayed": [], "current": [], "blockwise": [], "mxfp8": []}
     for model_weight, master, start_offset in zip(model_weights, master_weights, start_offsets, strict=True):
         if hasattr(model_weight, "clear_high_precision_init_val"):
             model_weight.clear_high_precision_init_val()
@@ -247,13 +309,15 @@ def quantize_master_weights(
             buckets["current"].append((model_weight, master, start_offset))
         elif isinstance(quantizer, Float8BlockQuantizer) and quantizer.block_scaling_dim == 2:
             buckets["blockwise"].append((model_weight, master, start_offset))
-        elif isinstance(quantizer, Float8BlockQuantizer | MXFP8Quantizer | NVFP4Quantizer):
+        elif isinstance(quantizer, MXFP8Quantizer):
+            buckets["mxfp8"].append((model_weight, master, start_offset))
+        elif isinstance(quantizer, Float8BlockQuantizer | NVFP4Quantizer):
             what = type(quantizer).__name__ + (
                 " with 1x128 blocks" if isinstance(quantizer, Float8BlockQuantizer) else ""
             )
             raise NotImplementedError(
                 f"quantize_master_weights for {what} (TE's partial-cast kernels) is not emulated by fp8sim; "
-                "per-tensor FP8 and 128x128 block scaling are"
+                "per-tensor FP8, 128x128 block scaling and MXFP8 are"
             )
         else:
             raise ValueError(f"quantize_master_weights for {type(quantizer)} is not supported yet")
@@ -264,6 +328,8 @@ def quantize_master_weights(
             _current(buckets["current"], group)
         if buckets["blockwise"]:
             _blockwise(buckets["blockwise"], group, manual_post_all_gather_processing)
+        if buckets["mxfp8"]:
+            _mxfp8(buckets["mxfp8"], group)
 
 
 def cast_master_weights_to_fp8(
