@@ -1,0 +1,130 @@
+"""``transformer_engine.pytorch.cpp_extensions.general_gemm`` emulated (TE ``cpp_extensions/gemm.py:222``).
+
+Layout rules from TE's callers (``module/linear.py``): forward ``general_gemm(weight, inputmat)``
+("TN", ``x @ W.T``), dgrad ``layout="NN"`` (``dy @ W``), wgrad ``layout="NT"`` (``dy.T @ x``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fp8sim.pytorch as te
+from fp8sim.gemm import scaled_mm
+from fp8sim.pytorch.cpp_extensions import general_gemm
+
+_E4M3, _E5M2 = te.DType.kFloat8E4M3, te.DType.kFloat8E5M2
+
+
+def _hp(*shape: int, seed: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _fp8(t: torch.Tensor, scale: float = 4.0, fp8_dtype=_E4M3):
+    q = te.Float8Quantizer(torch.tensor([scale]), torch.zeros(1), fp8_dtype)
+    return q(t)
+
+
+def _row_major(a: torch.Tensor, b: torch.Tensor, layout: str) -> torch.Tensor:
+    """The reference: ``op_B(B) @ op_A(A)`` in float64 (TE's column-major ``layout``, read row-major)."""
+    a, b = a.double(), b.double()
+    return (b.t() if layout[1] == "T" else b) @ (a.t() if layout[0] == "T" else a)
+
+
+@pytest.mark.parametrize(
+    ("layout", "a_shape", "b_shape"), [("TN", (24, 32), (16, 32)), ("NN", (16, 32), (8, 16)), ("NT", (8, 32), (8, 16))]
+)
+def test_high_precision_layouts_match_the_linear_module_gemms(layout: str, a_shape: tuple, b_shape: tuple) -> None:
+    """float32 products summed in float32, one rounding: bit-equal to torch's float32 matmul of the
+    operands, with TE's layout rule (forward / dgrad / wgrad shapes)."""
+    a, b = _hp(*a_shape, seed=1), _hp(*b_shape, seed=2)
+    out, bias_grad, gelu_in, extra = general_gemm(a, b, out_dtype=torch.float32, layout=layout)
+    left = b.float().t() if layout[1] == "T" else b.float()
+    right = a.float().t() if layout[0] == "T" else a.float()
+    assert torch.equal(out, torch.matmul(left, right)) and (bias_grad, gelu_in, extra) == (None, None, None)
+    assert torch.allclose(out.double(), _row_major(a, b, layout), rtol=1e-5, atol=1e-5)
+    assert general_gemm(a, b, layout=layout)[0].dtype == torch.bfloat16  # default: A's dtype
+
+
+def test_fp8_exact_accumulator_equals_dequantized_matmul_and_keeps_the_leading_shape() -> None:
+    """FP8 operands with power-of-two scales and the exact accumulator: the float64 matmul of the
+    dequantized operands rounded once to float32; a 3-D ``B`` keeps its leading shape ("TN")."""
+    w, x = _fp8(_hp(24, 32, seed=3)), _fp8(_hp(2, 8, 32, seed=4), scale=0.5, fp8_dtype=_E5M2)
+    out = general_gemm(w, x, out_dtype=torch.float32, accumulator="exact")[0]
+    ref = _row_major(w.dequantize(dtype=torch.float32), x.dequantize(dtype=torch.float32).reshape(16, 32), "TN")
+    assert out.shape == (2, 8, 24) and torch.equal(out.reshape(16, 24), ref.float())
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_use_split_accumulator_selects_the_device_accumulator(split: bool) -> None:
+    """TE passes ``use_split_accumulator`` to cuBLAS (``gemm.py:297`` of csrc): the emulated hopper's
+    fast or split accumulator, as ``fp8sim.gemm.scaled_mm`` runs it on the same codes."""
+    w, x = _fp8(_hp(16, 512, seed=5)), _fp8(_hp(16, 512, seed=6))
+    out = general_gemm(w, x, out_dtype=torch.float32, use_split_accumulator=split)[0]
+    ref = scaled_mm(
+        x._data.numpy(),
+        w._data.numpy().T.copy(),
+        np.float32(0.25),
+        np.float32(0.25),
+        out_dtype="float32",
+        accumulator="hopper_split" if split else "hopper_fast",
+        a_format="e4m3",
+        b_format="e4m3",
+    )
+    assert torch.equal(out, torch.from_numpy(np.asarray(ref)))
+    other = general_gemm(w, x, out_dtype=torch.float32, use_split_accumulator=not split)[0]
+    assert not torch.equal(out, other)  # K=512: the fast accumulator's truncation shows
+
+
+def test_bias_gelu_and_accumulate_epilogues() -> None:
+    """cuBLAS epilogues in float32, one rounding: ``gelu(acc + bias)`` with the pre-GELU output returned;
+    ``accumulate``: ``out + acc`` written into ``out`` (beta defaults to 1)."""
+    a, b = _hp(24, 32, seed=7), _hp(16, 32, seed=8)
+    bias = _hp(24, seed=9)
+    acc = torch.matmul(b.float(), a.float().t())
+    out, _, pre, _ = general_gemm(a, b, bias=bias, gelu=True)
+    assert torch.equal(pre, (acc + bias.float()).to(torch.bfloat16))
+    assert torch.equal(out, torch.nn.functional.gelu(acc + bias.float(), approximate="tanh").to(torch.bfloat16))
+    target = _hp(16, 24, seed=10, dtype=torch.float32)
+    before = target.clone()
+    res = general_gemm(a, b, out=target, accumulate=True)[0]
+    assert res is target and torch.equal(target, before + acc)
+
+
+def test_grad_epilogue_returns_the_bias_gradient_and_applies_dgelu() -> None:
+    """``grad=True`` (TE's wgrad with a fused dbias): ``bias_grad`` is the float32 sum of ``B``'s rows in the
+    bias dtype; with ``gelu`` the result is multiplied by the tanh GELU's derivative at ``gelu_in``."""
+    x, dy = _hp(8, 32, seed=11), _hp(8, 16, seed=12)
+    bias = torch.zeros(16, dtype=torch.bfloat16)
+    wgrad, dbias, _, _ = general_gemm(x, dy, layout="NT", grad=True, bias=bias, out_dtype=torch.float32)
+    assert torch.equal(dbias, dy.float().sum(0).to(torch.bfloat16))
+    assert torch.equal(wgrad, torch.matmul(dy.float().t(), x.float()))
+    gin = _hp(8, 32, seed=13, dtype=torch.float32).requires_grad_()
+    torch.nn.functional.gelu(gin, approximate="tanh").sum().backward()
+    w = _hp(16, 32, seed=14)
+    dgrad = general_gemm(w, dy, layout="NN", grad=True, gelu=True, gelu_in=gin.detach(), out_dtype=torch.float32)[0]
+    # cuBLAS's dGELU formula is not published: checked against torch's tanh-GELU derivative to float32 noise
+    assert torch.allclose(dgrad, torch.matmul(dy.float(), w.float()) * gin.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_refusals_in_te_words() -> None:
+    """gemm.py:260 (layout), :75 (beta without accumulate), :292 (non-contiguous out)."""
+    a, b = _hp(8, 16, seed=15), _hp(8, 16, seed=16)
+    with pytest.raises(AssertionError, match="GEMM layout TT not supported"):
+        general_gemm(a, b, layout="TT")
+    with pytest.raises(ValueError, match="scale must be zero"):
+        general_gemm(a, b, beta=0.5)
+    with pytest.raises(ValueError, match="Output tensor is not contiguous"):
+        general_gemm(a, b, out=torch.empty(8, 8).t(), accumulate=True)
+    with pytest.raises(TypeError, match="must both be Float8Tensor or both high precision"):
+        general_gemm(_fp8(a), b)
+    with pytest.raises(NotImplementedError, match="MXFP8Tensor"):
+        general_gemm(te.MXFP8Quantizer(_E4M3)(_hp(32, 32, seed=17)), _hp(32, 32, seed=18))
+
+
+def test_earlier_signature_with_a_workspace_argument() -> None:
+    """TE 2.x before alpha/beta: ``general_gemm(A, B, workspace, out_dtype=...)``; the workspace is ignored."""
+    a, b = _hp(8, 16, seed=19), _hp(4, 16, seed=20)
+    got = general_gemm(a, b, torch.empty(1024, dtype=torch.uint8), out_dtype=torch.float32)[0]
+    assert torch.equal(got, general_gemm(a, b, out_dtype=torch.float32)[0])
