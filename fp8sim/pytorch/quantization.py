@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..recipe import DelayedScaling, Recipe
+from . import _recompute_state
 from .constants import get_fp8_torch_dtype
 
 __all__ = [
@@ -430,49 +430,23 @@ class FP8GlobalStateManager:
     # -- activation recompute (TE quantization.py): the forward's scales replayed in the recompute --
     @classmethod
     def copy_forward_fp8_meta_tensors_for_recompute(cls, fp8_meta: dict[str, Any]) -> None:
-        """TE: stash clones of ``scaling_fwd``'s ``amax_history`` and ``scale`` (delayed scaling only) in a
-        FIFO of the global recompute buffer; ``fp8_meta["global_fp8_buffer_pos_fwd_recompute"]`` is its index."""
-        if not _delayed(fp8_meta):
-            return
-        key, buf = _RECOMPUTE_KEY, _STATE.fp8_tensors_recompute_buffer
-        to_copy = [fp8_meta["scaling_fwd"].amax_history.clone(), fp8_meta["scaling_fwd"].scale.clone()]
-        if key not in fp8_meta:
-            buf.append(deque())
-            fp8_meta[key] = len(buf) - 1
-        buf[fp8_meta[key]].append(to_copy)
+        """TE: stash the delayed-scaling forward ``amax_history`` and ``scale`` for the recompute."""
+        _recompute_state.stash(fp8_meta, _STATE.fp8_tensors_recompute_buffer)
 
     @classmethod
     def get_old_fp8_meta_tensors_for_recompute(cls, fp8_meta: dict[str, Any]) -> None:
-        """TE: keep the current (updated) forward state aside and load the oldest stash in place."""
-        if not _delayed(fp8_meta):
-            return
-        fwd = fp8_meta["scaling_fwd"]
-        fp8_meta["updated_amax_history_fwd"] = fwd.amax_history.clone()
-        fp8_meta["updated_scale_fwd"] = fwd.scale.clone()
-        hist, scale = _STATE.fp8_tensors_recompute_buffer[fp8_meta[_RECOMPUTE_KEY]].popleft()
-        fwd.amax_history.copy_(hist)
-        fwd.scale.copy_(scale)
+        """TE: keep the current forward state aside and load the oldest stash in place."""
+        _recompute_state.load_stash(fp8_meta, _STATE.fp8_tensors_recompute_buffer)
 
     @staticmethod
     def restore_fp8_meta_tensors(fp8_meta: dict[str, Any]) -> None:
         """TE: put back the state :meth:`get_old_fp8_meta_tensors_for_recompute` kept aside."""
-        if not _delayed(fp8_meta):
-            return
-        fp8_meta["scaling_fwd"].amax_history.copy_(fp8_meta["updated_amax_history_fwd"])
-        fp8_meta["scaling_fwd"].scale.copy_(fp8_meta["updated_scale_fwd"])
+        _recompute_state.restore(fp8_meta)
 
     is_fp8_available = staticmethod(check_fp8_support)
     is_mxfp8_available = staticmethod(check_mxfp8_support)
     is_nvfp4_available = staticmethod(check_nvfp4_support)
     is_fp8_block_scaling_available = staticmethod(check_fp8_block_scaling_support)
-
-
-_RECOMPUTE_KEY = "global_fp8_buffer_pos_fwd_recompute"
-
-
-def _delayed(fp8_meta: dict[str, Any]) -> bool:
-    """TE ``_has_delayed_scaling_state``: the ``fp8_meta`` recipe is delayed scaling."""
-    return isinstance(fp8_meta.get("recipe"), DelayedScaling) and "scaling_fwd" in fp8_meta
 
 
 @contextlib.contextmanager
