@@ -234,3 +234,12 @@ def test_activation_recompute_names() -> None:
     te_dist.activation_recompute_forward._is_first_fp8_module.clear()
     te.checkpoint(te.Linear(16, 16, **_F32), torch.randn(8, 16, requires_grad=True), use_reentrant=False)
     assert te_dist.use_reentrant_activation_recompute() is False
+
+
+def test_has_te_modules_counts_tes_classes() -> None:
+    """distributed.py:620-657: LayerNorm, RMSNorm, the GEMM modules, attention and TransformerLayer are TE
+    modules (TE's checkpoint path); a plain torch module is not; any other callable is assumed to be."""
+    assert te_dist.has_te_modules(torch.nn.Sequential(torch.nn.Linear(2, 2), te.LayerNorm(2)))
+    assert te_dist.has_te_modules(te.RMSNorm(4)) and te_dist.has_te_modules(te.Linear(4, 4))
+    assert not te_dist.has_te_modules(torch.nn.Linear(2, 2))
+    assert te_dist.has_te_modules(lambda t: t)

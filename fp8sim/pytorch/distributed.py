@@ -97,10 +97,19 @@ def _gemm_meta(g: Any) -> dict[str, Any]:
     return meta
 
 
-@contextlib.contextmanager
-def _replay_fp8_state(module: Any, g: Any) -> Iterator[None]:
+_NO_REPLAY = contextlib.nullcontext()
+
+
+def _replay_fp8_state(module: Any, g: Any) -> contextlib.AbstractContextManager:
     """TE ``prepare_forward``/``end_forward`` around one FP8 GEMM: stash in a checkpointed training
-    forward, replay the stash in the recompute, then restore."""
+    forward, replay the stash in the recompute, then restore (outside a checkpoint: nothing)."""
+    if not _RECOMPUTE["region"]:
+        return _NO_REPLAY
+    return _replay(module, g)
+
+
+@contextlib.contextmanager
+def _replay(module: Any, g: Any) -> Iterator[None]:
     if in_fp8_activation_recompute_phase():
         meta = _gemm_meta(g)
         FP8GlobalStateManager.get_old_fp8_meta_tensors_for_recompute(meta)
