@@ -56,6 +56,39 @@ def test_fp8_exact_accumulator_equals_dequantized_matmul_and_keeps_the_leading_s
     assert out.shape == (2, 8, 24) and torch.equal(out.reshape(16, 24), ref.float())
 
 
+def _mx_values(t, usage: str) -> torch.Tensor:
+    """An MXFP8Tensor's values from its raw codes and E8M0 scales (TE mxfp8_tensor.py layout: rowwise
+    blocks of 32 along the last dim, columnwise along the first), in float64."""
+    m, k = t.shape
+    if usage == "rowwise":
+        codes, s = t._rowwise_data, t._rowwise_scale_inv[:m, : k // 32].repeat_interleave(32, dim=1)
+    else:
+        codes, s = t._columnwise_data, t._columnwise_scale_inv[: m // 32, :k].repeat_interleave(32, dim=0)
+    return codes.view(torch.float8_e4m3fn).double() * torch.exp2(s.double() - 127)
+
+
+@pytest.mark.parametrize(
+    ("layout", "a_shape", "b_shape", "a_usage", "b_usage"),
+    [
+        ("TN", (64, 96), (32, 96), "rowwise", "rowwise"),  # fprop: x @ W.T
+        ("NN", (64, 96), (32, 64), "columnwise", "rowwise"),  # dgrad: dy @ W
+        ("NT", (32, 96), (32, 64), "columnwise", "columnwise"),  # wgrad: dy.T @ x
+    ],
+)
+def test_mxfp8_layouts_read_tes_representations(layout, a_shape, b_shape, a_usage, b_usage) -> None:
+    """gemm.py:262-263: ``A`` rowwise when transposed else columnwise, ``B`` columnwise when transposed
+    else rowwise; with the exact accumulator the result is the float64 product of those values, rounded once."""
+    q = te.MXFP8Quantizer(_E4M3)
+    a, b = q(_hp(*a_shape, seed=21)), q(_hp(*b_shape, seed=22))
+    got = general_gemm(a, b, out_dtype=torch.float32, layout=layout, accumulator="exact")[0]
+    want = _row_major(_mx_values(a, a_usage), _mx_values(b, b_usage), layout).float()
+    assert torch.equal(got, want)
+    assert torch.equal(
+        general_gemm(a, b, out_dtype=torch.float32, layout=layout, use_split_accumulator=True)[0],
+        general_gemm(a, b, out_dtype=torch.float32, layout=layout, accumulator="blackwell_split")[0],
+    )
+
+
 @pytest.mark.parametrize("split", [False, True])
 def test_use_split_accumulator_selects_the_device_accumulator(split: bool) -> None:
     """TE passes ``use_split_accumulator`` to cuBLAS (``gemm.py:297`` of csrc): the emulated hopper's
@@ -117,10 +150,14 @@ def test_refusals_in_te_words() -> None:
         general_gemm(a, b, beta=0.5)
     with pytest.raises(ValueError, match="Output tensor is not contiguous"):
         general_gemm(a, b, out=torch.empty(8, 8).t(), accumulate=True)
-    with pytest.raises(TypeError, match="must both be Float8Tensor or both high precision"):
+    with pytest.raises(TypeError, match="A is fp8 and B is hp; both must be Float8Tensor"):
         general_gemm(_fp8(a), b)
-    with pytest.raises(NotImplementedError, match="MXFP8Tensor"):
-        general_gemm(te.MXFP8Quantizer(_E4M3)(_hp(32, 32, seed=17)), _hp(32, 32, seed=18))
+    blocks = te.Float8BlockQuantizer(_E4M3, rowwise=True, columnwise=True)
+    with pytest.raises(NotImplementedError, match="Float8BlockwiseQTensor"):
+        general_gemm(blocks(_hp(128, 128, seed=17)), _hp(128, 128, seed=18))
+    rowwise_only = te.MXFP8Quantizer(_E4M3, columnwise=False)(_hp(32, 32, seed=17))
+    with pytest.raises(RuntimeError, match="GEMM requested the columnwise representation, but it is unavailable"):
+        general_gemm(rowwise_only, te.MXFP8Quantizer(_E4M3)(_hp(32, 32, seed=18)), layout="NN")
 
 
 def test_earlier_signature_with_a_workspace_argument() -> None:

@@ -6,13 +6,15 @@ terms the result is ``op_B(B) @ op_A(A)`` with ``op_A(A) = A.T`` for "T?" and ``
 "NT" wgrad ``dy.T @ x`` (TE ``module/linear.py``).  Leading dimensions are flattened; a "TN"/"NN"
 result keeps ``B``'s leading shape.
 
-Operands are both high precision (float32 products summed in float32, one rounding) or both per-tensor
-FP8 (``Float8Tensor``): the emulated tensor-core GEMM of ``fp8sim.gemm.scaled_mm``, with the
-accumulator of the emulated device that ``use_split_accumulator`` selects (``accumulator=`` overrides,
-e.g. ``"exact"``).  The epilogue works in float32 as cuBLAS's: ``alpha * acc (+ bias)``, GELU
-(tanh form) with the pre-GELU output returned, or with ``grad=True`` ``acc * dgelu(gelu_in)`` and
-the bias gradient (sum of ``B``'s rows); ``accumulate`` adds ``beta * out``; then one rounding to
-the output dtype, or a ``Float8Quantizer`` output.
+Operands are both high precision (float32 products summed in float32, one rounding), both per-tensor
+FP8 (``Float8Tensor``) or both ``MXFP8Tensor`` (the representation TE's GEMM reads: ``A`` rowwise for
+"T?", columnwise for "N?"; ``B`` rowwise for "?N", columnwise for "?T"): the emulated tensor-core GEMM
+of ``fp8sim.gemm.scaled_mm``, with the accumulator of the emulated device that
+``use_split_accumulator`` selects (MXFP8: Blackwell's; ``accumulator=`` overrides, e.g. ``"exact"``).
+The epilogue works in float32 as cuBLAS's: ``alpha * acc (+ bias)``, GELU (tanh form) with the
+pre-GELU output returned, or with ``grad=True`` ``acc * dgelu(gelu_in)`` and the bias gradient (sum
+of ``B``'s rows); ``accumulate`` adds ``beta * out``; then one rounding to the output dtype, or a
+``Float8Quantizer`` output.
 """
 
 from __future__ import annotations
@@ -36,54 +38,80 @@ def validate_gemm_scale(scale: float | None, required: bool) -> float:
     return 0.0
 
 
-def _preset(use_split_accumulator: bool) -> str:
+def _preset(use_split_accumulator: bool, mx: bool = False) -> str:
+    """The emulated device's accumulator; MXFP8 GEMMs exist on Blackwell only, so they take its models."""
     from ..utils import get_device_compute_capability
 
     cc = get_device_compute_capability()
-    if cc >= (10, 0):
+    if cc >= (10, 0) or mx:
         return "blackwell_split" if use_split_accumulator else "blackwell"
     device = "hopper" if cc >= (9, 0) else "ada"
     return f"{device}_{'split' if use_split_accumulator else 'fast'}"
 
 
-def _fp8_parts(t: Any) -> tuple[torch.Tensor, str, np.float32]:
-    """Codes (logical shape), format name and scale_inv of a ``Float8Tensor``."""
+def _fmt(t: Any) -> str:
     from ..constants import DType
 
-    codes = t._data if t._data is not None else t._transpose.movedim(0, -1)
-    fmt = "e4m3" if t._fp8_dtype == DType.kFloat8E4M3 else "e5m2"
-    return codes.reshape(-1, codes.shape[-1]), fmt, np.float32(t._scale_inv.reshape(-1)[0].item())
+    return "e4m3" if t._fp8_dtype == DType.kFloat8E4M3 else "e5m2"
+
+
+def _missing(usage: str) -> RuntimeError:
+    return RuntimeError(
+        f"GEMM requested the {usage} representation, but it is unavailable. "
+        f"Ensure {usage}_usage is enabled and the representation has not "
+        "been dropped by update_usage()."
+    )
+
+
+def _quantized_parts(t: Any, usage: str) -> tuple[np.ndarray, Any, str, int]:
+    """Codes (2-D, logical shape), scales and format of the representation TE's GEMM reads, and the
+    axis the scale blocks run along (-1 per-tensor; MXFP8: rowwise 1, columnwise 0)."""
+    from ..tensor import Float8Tensor
+
+    m, k = math.prod(t.shape[:-1]), t.shape[-1]
+    if isinstance(t, Float8Tensor):  # one scale: either representation holds the same values
+        codes = t._data if t._data is not None else t._transpose.movedim(0, -1)
+        return codes.reshape(m, k).numpy(), np.float32(t._scale_inv.reshape(-1)[0].item()), _fmt(t), -1
+    data = t._rowwise_data if usage == "rowwise" else t._columnwise_data
+    if data is None:
+        raise _missing(usage)
+    if usage == "rowwise":
+        return data.reshape(m, k).numpy(), t._rowwise_scale_inv[:m, : k // 32].numpy(), _fmt(t), 1
+    return data.reshape(m, k).numpy(), t._columnwise_scale_inv[: m // 32, :k].numpy(), _fmt(t), 0
 
 
 def _kind(t: Any, name: str) -> str:
-    from ..tensor import Float8Tensor, QuantizedTensor
+    from ..tensor import Float8Tensor, MXFP8Tensor, QuantizedTensor
 
     if isinstance(t, Float8Tensor):
         return "fp8"
+    if isinstance(t, MXFP8Tensor):
+        return "mxfp8"
     if isinstance(t, QuantizedTensor):
         raise NotImplementedError(
-            f"general_gemm: {name} is a {type(t).__name__}; fp8sim emulates general_gemm on per-tensor "
-            "Float8Tensor and high-precision operands (block-scaled GEMMs run inside the modules)"
+            f"general_gemm: {name} is a {type(t).__name__}; fp8sim emulates general_gemm on Float8Tensor, "
+            "MXFP8Tensor and high-precision operands (the other block-scaled GEMMs run inside the modules)"
         )
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"general_gemm: {name} must be a torch.Tensor or Float8Tensor, got {type(t).__name__}")
+        raise TypeError(f"general_gemm: {name} must be a torch.Tensor or a quantized tensor, got {type(t).__name__}")
     return "hp"
 
 
-def _gemm32(A: Any, B: Any, layout: str, fp8: bool, preset: str) -> torch.Tensor:
-    """``op_B(B) @ op_A(A)`` in float32 (before the epilogue)."""
-    if fp8:
+def _gemm32(A: Any, B: Any, layout: str, kind: str, preset: str) -> torch.Tensor:
+    """``op_B(B) @ op_A(A)`` in float32 (before the epilogue).  Quantized operands: the representation
+    TE picks (``A`` rowwise for "T?", else columnwise; ``B`` columnwise for "?T", else rowwise)."""
+    if kind != "hp":
         from ...gemm import scaled_mm
 
-        a_codes, a_fmt, a_sinv = _fp8_parts(A)
-        b_codes, b_fmt, b_sinv = _fp8_parts(B)
-        right = a_codes.t() if layout[0] == "T" else a_codes
-        left = b_codes.t() if layout[1] == "T" else b_codes
+        a_codes, a_s, a_fmt, _ = _quantized_parts(A, "rowwise" if layout[0] == "T" else "columnwise")
+        b_codes, b_s, b_fmt, _ = _quantized_parts(B, "columnwise" if layout[1] == "T" else "rowwise")
+        right, right_s = (a_codes.T, _t(a_s)) if layout[0] == "T" else (a_codes, a_s)
+        left, left_s = (b_codes.T, _t(b_s)) if layout[1] == "T" else (b_codes, b_s)
         out = scaled_mm(
-            left.contiguous().numpy(),
-            right.contiguous().numpy(),
-            b_sinv,
-            a_sinv,
+            np.ascontiguousarray(left),
+            np.ascontiguousarray(right),
+            left_s,
+            right_s,
             out_dtype="float32",
             accumulator=preset,
             a_format=b_fmt,
@@ -95,6 +123,10 @@ def _gemm32(A: Any, B: Any, layout: str, fp8: bool, preset: str) -> torch.Tensor
     right = a2.t() if layout[0] == "T" else a2
     left = b2.t() if layout[1] == "T" else b2
     return torch.matmul(left, right)
+
+
+def _t(scales: Any) -> Any:
+    return np.ascontiguousarray(scales.T) if isinstance(scales, np.ndarray) else scales
 
 
 def _gelu(x: torch.Tensor) -> torch.Tensor:
@@ -171,8 +203,11 @@ def _general_gemm(
         raise ValueError("general_gemm: accumulate=True needs the `out` tensor to accumulate into")
     kinds = (_kind(A, "A"), _kind(B, "B"))
     if kinds[0] != kinds[1]:
-        raise TypeError("general_gemm: A and B must both be Float8Tensor or both high precision (cuBLAS takes no mix)")
-    fp8 = kinds[0] == "fp8"
+        raise TypeError(
+            f"general_gemm: A is {kinds[0]} and B is {kinds[1]}; both must be Float8Tensor, both MXFP8Tensor "
+            "or both high precision (cuBLAS takes no mix)"
+        )
+    fp8 = kinds[0] != "hp"
     if quantization_params is not None:
         from ..tensor import Float8Quantizer
 
@@ -180,8 +215,8 @@ def _general_gemm(
             raise NotImplementedError(
                 f"general_gemm: {type(quantization_params).__name__} output; fp8sim emulates a Float8Quantizer output"
             )
-    preset = accumulator if accumulator is not None else _preset(use_split_accumulator)
-    acc = _gemm32(A, B, layout, fp8, preset)
+    preset = accumulator if accumulator is not None else _preset(use_split_accumulator, kinds[0] == "mxfp8")
+    acc = _gemm32(A, B, layout, kinds[0], preset)
     if alpha != 1.0:
         acc = acc * np.float32(alpha)
     dtype = out_dtype or (out.dtype if out is not None else A.dtype)
