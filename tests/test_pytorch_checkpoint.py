@@ -243,3 +243,35 @@ def test_has_te_modules_counts_tes_classes() -> None:
     assert te_dist.has_te_modules(te.RMSNorm(4)) and te_dist.has_te_modules(te.Linear(4, 4))
     assert not te_dist.has_te_modules(torch.nn.Linear(2, 2))
     assert te_dist.has_te_modules(lambda t: t)
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_transformer_layer_full_recompute_with_dropout_equals_plain(use_reentrant: bool) -> None:
+    """test_numerics.py:657-812 (``_test_e2e_full_recompute``), small and bit-exact: a TransformerLayer
+    with hidden and attention dropout under delayed scaling, two steps."""
+    recipe = DelayedScaling(amax_history_len=4)
+    runs = []
+    for ckpt in (False, True):
+        FP8GlobalStateManager.reset()
+        torch.manual_seed(0)
+        block = te.TransformerLayer(32, 64, 2, hidden_dropout=0.1, attention_dropout=0.1, params_dtype=torch.float32)
+        record = []
+        for step in range(2):
+            torch.manual_seed(10 + step)
+            x = torch.randn(8, 2, 32, requires_grad=True)
+            with te.autocast(enabled=True, recipe=recipe):
+                y = te.checkpoint(block, x, use_reentrant=use_reentrant) if ckpt else block(x)
+            y.sum().backward()
+            record.append([y.detach(), x.grad, *[p.grad.clone() for p in block.parameters()], *_fp8_state(block)])
+            block.zero_grad(set_to_none=True)
+        runs.append(record)
+    _assert_bit_equal(runs[1], runs[0])
+
+
+def test_layernorm_mlp_checkpoint_opens_no_autocast_so_the_unfused_update_matches_plain(monkeypatch) -> None:
+    """layernorm_mlp.py:985-1050: the selective recompute restores the autocast state with
+    ``set_autocast_state`` (no new region, no extra forward update) and keeps the backward-update
+    role the forward took (:917), so even the unfused update path equals the plain model."""
+    monkeypatch.setenv("NVTE_UNFUSED_FP8_UPDATE", "1")
+    recipe = DelayedScaling(amax_history_len=4)
+    _assert_bit_equal(_steps(recipe, "module"), _steps(recipe, "plain"))
