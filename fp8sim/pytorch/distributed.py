@@ -312,7 +312,16 @@ def _non_reentrant(function: Callable, args: tuple, kwargs: dict, tracker: Any, 
 def checkpoint(function: Callable, *args: Any, **kwargs: Any) -> Any:
     """TE ``checkpoint(function, *args, distribute_saved_activations=False, get_rng_state_tracker=None,
     tp_group=None, use_reentrant=True, **kwargs)``: ``function(*args, **kwargs)`` with its forward
-    recomputed in the backward pass under the forward's FP8 state."""
+    recomputed in the backward pass under the forward's FP8 state.  Under ``torch.compile`` it runs
+    eagerly behind a graph break (TE decorates it with ``torch._disable_dynamo``)."""
+    if torch.compiler.is_compiling():
+        import sys
+
+        return sys.modules["torch._dynamo"].disable(_checkpoint, recursive=True)(function, *args, **kwargs)
+    return _checkpoint(function, *args, **kwargs)
+
+
+def _checkpoint(function: Callable, *args: Any, **kwargs: Any) -> Any:
     _USE_REENTRANT["value"] = use_reentrant = kwargs.pop("use_reentrant", True)
     distribute_saved_activations = kwargs.pop("distribute_saved_activations", False)
     kwargs.pop("tp_group", None)
