@@ -19,7 +19,7 @@ import torch
 import fp8sim.pytorch as te
 from fp8sim.pytorch import distributed as te_dist
 from fp8sim.pytorch.quantization import FP8GlobalStateManager, current_state
-from fp8sim.recipe import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling
+from fp8sim.recipe import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 _F32 = {"params_dtype": torch.float32}
@@ -70,7 +70,9 @@ def _assert_bit_equal(got: list[list], want: list[list]) -> None:
             assert torch.equal(g, w), f"step {step}, tensor {i}: first difference at {(g != w).nonzero()[:1].tolist()}"
 
 
-_RECIPES = [DelayedScaling(amax_history_len=4), Float8CurrentScaling(), MXFP8BlockScaling()]
+# NVFP4: the gradients' stochastic rounding draws from a per-GEMM counter; the recompute must leave it as the
+# forward did (TE sets the RNG state back after the recompute, distributed.py:449)
+_RECIPES = [DelayedScaling(amax_history_len=4), Float8CurrentScaling(), MXFP8BlockScaling(), NVFP4BlockScaling()]
 
 
 @pytest.mark.parametrize("mode", ["reentrant", "non_reentrant", "module"])
