@@ -89,6 +89,35 @@ def test_mxfp8_layouts_read_tes_representations(layout, a_shape, b_shape, a_usag
     )
 
 
+def _block(dim: int):
+    return te.Float8BlockQuantizer(_E4M3, rowwise=True, columnwise=True, block_scaling_dim=dim)
+
+
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float32).double()
+
+
+@pytest.mark.parametrize("layout", ["TN", "NT"])
+def test_blockwise_one_k_tile_follows_tes_cublas_reference(layout: str) -> None:
+    """TE tests/pytorch/references/blockwise_fp8_gemm_reference.py:207-232 with one 128-wide K tile:
+    ``y = fl32(fl32(P * s_x) * s_w)`` (1D activations x 1D or 2D weights).  "TN": a 1x128 input times a
+    128x128 weight (rowwise data, 1D scales stored (K/128, M)); "NT" (wgrad): both columnwise, TE's
+    transposed data ``(k, m)`` with 1D scales stored (m/128, k)."""
+    if layout == "TN":
+        w, x = _block(2)(_hp(64, 128, seed=23)), _block(1)(_hp(32, 128, seed=24))
+        left, s_left = x._rowwise_data, x._rowwise_scale_inv[0, :32].reshape(32, 1)
+        right, s_right = w._rowwise_data, w._rowwise_scale_inv[0, 0]
+        got = general_gemm(w, x, out_dtype=torch.float32, accumulator="exact")[0]
+    else:
+        x, dy = _block(1)(_hp(128, 32, seed=25)), _block(1)(_hp(128, 64, seed=26))
+        left, s_left = dy._columnwise_data, dy._columnwise_scale_inv[0, :64].reshape(64, 1)
+        right, s_right = x._columnwise_data, x._columnwise_scale_inv[0, :32].reshape(1, 32)
+        got = general_gemm(x, dy, out_dtype=torch.float32, layout="NT", accumulator="exact")[0]
+    p = _f32(left.view(torch.float8_e4m3fn).double() @ right.view(torch.float8_e4m3fn).double().t())
+    want = (_f32(p * s_left.double()) * s_right.double()).float()
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("split", [False, True])
 def test_use_split_accumulator_selects_the_device_accumulator(split: bool) -> None:
     """TE passes ``use_split_accumulator`` to cuBLAS (``gemm.py:297`` of csrc): the emulated hopper's
@@ -150,11 +179,11 @@ def test_refusals_in_te_words() -> None:
         general_gemm(a, b, beta=0.5)
     with pytest.raises(ValueError, match="Output tensor is not contiguous"):
         general_gemm(a, b, out=torch.empty(8, 8).t(), accumulate=True)
-    with pytest.raises(TypeError, match="A is fp8 and B is hp; both must be Float8Tensor"):
+    with pytest.raises(TypeError, match="A is fp8 and B is hp; both must be"):
         general_gemm(_fp8(a), b)
-    blocks = te.Float8BlockQuantizer(_E4M3, rowwise=True, columnwise=True)
-    with pytest.raises(NotImplementedError, match="Float8BlockwiseQTensor"):
-        general_gemm(blocks(_hp(128, 128, seed=17)), _hp(128, 128, seed=18))
+    nvfp4 = te.NVFP4Quantizer()
+    with pytest.raises(NotImplementedError, match="NVFP4Tensor"):
+        general_gemm(nvfp4(_hp(32, 32, seed=17)), nvfp4(_hp(32, 32, seed=18)))
     rowwise_only = te.MXFP8Quantizer(_E4M3, columnwise=False)(_hp(32, 32, seed=17))
     with pytest.raises(RuntimeError, match="GEMM requested the columnwise representation, but it is unavailable"):
         general_gemm(rowwise_only, te.MXFP8Quantizer(_E4M3)(_hp(32, 32, seed=18)), layout="NN")

@@ -6,11 +6,12 @@ terms the result is ``op_B(B) @ op_A(A)`` with ``op_A(A) = A.T`` for "T?" and ``
 "NT" wgrad ``dy.T @ x`` (TE ``module/linear.py``).  Leading dimensions are flattened; a "TN"/"NN"
 result keeps ``B``'s leading shape.
 
-Operands are both high precision (float32 products summed in float32, one rounding), both per-tensor
-FP8 (``Float8Tensor``) or both ``MXFP8Tensor`` (the representation TE's GEMM reads: ``A`` rowwise for
-"T?", columnwise for "N?"; ``B`` rowwise for "?N", columnwise for "?T"): the emulated tensor-core GEMM
-of ``fp8sim.gemm.scaled_mm``, with the accumulator of the emulated device that
-``use_split_accumulator`` selects (MXFP8: Blackwell's; ``accumulator=`` overrides, e.g. ``"exact"``).
+Operands are both high precision (float32 products summed in float32, one rounding) or both quantized
+alike: per-tensor ``Float8Tensor``, ``MXFP8Tensor`` or ``Float8BlockwiseQTensor`` (1x128 / 128x128,
+split accumulator forced as TE does).  Quantized GEMMs read the representation TE's GEMM reads (``A``
+rowwise for "T?", columnwise for "N?"; ``B`` rowwise for "?N", columnwise for "?T") and run the
+emulated tensor-core GEMM of ``fp8sim.gemm.scaled_mm`` with the accumulator of the emulated device
+that ``use_split_accumulator`` selects (MXFP8: Blackwell's; ``accumulator=`` overrides, e.g. ``"exact"``).
 The epilogue works in float32 as cuBLAS's: ``alpha * acc (+ bias)``, GELU (tanh form) with the
 pre-GELU output returned, or with ``grad=True`` ``acc * dgelu(gelu_in)`` and the bias gradient (sum
 of ``B``'s rows); ``accumulate`` adds ``beta * out``; then one rounding to the output dtype, or a
@@ -63,34 +64,46 @@ def _missing(usage: str) -> RuntimeError:
     )
 
 
-def _quantized_parts(t: Any, usage: str) -> tuple[np.ndarray, Any, str, int]:
-    """Codes (2-D, logical shape), scales and format of the representation TE's GEMM reads, and the
-    axis the scale blocks run along (-1 per-tensor; MXFP8: rowwise 1, columnwise 0)."""
-    from ..tensor import Float8Tensor
+def _quantized_parts(t: Any, usage: str) -> tuple[np.ndarray, Any, str]:
+    """The representation TE's GEMM reads, as a matrix in its GEMM orientation (rowwise ``(m, k)``,
+    columnwise ``(k, m)``: TE's transposed columnwise data) with its scales in ``scaled_mm``'s
+    left-operand layout (one per block along the matrix's rows: ``(rows, cols/block)``, or
+    ``(rows/128, cols/128)`` for 128x128 blocks; a scalar for per-tensor FP8), and its format."""
+    from ..tensor import Float8Tensor, MXFP8Tensor
 
     m, k = math.prod(t.shape[:-1]), t.shape[-1]
     if isinstance(t, Float8Tensor):  # one scale: either representation holds the same values
-        codes = t._data if t._data is not None else t._transpose.movedim(0, -1)
-        return codes.reshape(m, k).numpy(), np.float32(t._scale_inv.reshape(-1)[0].item()), _fmt(t), -1
+        codes = (t._data if t._data is not None else t._transpose.movedim(0, -1)).reshape(m, k).numpy()
+        return (codes if usage == "rowwise" else codes.T), np.float32(t._scale_inv.reshape(-1)[0].item()), _fmt(t)
     data = t._rowwise_data if usage == "rowwise" else t._columnwise_data
     if data is None:
         raise _missing(usage)
-    if usage == "rowwise":
-        return data.reshape(m, k).numpy(), t._rowwise_scale_inv[:m, : k // 32].numpy(), _fmt(t), 1
-    return data.reshape(m, k).numpy(), t._columnwise_scale_inv[: m // 32, :k].numpy(), _fmt(t), 0
+    if isinstance(t, MXFP8Tensor):  # both representations in the logical shape; columnwise blocks run down dim 0
+        if usage == "rowwise":
+            return data.reshape(m, k).numpy(), t._rowwise_scale_inv[:m, : k // 32].numpy(), _fmt(t)
+        return data.reshape(m, k).numpy().T, t._columnwise_scale_inv[: m // 32, :k].numpy().T, _fmt(t)
+    rows, cols = (m, k) if usage == "rowwise" else (k, m)  # Float8BlockwiseQTensor: columnwise stored (k, m)
+    scale = (t._rowwise_scale_inv if usage == "rowwise" else t._columnwise_scale_inv).numpy()
+    if t._is_2D_scaled:
+        scale = scale[: -(-rows // 128), : -(-cols // 128)]
+    else:  # TE stores 1x128 scales as (blocks along cols, rows)
+        scale = scale[: -(-cols // 128), :rows].T
+    return data.reshape(rows, cols).numpy(), scale, _fmt(t)
 
 
 def _kind(t: Any, name: str) -> str:
-    from ..tensor import Float8Tensor, MXFP8Tensor, QuantizedTensor
+    from ..tensor import Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, QuantizedTensor
 
     if isinstance(t, Float8Tensor):
         return "fp8"
     if isinstance(t, MXFP8Tensor):
         return "mxfp8"
+    if isinstance(t, Float8BlockwiseQTensor):
+        return "block"
     if isinstance(t, QuantizedTensor):
         raise NotImplementedError(
             f"general_gemm: {name} is a {type(t).__name__}; fp8sim emulates general_gemm on Float8Tensor, "
-            "MXFP8Tensor and high-precision operands (the other block-scaled GEMMs run inside the modules)"
+            "MXFP8Tensor, Float8BlockwiseQTensor and high-precision operands (NVFP4 GEMMs run inside the modules)"
         )
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"general_gemm: {name} must be a torch.Tensor or a quantized tensor, got {type(t).__name__}")
@@ -99,19 +112,18 @@ def _kind(t: Any, name: str) -> str:
 
 def _gemm32(A: Any, B: Any, layout: str, kind: str, preset: str) -> torch.Tensor:
     """``op_B(B) @ op_A(A)`` in float32 (before the epilogue).  Quantized operands: the representation
-    TE picks (``A`` rowwise for "T?", else columnwise; ``B`` columnwise for "?T", else rowwise)."""
+    TE picks (``A`` rowwise for "T?", else columnwise; ``B`` columnwise for "?T", else rowwise); in
+    GEMM orientation the left operand is ``B``'s matrix and the right one ``A``'s, transposed."""
     if kind != "hp":
         from ...gemm import scaled_mm
 
-        a_codes, a_s, a_fmt, _ = _quantized_parts(A, "rowwise" if layout[0] == "T" else "columnwise")
-        b_codes, b_s, b_fmt, _ = _quantized_parts(B, "columnwise" if layout[1] == "T" else "rowwise")
-        right, right_s = (a_codes.T, _t(a_s)) if layout[0] == "T" else (a_codes, a_s)
-        left, left_s = (b_codes.T, _t(b_s)) if layout[1] == "T" else (b_codes, b_s)
+        a_codes, a_s, a_fmt = _quantized_parts(A, "rowwise" if layout[0] == "T" else "columnwise")
+        left, left_s, b_fmt = _quantized_parts(B, "columnwise" if layout[1] == "T" else "rowwise")
         out = scaled_mm(
             np.ascontiguousarray(left),
-            np.ascontiguousarray(right),
-            left_s,
-            right_s,
+            np.ascontiguousarray(a_codes.T),
+            left_s if np.ndim(left_s) == 0 else np.ascontiguousarray(left_s),
+            a_s if np.ndim(a_s) == 0 else np.ascontiguousarray(a_s.T),
             out_dtype="float32",
             accumulator=preset,
             a_format=b_fmt,
@@ -123,10 +135,6 @@ def _gemm32(A: Any, B: Any, layout: str, kind: str, preset: str) -> torch.Tensor
     right = a2.t() if layout[0] == "T" else a2
     left = b2.t() if layout[1] == "T" else b2
     return torch.matmul(left, right)
-
-
-def _t(scales: Any) -> Any:
-    return np.ascontiguousarray(scales.T) if isinstance(scales, np.ndarray) else scales
 
 
 def _gelu(x: torch.Tensor) -> torch.Tensor:
@@ -215,6 +223,8 @@ def _general_gemm(
             raise NotImplementedError(
                 f"general_gemm: {type(quantization_params).__name__} output; fp8sim emulates a Float8Quantizer output"
             )
+    if kinds[0] == "block":  # TE: "FP8 block-scaling requires split accumulator"
+        use_split_accumulator = True
     preset = accumulator if accumulator is not None else _preset(use_split_accumulator, kinds[0] == "mxfp8")
     acc = _gemm32(A, B, layout, kinds[0], preset)
     if alpha != 1.0:
