@@ -101,7 +101,8 @@ _NO_REPLAY = contextlib.nullcontext()
 
 
 def _replay_fp8_state(module: Any, g: Any) -> contextlib.AbstractContextManager:
-    """TE ``prepare_forward``/``end_forward`` around one FP8 GEMM: stash in a checkpointed training
+    """TE ``prepare_forward``/``end_forward`` around one FP8 GEMM (``g``: an object with a ``fwd``
+    DelayedScaler, or None, and optionally a ``calls`` counter): stash in a checkpointed training
     forward, replay the stash in the recompute, then restore (outside a checkpoint: nothing)."""
     if not _RECOMPUTE["region"]:
         return _NO_REPLAY
@@ -113,17 +114,21 @@ def _replay(module: Any, g: Any) -> Iterator[None]:
     if in_fp8_activation_recompute_phase():
         meta = _gemm_meta(g)
         FP8GlobalStateManager.get_old_fp8_meta_tensors_for_recompute(meta)
-        calls, g.calls = g.calls, meta["_calls"].popleft() if meta["_calls"] else g.calls
+        calls = getattr(g, "calls", None)  # the stochastic-rounding counter, where the state has one
+        if calls is not None and meta["_calls"]:
+            g.calls = meta["_calls"].popleft()
         try:
             yield
         finally:
-            g.calls = calls
+            if calls is not None:
+                g.calls = calls
             FP8GlobalStateManager.restore_fp8_meta_tensors(meta)
         return
     if module.training and is_fp8_activation_recompute_enabled():
         meta = _gemm_meta(g)
         FP8GlobalStateManager.copy_forward_fp8_meta_tensors_for_recompute(meta)
-        meta["_calls"].append(g.calls)
+        if hasattr(g, "calls"):
+            meta["_calls"].append(g.calls)
     yield
 
 
