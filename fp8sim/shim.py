@@ -41,6 +41,7 @@ _ALIASES = {
     "transformer_engine.common.recipe": "fp8sim.recipe",
     "transformer_engine.pytorch.float8_tensor": "fp8sim.pytorch.tensor.float8_tensor",
     "transformer_engine.pytorch.quantized_tensor": "fp8sim.pytorch.tensor.quantized_tensor",
+    "transformer_engine.pytorch._extra_state": "fp8sim.pytorch._extra_state_te",
 }
 _PACKAGES = ("transformer_engine", "transformer_engine.common")  # emulated namespaces without a counterpart
 # TE classes that libraries test with isinstance: a placeholder that refuses construction when fp8sim

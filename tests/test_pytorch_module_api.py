@@ -73,7 +73,13 @@ def test_init_method_output_layer_init_method_and_reset_parameters() -> None:
         m.layer_norm_weight.zero_()
     m.reset_parameters()
     assert bool((m.fc1_weight == 0.5).all()) and bool((m.layer_norm_weight == 1).all())
-    assert te.utils.init_method_normal(0.1) is not None
+    # TE utils.py:252: init_(t) is torch.nn.init.normal_(t, mean=0.0, std=sigma), in place, returning t
+    t, ref = torch.empty(64, 64), torch.empty(64, 64)
+    torch.manual_seed(11)
+    out = te.utils.init_method_normal(0.1)(t)
+    torch.manual_seed(11)
+    torch.nn.init.normal_(ref, mean=0.0, std=0.1)
+    assert out is t and torch.equal(t, ref)
 
 
 @pytest.mark.parametrize("first_microbatch", [None, True, False])

@@ -5,6 +5,8 @@ References are written here from TE's source at commit d0067d0 (transformer_engi
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
 import warnings
 
@@ -191,3 +193,89 @@ def test_update_weight_quantizers_hands_each_fp8_weight_its_slot_quantizer() -> 
     plain = te.Linear(32, 32)
     assert plain._get_weight_quantizers() == [None]
     plain._update_weight_quantizers()  # high-precision weights: nothing to update
+
+
+def test_fp8_global_state_manager_keys_and_recompute_stash() -> None:
+    """quantization.py:462-499 (keys), :423-434 (skip tensor), :785-845 (recompute stash FIFO) and the
+    fp8_meta access of tests/pytorch/test_recipe.py:100."""
+    m = quantization.FP8GlobalStateManager
+    assert (m.get_meta_tensor_key(), m.get_meta_tensor_key(forward=False)) == ("scaling_fwd", "scaling_bwd")
+    assert (m.get_fwd_bwd_key(True), m.get_fwd_bwd_key(False)) == ("forward", "backward")
+    assert m.get_buffer_info() == "buffer_index_and_autocast_key"
+    recipe = DelayedScaling()
+    key = m.get_key_in_buffer(False, recipe, None)
+    assert key == f"backward_recipe={recipe!s},group=None"
+    assert m.split_key_in_buffer(key) == (False, f"recipe={recipe!s},group=None")
+    m.reset()
+    m.set_skip_fp8_weight_update_tensor(True)
+    assert m.get_skip_fp8_weight_update_tensor().tolist() == [1.0]
+    lin = te.Linear(16, 16, params_dtype=torch.float32)
+    with te.autocast(recipe=recipe):
+        lin(torch.randn(16, 16)).sum().backward()
+    meta = lin.fp8_meta
+    hist, scale = meta[m.get_meta_tensor_key()].amax_history, meta[m.get_meta_tensor_key()].scale
+    stashed = (hist.clone(), scale.clone())
+    m.copy_forward_fp8_meta_tensors_for_recompute(meta)
+    assert meta["global_fp8_buffer_pos_fwd_recompute"] == 0
+    hist.fill_(7.0)
+    scale.fill_(3.0)
+    updated = (hist.clone(), scale.clone())
+    m.get_old_fp8_meta_tensors_for_recompute(meta)  # the stash is loaded in place
+    assert torch.equal(hist, stashed[0]) and torch.equal(scale, stashed[1])
+    m.restore_fp8_meta_tensors(meta)
+    assert torch.equal(hist, updated[0]) and torch.equal(scale, updated[1])
+    with pytest.raises(NotImplementedError, match="add_fp8_tensors_to_global_buffer"):
+        m.add_fp8_tensors_to_global_buffer(meta)
+    m.reset()
+
+
+def test_extra_state_policy_helpers() -> None:
+    """_extra_state.py:33-110: the recipe policy map, the opt-in variable and the pickle gate."""
+    import pickle
+
+    from fp8sim.pytorch import _extra_state_te as xs
+    from fp8sim.recipe import Float8CurrentScaling
+
+    assert xs.recipe_extra_state_policy(DelayedScaling()) is xs.CheckpointExtraStatePolicy.STATEFUL_FP8_DELAYED_SCALING
+    assert xs.is_stateless_recipe(Float8CurrentScaling()) and not xs.is_stateless_recipe(DelayedScaling())
+    assert xs.recipe_extra_state_policy(object()) is None
+    assert xs.should_load_extra_state_pickle(b"", "Linear") is False
+    blob = pickle.dumps({"scale_fwd": 1})
+    with pytest.raises(RuntimeError, match="Refusing to load pickled Transformer Engine extra state for Linear"):
+        xs.should_load_extra_state_pickle(blob, "Linear")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="a real TE is installed")
+def test_fp8sim_run_resolves_issue_13_names() -> None:
+    """`fp8sim run`: TE's recompute, GEMM, state-manager and extra-state names resolve; te.ops is named
+    in a NotImplementedError (fp8sim does not emulate the fusible-operations API)."""
+    import fp8sim.pytorch as fp8_te
+    from fp8sim import shim
+    from fp8sim.pytorch import _extra_state_te, distributed
+    from fp8sim.pytorch.cpp_extensions import general_gemm
+
+    shim.install(quiet=True)
+    try:
+        from transformer_engine.pytorch import checkpoint
+        from transformer_engine.pytorch._extra_state import should_load_extra_state_pickle
+        from transformer_engine.pytorch.cpp_extensions import general_gemm as te_gemm
+        from transformer_engine.pytorch.distributed import (
+            activation_recompute_forward,
+            in_fp8_activation_recompute_phase,
+            is_fp8_activation_recompute_enabled,
+        )
+        from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+
+        assert checkpoint is fp8_te.checkpoint and te_gemm is general_gemm
+        assert should_load_extra_state_pickle is _extra_state_te.should_load_extra_state_pickle
+        assert activation_recompute_forward is distributed.activation_recompute_forward
+        assert in_fp8_activation_recompute_phase is distributed.in_fp8_activation_recompute_phase
+        assert is_fp8_activation_recompute_enabled is distributed.is_fp8_activation_recompute_enabled
+        assert FP8GlobalStateManager.get_meta_tensor_key() == "scaling_fwd"
+        te_mod = importlib.import_module("transformer_engine.pytorch")
+        with pytest.raises(NotImplementedError, match=r"transformer_engine\.pytorch\.ops is not emulated"):
+            te_mod.ops  # noqa: B018
+        with pytest.raises(NotImplementedError, match=r"transformer_engine\.pytorch\.ops is not emulated"):
+            importlib.import_module("transformer_engine.pytorch.ops")
+    finally:
+        shim.uninstall()

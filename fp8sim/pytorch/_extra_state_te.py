@@ -27,6 +27,7 @@ import pickle
 import pickletools
 import warnings
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import torch
@@ -42,6 +43,11 @@ __all__ = [
     "extra_state_pickle_advisory",
     "scalers_to_te",
     "te_to_scalers",
+    "CheckpointExtraStatePolicy",
+    "recipe_extra_state_policy",
+    "is_stateless_recipe",
+    "unsafe_pickle_extra_state_enabled",
+    "should_load_extra_state_pickle",
 ]
 
 UNSAFE_PICKLE_EXTRA_STATE_ENV = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
@@ -85,6 +91,47 @@ def extra_state_pickle_advisory(context: str) -> str:
         "can execute arbitrary code. Only enable unsafe loading if this checkpoint is from "
         f"a trusted source. To load it anyway, set {UNSAFE_PICKLE_EXTRA_STATE_ENV}=1."
     )
+
+
+# -- TE ``_extra_state.py``'s policy helpers (``transformer_engine.pytorch._extra_state`` under ``fp8sim run``) --
+class CheckpointExtraStatePolicy(Enum):
+    """TE: how a recipe's pickled ``_extra_state`` is handled on load."""
+
+    STATELESS = "stateless"
+    STATEFUL_FP8_DELAYED_SCALING = "stateful_fp8_delayed_scaling"
+    DYNAMIC = "dynamic"
+
+
+def recipe_extra_state_policy(recipe: _recipe.Recipe) -> CheckpointExtraStatePolicy | None:
+    """TE: the policy of a first-party recipe (fp8sim's recipe classes stand for TE's), else None."""
+    cls = type(recipe)
+    if cls.__module__ != _recipe.__name__:
+        return None
+    if cls.__name__ == "DelayedScaling":
+        return CheckpointExtraStatePolicy.STATEFUL_FP8_DELAYED_SCALING
+    if cls.__name__ in _STATELESS:
+        return CheckpointExtraStatePolicy.STATELESS
+    return CheckpointExtraStatePolicy.DYNAMIC if cls.__name__ == "CustomRecipe" else None
+
+
+def is_stateless_recipe(recipe: _recipe.Recipe) -> bool:
+    """TE: the recipe carries no extra state to checkpoint."""
+    return recipe_extra_state_policy(recipe) is CheckpointExtraStatePolicy.STATELESS
+
+
+def unsafe_pickle_extra_state_enabled() -> bool:
+    """TE: ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1``."""
+    return os.getenv(UNSAFE_PICKLE_EXTRA_STATE_ENV, "0") == "1"
+
+
+def should_load_extra_state_pickle(data: bytes, context: str) -> bool:
+    """TE: False for an empty or stateless payload (ignore it), True when the unsafe opt-in is set,
+    else ``RuntimeError`` with TE's advisory."""
+    if not data or not _needs_unsafe_opt_in(data):
+        return False
+    if unsafe_pickle_extra_state_enabled():
+        return True
+    raise RuntimeError(extra_state_pickle_advisory(context))
 
 
 # -- encoding -----------------------------------------------------------------------------------

@@ -1,30 +1,153 @@
 """TE ``transformer_engine/pytorch/distributed.py``, single process: activation ``checkpoint``.
 
-TE's ``checkpoint`` of a function with TE modules replays the forward in the backward pass with the
-forward's FP8 state (recipe, scales, RNG), so the replay reproduces the forward exactly.  fp8sim keeps
-the activations instead of recomputing them: outputs and gradients are those of TE, only the memory
-trade is not emulated.  A module without TE modules goes to ``torch.utils.checkpoint`` as in TE.
-Multi-process tensor parallelism (``distribute_saved_activations``) is the distributed emulation's.
+TE's ``checkpoint`` runs the function without keeping its activations and recomputes the forward in
+the backward pass.  Each delayed-scaling GEMM stashes its forward ``scale`` and ``amax_history`` in
+the checkpointed forward (``copy_forward_fp8_meta_tensors_for_recompute``), loads the stash for the
+recompute (``get_old_fp8_meta_tensors_for_recompute``) and puts the updated state back after it
+(``restore_fp8_meta_tensors``), so the recompute casts with the same scales and its amaxes are
+dropped.  The CPU (and CUDA) RNG state, and fp8sim's per-GEMM stochastic-rounding counter, are
+replayed too.  ``use_reentrant=True`` runs the forward under ``no_grad`` and differentiates the
+recompute; ``use_reentrant=False`` keeps the forward's graph and recomputes on the first unpacked
+saved tensor (fp8sim's FP8 GEMMs keep their quantized operands on their autograd context, so only
+torch ops' saved tensors are traded for compute).  A function without TE modules goes to
+``torch.utils.checkpoint`` as in TE.  ``distribute_saved_activations`` only moves memory between
+ranks: in one process it is accepted and changes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["checkpoint", "has_te_modules"]
+from .quantization import _RECOMPUTE, FP8GlobalStateManager, _RecomputeRegion, current_state
+
+__all__ = [
+    "checkpoint",
+    "has_te_modules",
+    "activation_recompute_forward",
+    "is_fp8_activation_recompute_enabled",
+    "in_fp8_activation_recompute_phase",
+    "use_reentrant_activation_recompute",
+    "get_activation_recompute_contexts",
+]
+_USE_REENTRANT = {"value": True}
 
 
+class activation_recompute_forward(contextlib.AbstractContextManager, contextlib.ContextDecorator):
+    """TE: marks a checkpointed forward (``recompute_phase=False``) or its recompute (``True``); the
+    first keeps autocast's ``is_first_fp8_module`` in a FIFO, the second takes it back."""
+
+    _is_first_fp8_module: list = []
+
+    def __init__(self, activation_recompute: bool = False, recompute_phase: bool = False) -> None:
+        super().__init__()
+        self.activation_recompute, self.recompute_phase = activation_recompute, recompute_phase
+
+    def __enter__(self) -> activation_recompute_forward:
+        _RECOMPUTE["region"], _RECOMPUTE["phase"] = self.activation_recompute, self.recompute_phase
+        st = current_state()
+        if self.activation_recompute and not self.recompute_phase:
+            activation_recompute_forward._is_first_fp8_module.append(st.depth > 0 and st.first_module is None)
+        if self.activation_recompute and self.recompute_phase:
+            st.recompute_first = activation_recompute_forward._is_first_fp8_module.pop(0)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _RECOMPUTE["region"] = _RECOMPUTE["phase"] = False
+
+
+def is_fp8_activation_recompute_enabled() -> bool:
+    """TE: inside a checkpointed forward with FP8 enabled."""
+    return _RECOMPUTE["region"] and current_state().enabled
+
+
+def in_fp8_activation_recompute_phase() -> bool:
+    """TE: inside the recompute of a checkpointed forward."""
+    return _RECOMPUTE["phase"]
+
+
+def use_reentrant_activation_recompute() -> bool:
+    """TE: the ``use_reentrant`` of the last :func:`checkpoint` call."""
+    return _USE_REENTRANT["value"]
+
+
+def get_activation_recompute_contexts() -> tuple[activation_recompute_forward, activation_recompute_forward]:
+    """TE: the contexts of the checkpointed forward and of its recompute."""
+    return activation_recompute_forward(True, False), activation_recompute_forward(True, True)
+
+
+# -- the per-GEMM FP8 state replay, called by TransformerEngineBaseModule._linear ------------------
+class _FwdView:
+    """``fp8_meta["scaling_fwd"]`` of one GEMM: live torch views of its DelayedScaler."""
+
+    def __init__(self, scaler: Any) -> None:
+        self.scale, self.amax_history = torch.from_numpy(scaler.scale), torch.from_numpy(scaler.amax_history)
+
+
+def _gemm_meta(g: Any) -> dict[str, Any]:
+    """A TE-style ``fp8_meta`` of one GEMM, kept on its state (TE keeps the recompute position there)."""
+    meta = g.__dict__.setdefault("_recompute_fp8_meta", {"_calls": deque()})
+    if g.fwd is not None:
+        meta["recipe"], meta["scaling_fwd"] = g.fwd.recipe, _FwdView(g.fwd)
+    return meta
+
+
+_NO_REPLAY = contextlib.nullcontext()
+
+
+def _replay_fp8_state(module: Any, g: Any) -> contextlib.AbstractContextManager:
+    """TE ``prepare_forward``/``end_forward`` around one FP8 GEMM (``g``: an object with a ``fwd``
+    DelayedScaler, or None, and optionally a ``calls`` counter): stash in a checkpointed training
+    forward, replay the stash in the recompute, then restore (outside a checkpoint: nothing)."""
+    if not _RECOMPUTE["region"]:
+        return _NO_REPLAY
+    return _replay(module, g)
+
+
+@contextlib.contextmanager
+def _replay(module: Any, g: Any) -> Iterator[None]:
+    if in_fp8_activation_recompute_phase():
+        meta = _gemm_meta(g)
+        FP8GlobalStateManager.get_old_fp8_meta_tensors_for_recompute(meta)
+        calls = getattr(g, "calls", None)  # the stochastic-rounding counter, where the state has one
+        if calls is not None and meta["_calls"]:
+            g.calls = meta["_calls"].popleft()
+        try:
+            yield
+        finally:
+            if calls is not None:
+                g.calls = calls
+            FP8GlobalStateManager.restore_fp8_meta_tensors(meta)
+        return
+    if module.training and is_fp8_activation_recompute_enabled():
+        meta = _gemm_meta(g)
+        FP8GlobalStateManager.copy_forward_fp8_meta_tensors_for_recompute(meta)
+        if hasattr(g, "calls"):
+            meta["_calls"].append(g.calls)
+    yield
+
+
+# -- checkpoint ------------------------------------------------------------------------------------
 def has_te_modules(network: Any) -> bool:
-    """TE: a ``torch.nn.Module`` holds an fp8sim TE module; any other callable is assumed to."""
-    from .module.base import TransformerEngineBaseModule
-
+    """TE: a ``torch.nn.Module`` holds a TE module (LayerNorm, RMSNorm, a GEMM module, attention,
+    TransformerLayer); any other callable is assumed to."""
     if isinstance(network, torch.nn.Module):
-        return any(isinstance(m, TransformerEngineBaseModule) for m in network.modules())
+        return any(isinstance(m, _te_classes()) for m in network.modules())
     return True
+
+
+def _te_classes() -> tuple[type, ...]:
+    from .attention import DotProductAttention, MultiheadAttention
+    from .module import LayerNorm, RMSNorm
+    from .module.base import TransformerEngineBaseModule
+    from .transformer import TransformerLayer
+
+    return (LayerNorm, RMSNorm, TransformerEngineBaseModule, DotProductAttention, MultiheadAttention, TransformerLayer)
 
 
 def _is_group_or_none(obj: Any) -> bool:
@@ -34,13 +157,180 @@ def _is_group_or_none(obj: Any) -> bool:
     return group is not None and isinstance(obj, group)
 
 
+def _rng_states(tracker: Callable | None) -> tuple:
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda, (tracker().get_states() if tracker is not None else None)
+
+
+def _set_rng_states(states: tuple, tracker: Callable | None) -> None:
+    torch.set_rng_state(states[0])
+    if states[1] is not None:
+        torch.cuda.set_rng_state(states[1])
+    if tracker is not None:
+        tracker().set_states(states[2])
+
+
+def _amp_contexts() -> list[Any]:
+    """TE ``_get_active_autocast_contexts``: torch.autocast as it is now, to re-enter in the recompute."""
+    cached = torch.is_autocast_cache_enabled()
+    out = []
+    for dev in ("cuda", "cpu"):
+        enabled = torch.is_autocast_enabled(dev)
+        if enabled or dev == "cpu":
+            out.append(
+                torch.amp.autocast(dev, enabled=enabled, dtype=torch.get_autocast_dtype(dev), cache_enabled=cached)
+            )
+    return out
+
+
+def _fp8_region() -> tuple[bool, Any, Any]:
+    st = current_state()
+    return st.enabled, (FP8GlobalStateManager.get_fp8_recipe() if st.enabled else None), st.accumulator
+
+
+def _recompute_autocast(fp8: tuple[bool, Any, Any]) -> Any:
+    from .quantization import autocast
+
+    return autocast(enabled=fp8[0], recipe=fp8[1], accumulator=fp8[2])
+
+
+def _noop_context_fn() -> tuple[Any, Any]:
+    return contextlib.nullcontext(), contextlib.nullcontext()
+
+
+class _CheckpointFunction(torch.autograd.Function):
+    """TE's reentrant checkpoint: forward without grad, recompute and differentiate in backward."""
+
+    @staticmethod
+    def forward(ctx: Any, run_function: Callable, tracker: Any, context_fn: Callable, kwargs: dict, *args: Any) -> Any:
+        ctx.run_function, ctx.tracker, ctx.kwargs = run_function, tracker, kwargs
+        ctx.rng = _rng_states(tracker)
+        forward_ctx, ctx.recompute_ctx = context_fn()
+        ctx.amp = _amp_contexts()
+        with torch.no_grad(), forward_ctx, activation_recompute_forward(True, False):
+            outputs = run_function(*args, **kwargs)
+        ctx.inputs = [None if torch.is_tensor(a) else a for a in args]
+        ctx.save_for_backward(*[a if torch.is_tensor(a) else None for a in args])
+        ctx.fp8 = _fp8_region()
+        return outputs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple:
+        if not torch.autograd._is_checkpoint_valid():
+            raise RuntimeError("Checkpointing is not compatible with .grad(), please use .backward() if possible")
+        inputs = tuple(t if t is not None else a for t, a in zip(ctx.saved_tensors, ctx.inputs, strict=True))
+        bwd_rng = _rng_states(ctx.tracker)
+        _set_rng_states(ctx.rng, ctx.tracker)
+        detached = tuple(_detach(x) for x in inputs)
+        with contextlib.ExitStack() as stack:
+            for c in (torch.enable_grad(), ctx.recompute_ctx, *ctx.amp, activation_recompute_forward(True, True)):
+                stack.enter_context(c)
+            stack.enter_context(_recompute_autocast(ctx.fp8))
+            outputs = ctx.run_function(*detached, **ctx.kwargs)
+        _set_rng_states(bwd_rng, ctx.tracker)
+        if isinstance(outputs, torch.Tensor):
+            outputs = (outputs,)
+        pairs = [(o, g) for o, g in zip(outputs, grads, strict=False) if torch.is_tensor(o) and o.requires_grad]
+        if not pairs:
+            raise RuntimeError("none of output has requires_grad=True, this checkpoint() is not necessary")
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        return (None, None, None, None) + tuple(x.grad if isinstance(x, torch.Tensor) else None for x in detached)
+
+
+def _detach(x: Any) -> Any:
+    if not isinstance(x, torch.Tensor):
+        return x
+    y = x.detach()
+    y.requires_grad_(x.requires_grad)
+    return y
+
+
+class _Frame:
+    """TE ``_CheckpointFrame``: forward RNG states and the recomputed saved tensors."""
+
+    def __init__(self, recompute_fn: Callable, tracker: Any) -> None:
+        self.recompute_fn, self.tracker = recompute_fn, tracker
+        self.recomputed: list = []
+        self.count = 0
+        self.fwd_rng = _rng_states(tracker)
+
+
+class _RecomputeTrigger(torch.autograd.Function):
+    """Saves one empty tensor behind each output, so the non-reentrant recompute starts with the
+    function's backward even where fp8sim's FP8 GEMMs save nothing through ``save_for_backward``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x.new_empty(0))
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        ctx.saved_tensors  # noqa: B018 -- the unpack runs the recompute
+        return grad
+
+
+def _with_trigger(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return _RecomputeTrigger.apply(out) if out.requires_grad else out
+    if isinstance(out, tuple | list):
+        return type(out)(_with_trigger(o) for o in out)
+    return out
+
+
+def _non_reentrant(function: Callable, args: tuple, kwargs: dict, tracker: Any, context_fn: Callable) -> Any:
+    user_forward_ctx, user_recompute_ctx = context_fn()
+    te_forward_ctx, te_recompute_ctx = get_activation_recompute_contexts()
+    amp, fp8 = _amp_contexts(), _fp8_region()
+
+    def recompute_fn() -> None:
+        with contextlib.ExitStack() as stack:
+            for c in (torch.enable_grad(), te_recompute_ctx, user_recompute_ctx, *amp, _recompute_autocast(fp8)):
+                stack.enter_context(c)
+            _with_trigger(function(*args, **kwargs))
+
+    frame = _Frame(recompute_fn, tracker)
+
+    def _keep(x: torch.Tensor) -> torch.Tensor:  # TE _recomputation_hook: the recompute's saved tensors
+        frame.recomputed.append(x.detach())
+        return x.detach()
+
+    def pack(x: torch.Tensor) -> int:
+        del x
+        frame.count += 1
+        return frame.count - 1
+
+    def unpack(idx: int) -> torch.Tensor:
+        if not frame.recomputed:
+            bwd_rng = _rng_states(tracker)
+            _set_rng_states(frame.fwd_rng, tracker)
+            with torch.autograd.graph.saved_tensors_hooks(_keep, lambda x: x):
+                frame.recompute_fn()
+            _set_rng_states(bwd_rng, tracker)
+        out, frame.recomputed[idx] = frame.recomputed[idx], None
+        return out
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), te_forward_ctx, user_forward_ctx:
+        return _with_trigger(function(*args, **kwargs))
+
+
 def checkpoint(function: Callable, *args: Any, **kwargs: Any) -> Any:
     """TE ``checkpoint(function, *args, distribute_saved_activations=False, get_rng_state_tracker=None,
-    tp_group=None, use_reentrant=True, **kwargs)``: ``function(*args, **kwargs)``, TE's results."""
-    use_reentrant = kwargs.pop("use_reentrant", True)
+    tp_group=None, use_reentrant=True, **kwargs)``: ``function(*args, **kwargs)`` with its forward
+    recomputed in the backward pass under the forward's FP8 state.  Under ``torch.compile`` it runs
+    eagerly behind a graph break (TE decorates it with ``torch._disable_dynamo``)."""
+    if torch.compiler.is_compiling():
+        import sys
+
+        return sys.modules["torch._dynamo"].disable(_checkpoint, recursive=True)(function, *args, **kwargs)
+    return _checkpoint(function, *args, **kwargs)
+
+
+def _checkpoint(function: Callable, *args: Any, **kwargs: Any) -> Any:
+    _USE_REENTRANT["value"] = use_reentrant = kwargs.pop("use_reentrant", True)
     distribute_saved_activations = kwargs.pop("distribute_saved_activations", False)
     kwargs.pop("tp_group", None)
-    kwargs.pop("get_rng_state_tracker", None)
+    tracker = kwargs.pop("get_rng_state_tracker", None)
     # TE's backward compatibility: (distribute_saved_activations, get_rng_state_tracker, tp_group, *tensors)
     if len(args) > 3 and isinstance(args[0], bool) and callable(args[1]) and _is_group_or_none(args[2]):
         warnings.warn(
@@ -50,7 +340,7 @@ def checkpoint(function: Callable, *args: Any, **kwargs: Any) -> Any:
             DeprecationWarning,
             stacklevel=2,
         )
-        distribute_saved_activations = args[0]
+        distribute_saved_activations, tracker = args[0], args[1]
         args = args[3:]
     context_fn = kwargs.pop("context_fn", None)
     determinism_check = kwargs.pop("determinism_check", "default")
@@ -66,14 +356,81 @@ def checkpoint(function: Callable, *args: Any, **kwargs: Any) -> Any:
             **extra,
             **kwargs,
         )
-    if use_reentrant and distribute_saved_activations and not torch.distributed.is_initialized():
-        raise RuntimeError(
-            "torch.distributed is not initialized. Call "
-            "torch.distributed.init_process_group() before using "
-            "distribute_saved_activations=True."
+    context_fn = context_fn or _noop_context_fn
+    if use_reentrant:
+        if distribute_saved_activations and not torch.distributed.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is not initialized. Call "
+                "torch.distributed.init_process_group() before using "
+                "distribute_saved_activations=True."
+            )
+        return _CheckpointFunction.apply(function, tracker, context_fn, kwargs, *args)
+    if distribute_saved_activations:
+        warnings.warn(
+            "`distribute_saved_activations=True` has no effect when `use_reentrant=False`. "
+            "The non-reentrant checkpoint implementation does not manually store forward "
+            "inputs for the activation recompute in the backward pass, and instead leverages "
+            "the autograd engine's pack/unpack hooks.",
+            stacklevel=2,
         )
-    if context_fn is None:
-        return function(*args, **kwargs)
-    forward_ctx, _ = context_fn()
-    with forward_ctx:
-        return function(*args, **kwargs)
+    return _non_reentrant(function, args, kwargs, tracker, context_fn)
+
+
+# -- LayerNormMLP(checkpoint=True): TE's selective recompute inside the module -------------------------
+class _ModuleRecompute(torch.autograd.Function):
+    """TE ``_LayerNormMLP`` with ``checkpoint=True``: keep the inputs, recompute the forward in backward
+    under the forward's autocast state (no new autocast region: no extra forward scale update) and
+    stashed FP8 state; the backward-update role is the one the forward took."""
+
+    @staticmethod
+    def forward(ctx: Any, fn: Callable, module: Any, kwargs: dict, n_inputs: int, *tensors: torch.Tensor) -> Any:
+        from .quantization import _register
+
+        st = current_state()
+        trainable = any(t.requires_grad for t in tensors if isinstance(t, torch.Tensor))
+        ctx.first = _register(module, trainable) if st.enabled else False
+        ctx.fn, ctx.kwargs, ctx.n_inputs = fn, kwargs, n_inputs
+        ctx.state = (FP8GlobalStateManager.get_autocast_state(), st.accumulator)
+        ctx.rng, ctx.amp = _rng_states(None), _amp_contexts()
+        saved = dict(_RECOMPUTE)
+        _RECOMPUTE["region"], _RECOMPUTE["phase"] = True, False
+        try:
+            with torch.no_grad():
+                out = fn(*tensors[:n_inputs], **kwargs)
+        finally:
+            _RECOMPUTE.update(saved)
+        ctx.save_for_backward(*tensors[:n_inputs])
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple:
+        st = current_state()
+        inputs = tuple(_detach(x) for x in ctx.saved_tensors)
+        saved = (FP8GlobalStateManager.get_autocast_state(), st.accumulator, st.modules, st.recompute_first)
+        saved_flags, bwd_rng = dict(_RECOMPUTE), _rng_states(None)
+        FP8GlobalStateManager.set_autocast_state(ctx.state[0])
+        st.accumulator, st.modules, st.recompute_first = ctx.state[1], _RecomputeRegion(), ctx.first
+        _RECOMPUTE["region"] = _RECOMPUTE["phase"] = True
+        _set_rng_states(ctx.rng, None)
+        try:
+            with contextlib.ExitStack() as stack:
+                for c in (torch.enable_grad(), *ctx.amp):
+                    stack.enter_context(c)
+                outputs = ctx.fn(*inputs, **ctx.kwargs)
+        finally:
+            FP8GlobalStateManager.set_autocast_state(saved[0])
+            st.accumulator, st.modules, st.recompute_first = saved[1:]
+            _RECOMPUTE.update(saved_flags)
+            _set_rng_states(bwd_rng, None)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        pairs = [(o, g) for o, g in zip(outputs, grads, strict=False) if torch.is_tensor(o) and o.requires_grad]
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        n_params = len(ctx.needs_input_grad) - 4 - ctx.n_inputs
+        return (None, None, None, None) + tuple(x.grad for x in inputs) + (None,) * n_params
+
+
+def module_checkpoint(module: torch.nn.Module, fn: Callable, *inputs: torch.Tensor, **kwargs: Any) -> Any:
+    """``fn(*inputs, **kwargs)`` (a forward of ``module``) with TE's selective activation recompute; the
+    parameters' gradients accumulate during the recompute's backward, as in TE's checkpoint."""
+    params = tuple(p for p in module.parameters() if p.requires_grad)
+    return _ModuleRecompute.apply(fn, module, kwargs, len(inputs), *inputs, *params)

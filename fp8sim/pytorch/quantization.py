@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..recipe import DelayedScaling, Recipe
+from . import _recompute_state
 from .constants import get_fp8_torch_dtype
 
 __all__ = [
@@ -62,6 +63,21 @@ class FP8State:
     buffers: dict[tuple[bool, str], list[Any]] = field(default_factory=dict)
     autocast_arguments: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     backward_token: Any = None  # the region whose backward update ran
+    # activation recompute (TE ``fp8_tensors_recompute_buffer``): one FIFO of stashed forward states per
+    # stashing GEMM; ``recompute_first``: TE's ``is_first_fp8_module`` while a forward is recomputed
+    fp8_tensors_recompute_buffer: list = field(default_factory=list)
+    recompute_first: bool = False
+    skip_fp8_weight_update_tensor: Any = None
+
+
+class _RecomputeRegion(list):
+    """The modules of a recomputed forward (TE's recompute phase): every trainable module in it keeps
+    ``is_first_fp8_module`` (TE ``linear.py`` ``_check_fp8_reduce_and_update``), so each one's backward
+    updates the backward scales; no region-token skip applies."""
+
+
+# TE ``distributed.py`` module globals: inside a checkpointed forward, and in its recompute phase
+_RECOMPUTE = {"region": False, "phase": False}
 
 
 _STATE = FP8State()
@@ -89,9 +105,13 @@ def current_state() -> FP8State:
 def _register(module: Any, trainable: bool = True) -> bool:
     """Record that ``module`` ran in this region; True only for the region's first FP8 GEMM whose
     input, weight or bias requires grad (TE ``linear.py``: a frozen module never takes the role):
-    its backward runs last and so triggers the backward scale updates."""
-    if not any(m is module for m in _STATE.modules):
+    its backward runs last and so triggers the backward scale updates.  In a recomputed forward,
+    each trainable module (its first GEMM) gets TE's kept ``is_first_fp8_module``."""
+    new = not any(m is module for m in _STATE.modules)
+    if new:
         _STATE.modules.append(module)
+    if isinstance(_STATE.modules, _RecomputeRegion):
+        return bool(trainable and new and _STATE.recompute_first)
     if trainable and _STATE.first_module is None:
         _STATE.first_module = module
         return True
@@ -121,7 +141,7 @@ def reduce_and_update_fp8_tensors(forward: bool = True, token: Any = None) -> No
     same region)."""
     from ..scaling.delayed import reduce_and_update
 
-    if token is not None:
+    if token is not None and not isinstance(token, _RecomputeRegion):
         if _STATE.backward_token is token:
             return
         _STATE.backward_token = token
@@ -163,7 +183,9 @@ def autocast(
     saved = (_STATE.enabled, _STATE.calibrating, _STATE.recipe, _STATE.group, _STATE.accumulator)
     outermost = _STATE.depth == 0
     if outermost:
-        _STATE.modules, _STATE.first_module = [], None
+        _STATE.modules, _STATE.first_module = ([], None) if not _RECOMPUTE["phase"] else (_RecomputeRegion(), None)
+        if _RECOMPUTE["phase"]:  # TE autocast_enter at depth 0 sets is_first_fp8_module
+            _STATE.recompute_first = True
     _STATE.enabled, _STATE.calibrating = bool(enabled), bool(calibrating)
     _STATE.recipe = recipe
     _STATE.group = amax_reduction_group
@@ -343,6 +365,83 @@ class FP8GlobalStateManager:
     def is_first_fp8_module(cls) -> bool:
         """True when no trainable FP8 module has run yet in the current outermost region."""
         return _STATE.first_module is None
+
+    @staticmethod
+    def get_meta_tensor_key(forward: bool = True) -> str:
+        """TE: the ``fp8_meta`` key of a direction's scaling state."""
+        return "scaling_fwd" if forward else "scaling_bwd"
+
+    @staticmethod
+    def get_fwd_bwd_key(forward: bool = True) -> str:
+        return "forward" if forward else "backward"
+
+    @classmethod
+    def get_buffer_info(cls) -> str:
+        """TE: the ``fp8_meta`` key of a module's position in the global buffers."""
+        return "buffer_index_and_autocast_key"
+
+    @staticmethod
+    def get_unique_autocast_key(recipe: Recipe | None = None, group: Any = None) -> str:
+        """TE: ``recipe=<repr>,group=<id or None>``."""
+        return _autocast_key(recipe, group)
+
+    @classmethod
+    def get_key_in_buffer(cls, forward: bool, fp8_recipe: Recipe, fp8_group: Any) -> str:
+        return f"{cls.get_fwd_bwd_key(forward)}_{cls.get_unique_autocast_key(fp8_recipe, fp8_group)}"
+
+    @classmethod
+    def split_key_in_buffer(cls, key: str) -> tuple[bool, str]:
+        forward, autocast_key = key.split("_", 1)
+        return forward == "forward", autocast_key
+
+    @classmethod
+    def reduce_and_update_fp8_tensors(cls, forward: bool = True) -> None:
+        """TE: update every registered delayed-scaling state of one direction."""
+        reduce_and_update_fp8_tensors(forward=forward)
+
+    @staticmethod
+    def reduce_tensor_across_group_op_max(tensor: Any, group: Any) -> None:
+        """TE: in-place MAX all-reduce over ``group`` when ``torch.distributed`` is initialised."""
+        import torch
+
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX, group=group, async_op=False)
+
+    @classmethod
+    def add_fp8_tensors_to_global_buffer(cls, fp8_meta: dict[str, Any]) -> None:
+        raise NotImplementedError(
+            "FP8GlobalStateManager.add_fp8_tensors_to_global_buffer: fp8sim modules register their "
+            "delayed-scaling state themselves on their first FP8 forward; a TE fp8_meta dict cannot be registered"
+        )
+
+    @classmethod
+    def set_skip_fp8_weight_update_tensor(cls, skip: bool) -> None:
+        """TE: a one-element float32 flag (on the CPU here) read by CUDA-graphed weight casts."""
+        import torch
+
+        if _STATE.skip_fp8_weight_update_tensor is None:
+            _STATE.skip_fp8_weight_update_tensor = torch.empty(1, dtype=torch.float32)
+        _STATE.skip_fp8_weight_update_tensor.fill_(skip)
+
+    @classmethod
+    def get_skip_fp8_weight_update_tensor(cls) -> Any:
+        return _STATE.skip_fp8_weight_update_tensor
+
+    # -- activation recompute (TE quantization.py): the forward's scales replayed in the recompute --
+    @classmethod
+    def copy_forward_fp8_meta_tensors_for_recompute(cls, fp8_meta: dict[str, Any]) -> None:
+        """TE: stash the delayed-scaling forward ``amax_history`` and ``scale`` for the recompute."""
+        _recompute_state.stash(fp8_meta, _STATE.fp8_tensors_recompute_buffer)
+
+    @classmethod
+    def get_old_fp8_meta_tensors_for_recompute(cls, fp8_meta: dict[str, Any]) -> None:
+        """TE: keep the current forward state aside and load the oldest stash in place."""
+        _recompute_state.load_stash(fp8_meta, _STATE.fp8_tensors_recompute_buffer)
+
+    @staticmethod
+    def restore_fp8_meta_tensors(fp8_meta: dict[str, Any]) -> None:
+        """TE: put back the state :meth:`get_old_fp8_meta_tensors_for_recompute` kept aside."""
+        _recompute_state.restore(fp8_meta)
 
     is_fp8_available = staticmethod(check_fp8_support)
     is_mxfp8_available = staticmethod(check_mxfp8_support)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ...recipe import DelayedScaling, Recipe
+from ..distributed import _replay_fp8_state
 from ..quantization import (
     _register,
     current_state,
@@ -339,7 +340,8 @@ class TransformerEngineBaseModule(nn.Module):
             )
             if fp8_io:  # fp8_output: the caller reads ``opts.out_handoff``
                 self._last_opts = opts
-            with torch.autocast(x.device.type, enabled=False):  # our float32 GEMMs must not run in bf16
+            # TE prepare_forward/end_forward: a checkpointed forward stashes, its recompute replays, the FP8 state
+            with _replay_fp8_state(self, g), torch.autocast(x.device.type, enabled=False):  # float32 GEMMs, not bf16
                 return fp8_linear(x, w, b, g, recipe, acc, is_first_microbatch, first, act, opts)
         if st.calibrating:  # only where FP8 compute is off (TE linear.py: ``if not fp8 and fp8_calibration``)
             recipe = get_recipe()

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..distributed import in_fp8_activation_recompute_phase, module_checkpoint
 from ._activations import GATED, activation_fn
 from ._norm_gemm import fused_producer, norm_for_gemm
 from ._normalization import check_normalization
@@ -119,7 +120,13 @@ class LayerNormMLP(TransformerEngineBaseModule):
     @no_torch_dynamo
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> Any:
         """``fc2(act(fc1(norm(inp))))``; outputs as TE orders them: ``out``, ``(out, fc2_bias)``,
-        ``(out, ln_out)`` or ``(out, fc2_bias, ln_out)``."""
+        ``(out, ln_out)`` or ``(out, fc2_bias, ln_out)``.  ``checkpoint=True``: TE's selective
+        recompute, the forward re-run in backward with the forward's FP8 state."""
+        if self.checkpoint and torch.is_grad_enabled() and not in_fp8_activation_recompute_phase():
+            return module_checkpoint(self, self._forward, inp, is_first_microbatch=is_first_microbatch)
+        return self._forward(inp, is_first_microbatch)
+
+    def _forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None) -> Any:
         self._check_input_dtype(inp)
         x, ln, act, fused = norm_for_gemm(self, inp, self.return_layernorm_output)
         fc1_b = self.fc1_bias if self.use_bias else None

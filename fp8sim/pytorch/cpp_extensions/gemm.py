@@ -1,0 +1,259 @@
+"""TE ``cpp_extensions/gemm.py`` ``general_gemm``: one cuBLAS GEMM with TE's layout convention, emulated.
+
+cuBLAS is column-major: ``layout`` names whether ``A`` and ``B`` are transposed there.  In row-major
+terms the result is ``op_B(B) @ op_A(A)`` with ``op_A(A) = A.T`` for "T?" and ``A`` for "N?",
+``op_B(B) = B`` for "?N" and ``B.T`` for "?T": "TN" is the forward ``x @ W.T``, "NN" dgrad ``dy @ W``,
+"NT" wgrad ``dy.T @ x`` (TE ``module/linear.py``).  Leading dimensions are flattened; a "TN"/"NN"
+result keeps ``B``'s leading shape.
+
+Operands are both high precision (float32 products summed in float32, one rounding) or both quantized
+alike: per-tensor ``Float8Tensor``, ``MXFP8Tensor`` or ``Float8BlockwiseQTensor`` (1x128 / 128x128,
+split accumulator forced as TE does).  Quantized GEMMs read the representation TE's GEMM reads (``A``
+rowwise for "T?", columnwise for "N?"; ``B`` rowwise for "?N", columnwise for "?T") and run the
+emulated tensor-core GEMM of ``fp8sim.gemm.scaled_mm`` with the accumulator of the emulated device
+that ``use_split_accumulator`` selects (MXFP8: Blackwell's; ``accumulator=`` overrides, e.g. ``"exact"``).
+The epilogue works in float32 as cuBLAS's: ``alpha * acc (+ bias)``, GELU (tanh form) with the
+pre-GELU output returned, or with ``grad=True`` ``acc * dgelu(gelu_in)`` and the bias gradient (sum
+of ``B``'s rows); ``accumulate`` adds ``beta * out``; then one rounding to the output dtype, or a
+``Float8Quantizer`` output.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["general_gemm", "validate_gemm_scale"]
+_LAYOUTS = ("TN", "NN", "NT")
+
+
+def validate_gemm_scale(scale: float | None, required: bool) -> float:
+    """TE: ``alpha`` defaults to 1; ``beta`` must be 0 or None unless accumulating (then default 1)."""
+    if required:
+        return scale if scale is not None else 1.0
+    if scale not in (0.0, None):
+        raise ValueError("scale must be zero")
+    return 0.0
+
+
+def _preset(use_split_accumulator: bool, mx: bool = False) -> str:
+    """The emulated device's accumulator; MXFP8 GEMMs exist on Blackwell only, so they take its models."""
+    from ..utils import get_device_compute_capability
+
+    cc = get_device_compute_capability()
+    if cc >= (10, 0) or mx:
+        return "blackwell_split" if use_split_accumulator else "blackwell"
+    device = "hopper" if cc >= (9, 0) else "ada"
+    return f"{device}_{'split' if use_split_accumulator else 'fast'}"
+
+
+def _fmt(t: Any) -> str:
+    from ..constants import DType
+
+    return "e4m3" if t._fp8_dtype == DType.kFloat8E4M3 else "e5m2"
+
+
+def _missing(usage: str) -> RuntimeError:
+    return RuntimeError(
+        f"GEMM requested the {usage} representation, but it is unavailable. "
+        f"Ensure {usage}_usage is enabled and the representation has not "
+        "been dropped by update_usage()."
+    )
+
+
+def _quantized_parts(t: Any, usage: str) -> tuple[np.ndarray, Any, str]:
+    """The representation TE's GEMM reads, as a matrix in its GEMM orientation (rowwise ``(m, k)``,
+    columnwise ``(k, m)``: TE's transposed columnwise data) with its scales in ``scaled_mm``'s
+    left-operand layout (one per block along the matrix's rows: ``(rows, cols/block)``, or
+    ``(rows/128, cols/128)`` for 128x128 blocks; a scalar for per-tensor FP8), and its format."""
+    from ..tensor import Float8Tensor, MXFP8Tensor
+
+    m, k = math.prod(t.shape[:-1]), t.shape[-1]
+    if isinstance(t, Float8Tensor):  # one scale: either representation holds the same values
+        codes = (t._data if t._data is not None else t._transpose.movedim(0, -1)).reshape(m, k).numpy()
+        return (codes if usage == "rowwise" else codes.T), np.float32(t._scale_inv.reshape(-1)[0].item()), _fmt(t)
+    data = t._rowwise_data if usage == "rowwise" else t._columnwise_data
+    if data is None:
+        raise _missing(usage)
+    if isinstance(t, MXFP8Tensor):  # both representations in the logical shape; columnwise blocks run down dim 0
+        if usage == "rowwise":
+            return data.reshape(m, k).numpy(), t._rowwise_scale_inv[:m, : k // 32].numpy(), _fmt(t)
+        return data.reshape(m, k).numpy().T, t._columnwise_scale_inv[: m // 32, :k].numpy().T, _fmt(t)
+    rows, cols = (m, k) if usage == "rowwise" else (k, m)  # Float8BlockwiseQTensor: columnwise stored (k, m)
+    scale = (t._rowwise_scale_inv if usage == "rowwise" else t._columnwise_scale_inv).numpy()
+    if t._is_2D_scaled:
+        scale = scale[: -(-rows // 128), : -(-cols // 128)]
+    else:  # TE stores 1x128 scales as (blocks along cols, rows)
+        scale = scale[: -(-cols // 128), :rows].T
+    return data.reshape(rows, cols).numpy(), scale, _fmt(t)
+
+
+def _kind(t: Any, name: str) -> str:
+    from ..tensor import Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, QuantizedTensor
+
+    if isinstance(t, Float8Tensor):
+        return "fp8"
+    if isinstance(t, MXFP8Tensor):
+        return "mxfp8"
+    if isinstance(t, Float8BlockwiseQTensor):
+        return "block"
+    if isinstance(t, QuantizedTensor):
+        raise NotImplementedError(
+            f"general_gemm: {name} is a {type(t).__name__}; fp8sim emulates general_gemm on Float8Tensor, "
+            "MXFP8Tensor, Float8BlockwiseQTensor and high-precision operands (NVFP4 GEMMs run inside the modules)"
+        )
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"general_gemm: {name} must be a torch.Tensor or a quantized tensor, got {type(t).__name__}")
+    return "hp"
+
+
+def _gemm32(A: Any, B: Any, layout: str, kind: str, preset: str) -> torch.Tensor:
+    """``op_B(B) @ op_A(A)`` in float32 (before the epilogue).  Quantized operands: the representation
+    TE picks (``A`` rowwise for "T?", else columnwise; ``B`` columnwise for "?T", else rowwise); in
+    GEMM orientation the left operand is ``B``'s matrix and the right one ``A``'s, transposed."""
+    if kind != "hp":
+        from ...gemm import scaled_mm
+
+        a_codes, a_s, a_fmt = _quantized_parts(A, "rowwise" if layout[0] == "T" else "columnwise")
+        left, left_s, b_fmt = _quantized_parts(B, "columnwise" if layout[1] == "T" else "rowwise")
+        out = scaled_mm(
+            np.ascontiguousarray(left),
+            np.ascontiguousarray(a_codes.T),
+            left_s if np.ndim(left_s) == 0 else np.ascontiguousarray(left_s),
+            a_s if np.ndim(a_s) == 0 else np.ascontiguousarray(a_s.T),
+            out_dtype="float32",
+            accumulator=preset,
+            a_format=b_fmt,
+            b_format=a_fmt,
+            strict=False,
+        )
+        return torch.from_numpy(np.asarray(out, np.float32))
+    a2, b2 = A.reshape(-1, A.shape[-1]).float(), B.reshape(-1, B.shape[-1]).float()
+    right = a2.t() if layout[0] == "T" else a2
+    left = b2.t() if layout[1] == "T" else b2
+    return torch.matmul(left, right)
+
+
+def _gelu(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+def _dgelu(x: torch.Tensor) -> torch.Tensor:
+    """d/dx of the tanh GELU, in float32."""
+    k = math.sqrt(2.0 / math.pi)
+    inner = k * (x + 0.044715 * x**3)
+    t = torch.tanh(inner)
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x)
+
+
+# TE's parameter order, and that of earlier TE 2.x releases (a workspace third, no alpha/beta)
+_PARAMS = (
+    "out_dtype", "quantization_params", "gelu", "gelu_in", "alpha", "beta", "accumulate", "layout", "out", "bias",
+    "use_split_accumulator", "grad", "ub", "ub_type", "extra_output", "bulk_overlap",
+)  # fmt: skip
+_LEGACY_PARAMS = ("workspace", *(p for p in _PARAMS if p not in ("alpha", "beta")))
+
+
+def general_gemm(A: Any, B: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any, Any, Any]:
+    """TE ``general_gemm(A, B, out_dtype=None, quantization_params=None, gelu=False, gelu_in=None,
+    alpha=1.0, beta=None, accumulate=False, layout="TN", out=None, bias=None, use_split_accumulator=False,
+    grad=False, ub=None, ub_type=None, extra_output=None, bulk_overlap=False)``, returning
+    ``(out, bias_grad, gelu_input, extra_output)``.  A third positional ``torch.Tensor`` (or a
+    ``workspace=`` keyword) is the earlier signature's cuBLAS workspace, ignored.  fp8sim's
+    keyword ``accumulator`` overrides the accumulator ``use_split_accumulator`` picks."""
+    legacy = (bool(args) and isinstance(args[0], torch.Tensor)) or "workspace" in kwargs
+    names = _LEGACY_PARAMS if legacy else _PARAMS
+    if len(args) > len(names):
+        raise TypeError(f"general_gemm() takes at most {len(names) + 2} positional arguments ({len(args) + 2} given)")
+    for name, value in zip(names, args, strict=False):
+        if name in kwargs:
+            raise TypeError(f"general_gemm() got multiple values for argument {name!r}")
+        kwargs[name] = value
+    kwargs.pop("workspace", None)
+    unknown = sorted(set(kwargs) - set(_PARAMS) - {"accumulator"})
+    if unknown:
+        raise TypeError(f"general_gemm() got unexpected keyword arguments {unknown}; known: {', '.join(_PARAMS)}")
+    return _general_gemm(A, B, **kwargs)
+
+
+def _general_gemm(
+    A: Any,
+    B: Any,
+    out_dtype: torch.dtype | None = None,
+    quantization_params: Any = None,
+    gelu: bool = False,
+    gelu_in: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    beta: float | None = None,
+    accumulate: bool = False,
+    layout: str = "TN",
+    out: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    use_split_accumulator: bool = False,
+    grad: bool = False,
+    ub: Any = None,
+    ub_type: Any = None,
+    extra_output: torch.Tensor | None = None,
+    bulk_overlap: bool = False,
+    accumulator: str | None = None,
+) -> tuple[Any, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    assert layout in _LAYOUTS, f"GEMM layout {layout} not supported."
+    alpha = validate_gemm_scale(alpha, True)
+    beta = validate_gemm_scale(beta, accumulate)
+    if ub is not None or ub_type is not None or bulk_overlap:
+        raise NotImplementedError("general_gemm: Userbuffers communication overlap (ub, ub_type) is not emulated")
+    if out is not None and not out.is_contiguous():
+        raise ValueError("Output tensor is not contiguous.")
+    if accumulate and out is None:
+        raise ValueError("general_gemm: accumulate=True needs the `out` tensor to accumulate into")
+    kinds = (_kind(A, "A"), _kind(B, "B"))
+    if kinds[0] != kinds[1]:
+        raise TypeError(
+            f"general_gemm: A is {kinds[0]} and B is {kinds[1]}; both must be Float8Tensor, both MXFP8Tensor "
+            "or both high precision (cuBLAS takes no mix)"
+        )
+    fp8 = kinds[0] != "hp"
+    if quantization_params is not None:
+        from ..tensor import Float8Quantizer
+
+        if not isinstance(quantization_params, Float8Quantizer):
+            raise NotImplementedError(
+                f"general_gemm: {type(quantization_params).__name__} output; fp8sim emulates a Float8Quantizer output"
+            )
+    if kinds[0] == "block":  # TE: "FP8 block-scaling requires split accumulator"
+        use_split_accumulator = True
+    preset = accumulator if accumulator is not None else _preset(use_split_accumulator, kinds[0] == "mxfp8")
+    acc = _gemm32(A, B, layout, kinds[0], preset)
+    if alpha != 1.0:
+        acc = acc * np.float32(alpha)
+    dtype = out_dtype or (out.dtype if out is not None else A.dtype)
+    bias_grad = gelu_input = None
+    if grad:
+        if bias is not None:  # the dbias epilogue: sum of B's rows, float32, in the bias dtype
+            b2 = B.dequantize(dtype=torch.float32) if fp8 else B.float()
+            bias_grad = b2.reshape(-1, b2.shape[-1]).sum(0).to(bias.dtype)
+        if gelu:
+            acc = acc * _dgelu(gelu_in.reshape(acc.shape).float())
+    else:
+        if bias is not None:
+            acc = acc + bias.float()
+        if gelu:  # the pre-GELU output, in the bias dtype for FP8 GEMMs (bf16 default) or the output dtype
+            gelu_dtype = (bias.dtype if bias is not None else torch.bfloat16) if fp8 else dtype
+            gelu_input = acc.to(gelu_dtype)
+            acc = _gelu(acc)
+    if accumulate:
+        acc = acc + np.float32(beta) * out.reshape(acc.shape).float()
+    lead = tuple(B.shape[:-1]) if layout[1] == "N" else (B.shape[-1],)
+    shape = (*lead, acc.shape[-1])
+    if gelu_input is not None:
+        gelu_input = gelu_input.reshape(shape)
+    if quantization_params is not None:
+        return quantization_params(acc.reshape(shape)), bias_grad, gelu_input, extra_output
+    result = acc.reshape(shape).to(dtype)
+    if out is not None:
+        out.copy_(result)
+        result = out
+    return result, bias_grad, gelu_input, extra_output
