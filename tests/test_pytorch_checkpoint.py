@@ -247,11 +247,23 @@ def test_has_te_modules_counts_tes_classes() -> None:
     assert te_dist.has_te_modules(lambda t: t)
 
 
+def _dpa_state(block: torch.nn.Module) -> list[np.ndarray]:
+    """DotProductAttention's own delayed-scaling state (its QKV/S/O and dO/dP/dQKV slots)."""
+    out = []
+    for m in block.modules():
+        if isinstance(m, te.DotProductAttention) and m.fwd is not None:
+            out += [a.copy() for a in (m.fwd.scale, m.fwd.amax_history, m.bwd.scale, m.bwd.amax_history)]
+    return out
+
+
+@pytest.mark.parametrize("fp8_dpa", [False, True], ids=["gemms", "fp8_dpa"])
 @pytest.mark.parametrize("use_reentrant", [True, False])
-def test_transformer_layer_full_recompute_with_dropout_equals_plain(use_reentrant: bool) -> None:
+def test_transformer_layer_full_recompute_with_dropout_equals_plain(use_reentrant: bool, fp8_dpa: bool) -> None:
     """test_numerics.py:657-812 (``_test_e2e_full_recompute``), small and bit-exact: a TransformerLayer
-    with hidden and attention dropout under delayed scaling, two steps."""
-    recipe = DelayedScaling(amax_history_len=4)
+    with hidden and attention dropout under delayed scaling, two steps; with ``fp8_dpa`` the attention's
+    own FP8 state is stashed and replayed too (TE's DotProductAttention is a TE module whose
+    ``prepare_forward`` does the recompute stash, dot_product_attention.py ``init_fp8_metadata``)."""
+    recipe = DelayedScaling(amax_history_len=4, fp8_dpa=fp8_dpa)
     runs = []
     for ckpt in (False, True):
         FP8GlobalStateManager.reset()
@@ -264,7 +276,8 @@ def test_transformer_layer_full_recompute_with_dropout_equals_plain(use_reentran
             with te.autocast(enabled=True, recipe=recipe):
                 y = te.checkpoint(block, x, use_reentrant=use_reentrant) if ckpt else block(x)
             y.sum().backward()
-            record.append([y.detach(), x.grad, *[p.grad.clone() for p in block.parameters()], *_fp8_state(block)])
+            grads = [p.grad.clone() for p in block.parameters()]
+            record.append([y.detach(), x.grad, *grads, *_fp8_state(block), *_dpa_state(block)])
             block.zero_grad(set_to_none=True)
         runs.append(record)
     _assert_bit_equal(runs[1], runs[0])

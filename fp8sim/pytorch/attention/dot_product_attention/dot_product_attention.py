@@ -20,6 +20,7 @@ from torch import nn
 from ....recipe import DelayedScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, Recipe, tensor_format
 from ....scaling.delayed import DelayedScaler
 from ...module._fp8_handoff import handoff_of
+from ...distributed import _replay_fp8_state
 from ...quantization import _register, current_state, get_recipe
 from . import utils
 from .backends import _Q, AttentionConfig, Quantizer, attention
@@ -357,7 +358,8 @@ class DotProductAttention(nn.Module):
             cfg.qkv_in = tuple(_Q(to(h.vals), h.sinv, fmt=h.fmt, codes=to(h.codes)) for h in hs)
             if cfg.dqkv is not None:
                 cfg.dqkv_out = lambda d: send_dqkv(hs, d, fmt)
-        out = attention(qb, kb, vb, cfg)
+        with _replay_fp8_state(self, self):  # its delayed-scaling state, stashed/replayed under te.checkpoint
+            out = attention(qb, kb, vb, cfg)
         if "padding" in mask_type:  # padded query rows are zero
             out = out.masked_fill(mask.all(dim=-1, keepdim=True), 0.0)
         out = out.to(q.dtype)
