@@ -8,8 +8,9 @@ random Hadamard transform when ``with_rht`` (its amax then taken after the trans
 block scales (uint8) of shape ``(round_up(M, 128), round_up(ceil(K/16), 4))`` and
 ``(round_up(K, 128), round_up(ceil(M/16), 4))``; ``_amax_rowwise`` / ``_amax_columnwise`` float32
 (one per row for ``row_scaled_nvfp4``).  Dequantization is TE's (``dequantize_nvfp4.cuh``, via
-``fp8sim.scaling.dequantize_nvfp4``).  Stochastic rounding uses fp8sim's seeded generator (TE's
-Philox bits are not emulated, spec section 10); 4over6 is not emulated.
+``fp8sim.scaling.dequantize_nvfp4``).  Stochastic rounding uses fp8sim's seeded generator, or TE's
+Philox bits when ``te_rng_generator`` is set (``fp8sim.scaling.nvfp4_te_sr``; the kernel TE uses for
+non-bfloat16 inputs); 4over6 is not emulated.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from ...formats import get_format
 from ...scaling.nvfp4 import dequantize_nvfp4, quantize_nvfp4
+from ...scaling.nvfp4_te_sr import TE_RNG_ELTS_PER_THREAD, TEPhiloxGenerator, TESRCopies, quantize_nvfp4_te_sr
 from ...scaling.packing import pack_fp4, unpack_fp4
 from ...scaling.quantized import QuantizedTensor as _SimQT
 from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType
@@ -116,10 +118,15 @@ class NVFP4Quantizer(Quantizer):
             self._calls += 1
             seed = self._calls
         common = dict(flavor="te", block_2d=self.with_2d_quantization, stochastic=self.stochastic_rounding)
+        te_sr = self._te_sr_copies(x) if self.stochastic_rounding and self.te_rng_generator is not None else None
         out: dict[str, Any] = {}
         if self.rowwise_usage:
             amax = self._reduced(x.abs().float().nan_to_num(0.0).amax()) if self.with_amax_reduction else None
-            q = quantize_nvfp4(x, **common, seed=seed, row_scaled=self.row_scaled_nvfp4, global_amax=amax)
+            q = (
+                te_sr.rowwise
+                if te_sr
+                else quantize_nvfp4(x, **common, seed=seed, row_scaled=self.row_scaled_nvfp4, global_amax=amax)
+            )
             out.update(
                 rowwise_data=pack_fp4(torch.from_numpy(q.codes[:m, :k])).reshape(*shape[:-1], k // 2),
                 rowwise_scale_inv=padded(self._per_row(q.scales), self.get_scale_shape(shape, False), torch.uint8),
@@ -128,7 +135,7 @@ class NVFP4Quantizer(Quantizer):
         if self.columnwise_usage:
             xt = x.t().contiguous()
             s2 = None if seed is None else seed + 2**32
-            q = quantize_nvfp4(xt, **common, rht=self.with_rht, seed=s2)
+            q = te_sr.columnwise if te_sr else quantize_nvfp4(xt, **common, rht=self.with_rht, seed=s2)
             out.update(
                 columnwise_data=pack_fp4(torch.from_numpy(q.codes[:k, :m])),
                 columnwise_scale_inv=padded(self._per_row(q.scales), self.get_scale_shape(shape, True), torch.uint8),
@@ -149,6 +156,28 @@ class NVFP4Quantizer(Quantizer):
             fp4_dtype=self.dtype,
             quantizer=self,
             with_2d_quantization=self.with_2d_quantization,
+        )
+
+    te_rng_generator: TEPhiloxGenerator | None = None  # set: TE's Philox SR bits; None: fp8sim's own SR
+
+    def _te_sr_copies(self, x: torch.Tensor) -> TESRCopies:
+        """TE's SR bits (``fp8sim.scaling.nvfp4_te_sr``): one ``rng_state`` per cast from ``te_rng_generator``,
+        as ``NVFP4Quantizer::quantize_impl`` takes it from torch's CUDA generator (offset += 1024)."""
+        if self.with_rht or self.row_scaled_nvfp4:
+            raise NotImplementedError(
+                "NVFP4Quantizer: TE's Philox SR bits are modelled without RHT and row scaling only "
+                "(TE refuses SR with row-scaled NVFP4; RHT goes through the Hadamard cast kernels)"
+            )
+        amax = self._reduced(x.abs().float().nan_to_num(0.0).amax()) if self.with_amax_reduction else None
+        seed, offset = self.te_rng_generator.philox_cuda_state(TE_RNG_ELTS_PER_THREAD)
+        return quantize_nvfp4_te_sr(
+            x,
+            seed,
+            offset,
+            rowwise=self.rowwise_usage,
+            columnwise=self.columnwise_usage,
+            block_2d=self.with_2d_quantization,
+            global_amax=amax,
         )
 
     def _per_row(self, scales: np.ndarray) -> np.ndarray:
