@@ -216,3 +216,14 @@ def test_nvfp4_quantizer_draws_te_rng_state_per_cast():
     got_c = unpack_fp4(t._columnwise_data.reshape(32, 72)).numpy()
     assert np.array_equal(got_r, want_r), _first_diff(got_r, want_r)
     assert np.array_equal(got_c, want_c), _first_diff(got_c, want_c)
+
+
+def test_block_words_equal_thread_state():
+    """``te_philox_block_words(seed, b, n)[t]`` is what ``init(seed, t, b)`` + ``generate4()`` returns."""
+    from fp8sim.cast.te_nvfp4_sr import te_philox_block_words
+
+    seed = 2**64 - 5
+    got = te_philox_block_words(seed, 3, 40)
+    for t in (0, 1, 39):
+        th = _Thread(seed, t, 3)
+        assert [int(v) for v in got[t]] == [th.rbits() for _ in range(4)]

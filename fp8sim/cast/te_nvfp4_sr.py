@@ -35,7 +35,7 @@ import numpy as np
 
 from .philox import philox4x32
 
-__all__ = ["TE_SR_TILE", "TE_SR_THREADS", "te_fallback_launch", "te_nvfp4_sr_words"]
+__all__ = ["TE_SR_TILE", "TE_SR_THREADS", "te_fallback_launch", "te_philox_block_words", "te_nvfp4_sr_words"]
 
 TE_SR_TILE = 128  # kTileDim
 TE_SR_THREADS = 256  # kThreadsPerBlock
@@ -59,6 +59,13 @@ def _thread_words(seed: int, offset: int, n_threads: int, n_words: int, rounds: 
     ctr[:, :, 3] = (sub >> np.uint64(32))[:, None]
     key = np.array([seed & 0xFFFFFFFF, seed >> 32], np.uint64)
     return philox4x32(ctr, key, rounds).reshape(n_threads, -1)[:, :n_words]
+
+
+def te_philox_block_words(seed: int, block: int, n_threads: int, *, rounds: int = 10) -> np.ndarray:
+    """``(n_threads, 4)`` uint32: the words ``generate4()`` gives at 128-bit block ``block`` for subsequences
+    ``0 .. n_threads - 1`` (TE's per-thread state after ``init(seed, thread, block)``)."""
+    seed, block = _check("seed", seed, 0, 2**64), _check("block", block, 0, 2**64)
+    return _thread_words(seed, block, _check("n_threads", n_threads, 0, 2**40), 4, rounds)
 
 
 def _check(name: str, v: object, lo: int, hi: int) -> int:
