@@ -180,8 +180,12 @@ def test_codes_equal_kernel_reference(dtype, block_2d):
 def test_other_kernels_and_bad_arguments_are_refused():
     import torch
 
-    with pytest.raises(NotImplementedError, match="quantize_transpose_nvfp4"):
-        quantize_nvfp4_te_sr(torch.zeros(64, 64, dtype=torch.bfloat16), 1, 0)
+    with pytest.raises(NotImplementedError, match="quantize_transpose_nvfp4_2D_kernel"):
+        quantize_nvfp4_te_sr(torch.zeros(64, 64, dtype=torch.bfloat16), 1, 0, block_2d=True)
+    with pytest.raises(ValueError, match="unknown kernel 'tma_2d'; known: vector_blockwise, tuned_1d"):
+        te_nvfp4_sr_words(32, 32, 1, 0, kernel="tma_2d")
+    with pytest.raises(ValueError, match="multiples of 32"):
+        te_nvfp4_sr_words(48, 32, 1, 0, kernel="tuned_1d")
     with pytest.raises(ValueError, match="offset must be an int"):
         te_nvfp4_sr_words(16, 16, 1, -4)
     with pytest.raises(ValueError, match="at least one of rowwise or columnwise"):
@@ -227,3 +231,75 @@ def test_block_words_equal_thread_state():
     for t in (0, 1, 39):
         th = _Thread(seed, t, 3)
         assert [int(v) for v in got[t]] == [th.rbits() for _ in range(4)]
+
+
+def _tuned_kernel_words(rows, cols, seed, offset, columnwise):
+    """``quantize_transpose_nvfp4_tuned_1D_kernel`` walked thread by thread (``specialized/
+    quantize_transpose_nvfp4_tuned_1D.cuh``, TE mirror d0067d0): ``THREADS_NUM = 128``, 64x64 tiles, 4 stages
+    (lines 37-47, 528); ``rng_sequence`` (line 383); per stage ``rowwise_scaling`` then ``colwise_scaling``
+    (lines 591-599).  Rowwise (lines 271-366): ``tid_Y = t / 4``, ``tid_X = t % 4``, 2 iterations of 32 rows,
+    2 waves, wave ``w`` at ``((w + bank_group) * 8) % 16`` with ``bank_group = lane / 16`` (lines 283, 309),
+    ``rbits03`` then ``rbits47``.  Colwise (lines 188-268): ``tid_Y = (lane / 2 + warp) % 4`` (line 202), columns
+    ``2 lane + w``, for ``e`` in 0, 1 rows ``16 tid_Y + 8 e`` .. ``+3`` then ``+4`` .. ``+7``."""
+    gx, gy = -(-cols // 128), -(-rows // 128)
+    rw = np.zeros((rows, cols // 4), np.uint32)
+    cw = np.zeros((cols, rows // 4), np.uint32) if columnwise else None
+    for by in range(gy):
+        for bx in range(gx):
+            for t in range(128):
+                th = _Thread(seed, t + bx * 128 + by * gx * 128, offset)
+                lane, warp = t % 32, t // 32
+                for stage in range(4):
+                    y0, x0 = by * 128 + (stage // 2) * 64, bx * 128 + (stage % 2) * 64
+                    for it in range(2):
+                        r = y0 + t // 4 + it * 32
+                        for w in range(2):
+                            c = x0 + (t % 4) * 16 + ((w + lane // 16) * 8) % 16
+                            for half in range(2):
+                                word = th.rbits()
+                                if r < rows and c + 4 * half < cols:
+                                    rw[r, (c + 4 * half) // 4] = word
+                    if columnwise:
+                        tid_y = (lane // 2 + warp) % 4
+                        for w in range(2):
+                            c = x0 + 2 * lane + w
+                            for e in range(2):
+                                for half in range(2):
+                                    word = th.rbits()
+                                    r = y0 + 16 * tid_y + 8 * e + 4 * half
+                                    if c < cols and r < rows:
+                                        cw[c, r // 4] = word
+    return rw, cw
+
+
+@pytest.mark.parametrize("rows,cols,columnwise", [(160, 288, True), (96, 128, False)])
+def test_tuned_1d_word_map_equals_kernel_walk(rows, cols, columnwise):
+    """Partial chunks in both dims, all 4 warps, both bank groups, both directions on one stream."""
+    seed, offset = 0xFEDCBA9876543210, 3072
+    got = te_nvfp4_sr_words(rows, cols, seed, offset, columnwise=columnwise, kernel="tuned_1d")
+    want = _tuned_kernel_words(rows, cols, seed, offset, columnwise)
+    for g, w in zip(got, want, strict=True):
+        assert (g is None) == (w is None)
+        if g is not None:
+            assert g.shape == w.shape and np.array_equal(g, w), _first_diff(g, w)
+
+
+def test_bf16_codes_use_the_tuned_kernel_map():
+    """TE's dispatch (``cast/dispatch/quantize.cuh`` line 132, ``quantize_transpose_nvfp4.cuh`` line 1431):
+    bfloat16 with both dims multiples of 32 goes to the tuned kernel; the element math is
+    ``mul.f32(cvt.f32.bf16(x), coefficient)`` then ``cvt.rs`` with ``{v3, v2, v1, v0}``
+    (``util/ptx_arch_spec.cuh`` ``mul_cvt_bf16_to_fp4_8x_stochastic_rounding``)."""
+    import torch
+
+    rng = np.random.default_rng(11)
+    x32 = rng.standard_normal((64, 96)).astype(np.float32)
+    xb = torch.from_numpy(x32).to(torch.bfloat16)
+    x32 = xb.float().numpy()
+    amax = np.float32(np.abs(x32).max())
+    q = quantize_nvfp4_te_sr(xb, 5, 0)
+    rw, cw = _tuned_kernel_words(64, 96, 5, 0, True)
+    want_r = _e2m1_rs(x32 * _scales_ref(x32, amax, False), rw)
+    xt = np.ascontiguousarray(x32.T)
+    want_c = _e2m1_rs(xt * _scales_ref(xt, amax, False), cw)
+    assert np.array_equal(q.rowwise.codes, want_r), _first_diff(q.rowwise.codes, want_r)
+    assert np.array_equal(q.columnwise.codes, want_c), _first_diff(q.columnwise.codes, want_c)

@@ -1,12 +1,12 @@
-"""TE's NVFP4 cast with stochastic rounding, bit for bit given TE's ``rng_state`` ``(seed, offset)``, on the
-kernel TE uses for float32/float16 inputs, bfloat16 inputs with a flattened dim not a multiple of 32 and
-columnwise-only 1x16 casts (``quantize_transpose_vector_blockwise_fp4``; the word map is
-:mod:`fp8sim.cast.te_nvfp4_sr`).
+"""TE's NVFP4 cast with stochastic rounding, bit for bit given TE's ``rng_state`` ``(seed, offset)``, on the two
+kernels TE uses for 1x16 casts (and for 16x16 tiles off bfloat16); the word maps are
+:mod:`fp8sim.cast.te_nvfp4_sr`, the kernel choice :func:`te_sr_kernel`.
 
 The scales are those of the round-to-nearest cast (rounding does not enter them); each element is
-``fl32(x * fl32(1 / fl32(s_blk * s_dec)))`` (``ComputeEncodeScaleFP4``, ``ComputeOutputFP4``) rounded by
-``cvt.rs.satfinite.e2m1x4.f32`` (:func:`fp8sim.cast.ptx_sr.encode_ptx_rs`) with the word TE's thread draws.
-Rowwise and columnwise copies come from one launch, so they share each thread's stream.
+``fl32(x * fl32(1 / fl32(s_blk * s_dec)))`` (``ComputeEncodeScaleFP4`` / ``compute_nvfp4_scaling_coefficient``)
+rounded by ``cvt.rs.satfinite.e2m1x4.f32`` (:func:`fp8sim.cast.ptx_sr.encode_ptx_rs`) with the word TE's
+thread draws.  Rowwise and columnwise copies come from one launch, so they share each thread's stream.
+TE's fast-math build option (``NVTE_USE_FAST_MATH``: a bfloat16 coefficient) is not modelled.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..formats import E2M1, E4M3
 from .nvfp4 import quantize_nvfp4
 from .quantized import QuantizedTensor, expand_blocks
 
-__all__ = ["TEPhiloxGenerator", "TESRCopies", "te_sr_kernel_modelled", "quantize_nvfp4_te_sr"]
+__all__ = ["TEPhiloxGenerator", "TESRCopies", "te_sr_kernel", "quantize_nvfp4_te_sr"]
 
 TE_RNG_ELTS_PER_THREAD = 1024  # quantizer.cpp: the offset increment TE asks the generator for per cast
 
@@ -56,11 +56,15 @@ class TESRCopies(NamedTuple):
     columnwise: QuantizedTensor | None
 
 
-def te_sr_kernel_modelled(dtype: str, rows: int, cols: int, rowwise: bool, block_2d: bool) -> bool:
-    """Whether TE sends this cast to the kernel fp8sim models (``dispatch/quantize.cuh``: the optimized
-    kernels take bfloat16 with ``rows % 32 == cols % 32 == 0`` and a rowwise output or 2-D tiles)."""
+def te_sr_kernel(dtype: str, rows: int, cols: int, rowwise: bool, block_2d: bool) -> str | None:
+    """The kernel TE's dispatch picks for a 1x16 or 16x16 cast (``common/cast/dispatch/quantize.cuh``:
+    ``use_optimized_kernel`` is bfloat16 with ``rows % 32 == cols % 32 == 0`` and a rowwise output or 2-D
+    tiles; ``quantize_transpose`` sends its 1-D bfloat16 casts to the tuned kernel): a name of
+    :data:`fp8sim.cast.te_nvfp4_sr.TE_SR_KERNELS`, or None for the 16x16 TMA kernel (not modelled)."""
     optimized = dtype == "bfloat16" and rows % 32 == 0 and cols % 32 == 0 and (rowwise or block_2d)
-    return not optimized
+    if not optimized:
+        return "vector_blockwise"
+    return None if block_2d else "tuned_1d"
 
 
 def _recode(q: QuantizedTensor, x32: np.ndarray, words: np.ndarray) -> QuantizedTensor:
@@ -101,12 +105,15 @@ def quantize_nvfp4_te_sr(
         raise ValueError(f"x must be 2-D (M, K), the flattened view TE quantizes; got shape {tuple(x.shape)}")
     m, k = (int(n) for n in x.shape)
     name = str(x.dtype).replace("torch.", "")
-    if not te_sr_kernel_modelled(name, m, k, rowwise, block_2d):
+    kernel = te_sr_kernel(name, m, k, rowwise, block_2d)
+    if kernel is None:
         raise NotImplementedError(
-            "TE sends bfloat16 inputs with both dims multiples of 32 to quantize_transpose_nvfp4 (tuned 1-D or "
-            f"2-D TMA kernel), whose Philox word map fp8sim does not model; got bfloat16 ({m}, {k})"
+            "TE sends 16x16-tile bfloat16 casts with both dims multiples of 32 to quantize_transpose_nvfp4_2D_kernel, "
+            f"whose Philox word map fp8sim does not model; got bfloat16 ({m}, {k})"
         )
-    row_words, col_words = te_nvfp4_sr_words(m, k, seed, offset, rowwise=rowwise, columnwise=columnwise, rounds=rounds)
+    row_words, col_words = te_nvfp4_sr_words(
+        m, k, seed, offset, rowwise=rowwise, columnwise=columnwise, kernel=kernel, rounds=rounds
+    )
     if is_torch_tensor(x):
         x32 = x.detach().to("cpu").float().numpy()
         xt = x.detach().to("cpu").t().contiguous()

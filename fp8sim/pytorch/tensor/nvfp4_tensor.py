@@ -9,8 +9,8 @@ block scales (uint8) of shape ``(round_up(M, 128), round_up(ceil(K/16), 4))`` an
 ``(round_up(K, 128), round_up(ceil(M/16), 4))``; ``_amax_rowwise`` / ``_amax_columnwise`` float32
 (one per row for ``row_scaled_nvfp4``).  Dequantization is TE's (``dequantize_nvfp4.cuh``, via
 ``fp8sim.scaling.dequantize_nvfp4``).  Stochastic rounding uses fp8sim's seeded generator, or TE's
-Philox bits when ``te_rng_generator`` is set (``fp8sim.scaling.nvfp4_te_sr``; the kernel TE uses for
-non-bfloat16 inputs); 4over6 is not emulated.
+Philox bits when ``te_rng_generator`` is set (``fp8sim.scaling.nvfp4_te_sr``: TE's 1x16 kernels, not its
+bfloat16 16x16 or RHT kernels); 4over6 is not emulated.
 """
 
 from __future__ import annotations
