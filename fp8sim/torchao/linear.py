@@ -139,11 +139,40 @@ def _cast_with_group_amax(x: torch.Tensor, fmt: FloatFormat, pow2: bool, group: 
 def _dequantized_like(t: _Float8, ref: torch.Tensor) -> torch.Tensor:
     """torchao's ``_data.float() / _scale`` (float32 division), with ``ref``'s strides as torchao's
     elementwise ops keep them (contiguous when ``ref`` is not dense)."""
-    # torch's float8 -> float32 conversion is exact and gives a NaN code torchao's NaN bits
-    values = t.codes.view(t.fmt.torch_dtype).float() / t.scale
+    values = _dequantized_cpu(t)
+    if values is None:
+        # torch's float8 -> float32 conversion is exact and gives a NaN code torchao's NaN bits
+        values = t.codes.view(t.fmt.torch_dtype).float() / t.scale
     if ref.is_contiguous() or values.stride() == ref.stride():
         return values
     return torch.empty_like(ref, dtype=torch.float32).copy_(values)
+
+
+_CODE_VALUES: dict[str, torch.Tensor] = {}
+
+
+def _dequantized_cpu(t: _Float8) -> torch.Tensor | None:
+    """The same values through a 256-entry table on the CPU (torch's float8 -> float32 conversion is slow
+    there): the table holds torch's own float32 value of each code, NaN bits included, and each quotient is
+    torch's float32 division of those operands, so every bit is torchao's.  None where it does not apply."""
+    codes = t.codes
+    if codes.device.type != "cpu" or codes.dim() != 2:
+        return None
+    transposed = not codes.is_contiguous()
+    if transposed:
+        codes = codes.t()
+        if not codes.is_contiguous():
+            return None
+    table = _CODE_VALUES.get(t.fmt.name)
+    if table is None:
+        table = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(t.fmt.torch_dtype).float()
+        _CODE_VALUES[t.fmt.name] = table
+    if t.axiswise:
+        scale = t.scale.t() if transposed else t.scale
+        values = torch.from_numpy(table.numpy().take(codes.numpy())) / scale
+    else:  # one scale: divide the 256 code values once, then gather
+        values = torch.from_numpy((table / t.scale).numpy().take(codes.numpy()))
+    return values.t() if transposed else values
 
 
 class _Operand(NamedTuple):
