@@ -62,7 +62,7 @@ def test_te_philox_words_equal_torch_cuda_philox() -> None:
     ATen ``distribution_elementwise_grid_stride_kernel`` (``ATen/native/cuda/DistributionTemplates.h``) calls
     ``curand_init(seed, idx, offset)`` and ``curand4`` per thread ``idx``, i.e. counter ``(offset / 4, 0, idx, 0)``
     (cuRAND counts the offset in 32-bit outputs, TE's ``philox4x32_native_state`` in 128-bit blocks: TE block
-    ``b`` is torch offset ``4 b``).  ``random_(-2**63)`` (``random_full_64_bits_range_kernel``) writes
+    ``b`` is torch offset ``4 b``).  ``random_(-2**63, None)`` (``random_full_64_bits_range_kernel``) writes
     ``(w0 << 32) | w1`` to element ``idx`` and ``(w2 << 32) | w3`` to ``idx + stride``; the grid is capped at
     ``SMs * (max threads per SM / 256)`` blocks of 256 (``calc_execution_policy``)."""
     from fp8sim.cast.te_nvfp4_sr import te_philox_block_words
@@ -76,7 +76,7 @@ def test_te_philox_words_equal_torch_cuda_philox() -> None:
     seed, block = 0x0123456789ABCDEF, 5
     g.manual_seed(seed)
     g.set_offset(4 * block)
-    out = torch.empty(2 * threads, dtype=torch.int64, device="cuda").random_(-(2**63), generator=g)
+    out = torch.empty(2 * threads, dtype=torch.int64, device="cuda").random_(-(2**63), None, generator=g)
     got = out.cpu().numpy().view(np.uint64)
     w = te_philox_block_words(seed, block, threads).astype(np.uint64)  # (threads, 4): subsequence = thread
     want = np.concatenate([(w[:, 0] << np.uint64(32)) | w[:, 1], (w[:, 2] << np.uint64(32)) | w[:, 3]])
