@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._torch import numpy_view
 from ..cast import encode
 from ..formats import FloatFormat, get_format
 from ..gemm import Accumulator, get_accumulator, scaled_mm
@@ -154,7 +155,8 @@ _CODE_VALUES: dict[str, torch.Tensor] = {}
 def _dequantized_cpu(t: _Float8) -> torch.Tensor | None:
     """The same values through a 256-entry table on the CPU (torch's float8 -> float32 conversion is slow
     there): the table holds torch's own float32 value of each code, NaN bits included, and each quotient is
-    torch's float32 division of those operands, so every bit is torchao's.  None where it does not apply."""
+    torch's float32 division of those operands, so every bit is torchao's.  None where it does not apply.
+    The codes are read through ``numpy_view``: ``.numpy()`` would pin an FSDP2 all-gather buffer."""
     codes = t.codes
     if codes.device.type != "cpu" or codes.dim() != 2:
         return None
@@ -169,9 +171,9 @@ def _dequantized_cpu(t: _Float8) -> torch.Tensor | None:
         _CODE_VALUES[t.fmt.name] = table
     if t.axiswise:
         scale = t.scale.t() if transposed else t.scale
-        values = torch.from_numpy(table.numpy().take(codes.numpy())) / scale
+        values = torch.from_numpy(table.numpy().take(numpy_view(codes))) / scale
     else:  # one scale: divide the 256 code values once, then gather
-        values = torch.from_numpy((table / t.scale).numpy().take(codes.numpy()))
+        values = torch.from_numpy((table / t.scale).numpy().take(numpy_view(codes)))
     return values.t() if transposed else values
 
 
