@@ -18,6 +18,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fp8sim.cast.te_nvfp4_sr import te_fallback_launch, te_nvfp4_sr_words
 from fp8sim.scaling.nvfp4_te_sr import quantize_nvfp4_te_sr
@@ -303,3 +305,26 @@ def test_bf16_codes_use_the_tuned_kernel_map():
     want_c = _e2m1_rs(xt * _scales_ref(xt, amax, False), cw)
     assert np.array_equal(q.rowwise.codes, want_r), _first_diff(q.rowwise.codes, want_r)
     assert np.array_equal(q.columnwise.codes, want_c), _first_diff(q.columnwise.codes, want_c)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.integers(1, 3),
+    st.booleans(),
+    st.sampled_from(["vector_blockwise", "tuned_1d"]),
+    st.integers(0, 2**64 - 1),
+)
+def test_full_tiles_use_every_drawn_word_once(ty, tx, columnwise, kernel, seed):
+    """On whole 128x128 chunks every word each thread draws feeds exactly one group of four (no word is
+    skipped or reused): the maps are bijections onto the threads' streams (32 or 64 words a thread with
+    both directions, 16 or 32 with the rowwise one)."""
+    from fp8sim.cast.te_nvfp4_sr import te_philox_block_words
+
+    rows, cols = 128 * ty, 128 * tx
+    rw, cw = te_nvfp4_sr_words(rows, cols, seed, 0, columnwise=columnwise, kernel=kernel)
+    threads = ty * tx * (256 if kernel == "vector_blockwise" else 128)
+    blocks = (8 if kernel == "tuned_1d" else 4) * (1 + columnwise)
+    drawn = np.concatenate([te_philox_block_words(seed, b, threads).reshape(-1) for b in range(blocks)])
+    used = np.concatenate([rw.reshape(-1)] + ([cw.reshape(-1)] if columnwise else []))
+    assert used.size == drawn.size and np.array_equal(np.sort(used), np.sort(drawn))
