@@ -118,7 +118,8 @@ class NVFP4Quantizer(Quantizer):
             self._calls += 1
             seed = self._calls
         common = dict(flavor="te", block_2d=self.with_2d_quantization, stochastic=self.stochastic_rounding)
-        te_sr = self._te_sr_copies(x) if self.stochastic_rounding and self.te_rng_generator is not None else None
+        # TE returns before drawing an rng_state when the input is empty (quantizer.cpp quantize_impl)
+        te_sr = self._te_sr_copies(x) if self.stochastic_rounding and self.te_rng_generator and x.numel() else None
         out: dict[str, Any] = {}
         if self.rowwise_usage:
             amax = self._reduced(x.abs().float().nan_to_num(0.0).amax()) if self.with_amax_reduction else None
