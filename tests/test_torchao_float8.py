@@ -425,3 +425,55 @@ def test_import_without_torch_raises_a_clear_error() -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "fp8sim.torchao needs torch (pip install torch); torchao itself is not required"
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["no_autocast", "ac_bf16"])
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_two_steps_on_3d_input_equal_torchao_bits(recipe: str, autocast: torch.dtype | None) -> None:
+    """A 3-D input whose flattened rows (200) are no multiple of 16, two optimizer steps: output and every
+    gradient bit-equal to torchao's ``Float8Linear(emulate=True)`` (``float8_linear.py``,
+    ``matmul_with_hp_or_float8_args``).  Covers the casts fp8sim keeps from the forward for the backward
+    (tensorwise) and the transposed operands it casts through their contiguous transpose."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(96, 80), nn.Linear(80, 48))
+    cfg = dataclasses.replace(ao.Float8LinearConfig.from_recipe_name(recipe), emulate=True)
+    models = [
+        fs.convert_to_float8_training(copy.deepcopy(base), config=fs.Float8LinearConfig.from_recipe_name(recipe)),
+        ao.convert_to_float8_training(copy.deepcopy(base), config=cfg),
+    ]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in models]
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(2):
+        x0 = torch.randn(4, 50, 96, generator=gen)
+        got = []
+        for m, opt in zip(models, opts, strict=True):
+            x = x0.clone().requires_grad_(True)
+            with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                y = m(x)
+            opt.zero_grad()
+            y.float().square().mean().backward()
+            got.append([y.detach(), x.grad, *(p.grad.clone() for p in m.parameters())])
+            opt.step()
+        for ours, theirs in zip(*got, strict=True):
+            assert ours.dtype == theirs.dtype
+            assert_bit_exact(ours, theirs)
+
+
+def test_autocast_dtype_is_read_per_device_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The output dtype follows the autocast of the input's device type (``torch.get_autocast_dtype``,
+    torch >= 2.4); without that API, torch's older CPU/CUDA functions give the same answer."""
+    from fp8sim.torchao import linear
+
+    assert linear._autocast_dtype("cpu") is None
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert linear._autocast_dtype("cpu") is torch.float16
+        assert linear._autocast_dtype("cuda") is None
+        assert linear._autocast_dtype("not_a_device") is None
+        with monkeypatch.context() as mp:
+            mp.delattr(torch, "get_autocast_dtype")
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch 2.4+ deprecates the old functions
+                assert linear._autocast_dtype("cpu") is torch.float16
+                assert linear._autocast_dtype("cuda") is None

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._torch import numpy_view
 from ..cast import encode
 from ..formats import FloatFormat, get_format
 from ..gemm import Accumulator, get_accumulator, scaled_mm
@@ -105,6 +106,11 @@ def _cast(x: torch.Tensor, target_dtype: torch.dtype, granularity: ScalingGranul
     """torchao's ``hp_tensor_to_float8_dynamic`` of a 2-D operand (axiswise scales reduce ``dim``)."""
     if target_dtype not in _FP8_FORMATS:
         raise ValueError(f"Unsupported float8_dtype: {target_dtype}")
+    if x.dim() == 2 and not x.is_contiguous() and x.t().is_contiguous():
+        # a transposed view (weight.t(), grad_output.t()): cast its contiguous transpose along the other dim and
+        # hand back transposed codes, so the dequantized operand has torchao's layout without a copy
+        f = _cast(x.t(), target_dtype, granularity, -1 if dim == 0 else 0, pow2)
+        return replace(f, codes=f.codes.t(), scale=f.scale.t() if f.axiswise else f.scale)
     fmt = get_format(_FP8_FORMATS[target_dtype])
     axiswise = granularity is ScalingGranularity.AXISWISE
     group = _TP_AMAX_GROUP.get()
@@ -134,11 +140,62 @@ def _cast_with_group_amax(x: torch.Tensor, fmt: FloatFormat, pow2: bool, group: 
 def _dequantized_like(t: _Float8, ref: torch.Tensor) -> torch.Tensor:
     """torchao's ``_data.float() / _scale`` (float32 division), with ``ref``'s strides as torchao's
     elementwise ops keep them (contiguous when ``ref`` is not dense)."""
-    # torch's float8 -> float32 conversion is exact and gives a NaN code torchao's NaN bits
-    values = t.codes.view(t.fmt.torch_dtype).float() / t.scale
-    if ref.is_contiguous():
+    values = _dequantized_cpu(t)
+    if values is None:
+        # torch's float8 -> float32 conversion is exact and gives a NaN code torchao's NaN bits
+        values = t.codes.view(t.fmt.torch_dtype).float() / t.scale
+    if ref.is_contiguous() or values.stride() == ref.stride():
         return values
     return torch.empty_like(ref, dtype=torch.float32).copy_(values)
+
+
+_CODE_VALUES: dict[str, torch.Tensor] = {}
+
+
+def _dequantized_cpu(t: _Float8) -> torch.Tensor | None:
+    """The same values through a 256-entry table on the CPU (torch's float8 -> float32 conversion is slow
+    there): the table holds torch's own float32 value of each code, NaN bits included, and each quotient is
+    torch's float32 division of those operands, so every bit is torchao's.  None where it does not apply.
+    The codes are read through ``numpy_view``: ``.numpy()`` would pin an FSDP2 all-gather buffer."""
+    codes = t.codes
+    if codes.device.type != "cpu" or codes.dim() != 2:
+        return None
+    transposed = not codes.is_contiguous()
+    if transposed:
+        codes = codes.t()
+        if not codes.is_contiguous():
+            return None
+    table = _CODE_VALUES.get(t.fmt.name)
+    if table is None:
+        table = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(t.fmt.torch_dtype).float()
+        _CODE_VALUES[t.fmt.name] = table
+    if t.axiswise:
+        scale = t.scale.t() if transposed else t.scale
+        values = torch.from_numpy(table.numpy().take(numpy_view(codes))) / scale
+    else:  # one scale: divide the 256 code values once, then gather
+        values = torch.from_numpy((table / t.scale).numpy().take(numpy_view(codes)))
+    return values.t() if transposed else values
+
+
+class _Operand(NamedTuple):
+    """A cast GEMM operand and, on the emulated path, its dequantized float32 tensor in torchao's layout."""
+
+    fp8: _Float8
+    values: torch.Tensor | None
+
+    def t(self) -> _Operand:
+        """The same operand transposed (tensorwise only: a 0-dim scale)."""
+        return _Operand(replace(self.fp8, codes=self.fp8.codes.t()), None if self.values is None else self.values.t())
+
+
+def _reusable(cc_1: Any, cc_2: Any) -> bool:
+    """Whether two casts of one tensor give the same codes: equal configs with one scale for the whole tensor
+    (an axiswise cast runs along a different dim in each GEMM).  Reusing them changes no bit."""
+    return (
+        cc_1 == cc_2
+        and cc_1.scaling_type is not ScalingType.DISABLED
+        and cc_1.scaling_granularity is ScalingGranularity.TENSORWISE
+    )
 
 
 def _pad_k(codes: torch.Tensor, dim: int) -> torch.Tensor:
@@ -193,21 +250,47 @@ def _gemm(
     spec: _GemmSpec,
     out_dtype: torch.dtype | None = None,
     b_fp8: _Float8 | None = None,
-) -> torch.Tensor:
-    """``a_hp @ b_hp`` as torchao computes it; the output dtype is ``out_dtype`` (the CPU autocast dtype,
-    which torchao's autocast ``_to_copy`` writes into the float8 operand's ``_orig_dtype``), else ``a_hp``'s."""
+    a_op: _Operand | None = None,
+    b_op: _Operand | None = None,
+) -> tuple[torch.Tensor, _Operand | None, _Operand | None]:
+    """``a_hp @ b_hp`` as torchao computes it, and the two operands used (None when not cast); ``a_op`` /
+    ``b_op``: operands already cast (see :func:`_reusable`).  The output dtype is ``out_dtype`` (the CPU
+    autocast dtype, which torchao's autocast ``_to_copy`` writes into the float8 operand's ``_orig_dtype``),
+    else ``a_hp``'s."""
     if cc_a.scaling_type is ScalingType.DISABLED:  # the config guarantees cc_b is DISABLED too
         if out_dtype is not None:  # what autocast does to a plain torch.mm
-            return torch.mm(a_hp.to(out_dtype), b_hp.to(out_dtype))
-        return torch.mm(a_hp, b_hp)
+            return torch.mm(a_hp.to(out_dtype), b_hp.to(out_dtype)), None, None
+        return torch.mm(a_hp, b_hp), None, None
     out_dtype = a_hp.dtype if out_dtype is None else out_dtype
     pow2 = spec.round_scales_to_power_of_2
-    a = _cast(a_hp, cc_a.target_dtype, cc_a.scaling_granularity, -1, pow2)
-    # b_fp8: a weight already in float8 (FSDP2 float8 all-gather), used as torchao uses a Float8TrainingTensor
-    b = b_fp8 if b_fp8 is not None else _cast(b_hp, cc_b.target_dtype, cc_b.scaling_granularity, 0, pow2)
-    if spec.accumulator is None:
-        return torch.mm(_dequantized_like(a, a_hp), _dequantized_like(b, b_hp)).to(out_dtype)
-    return _scaled_mm_gemm(a, b, out_dtype, spec)
+    emulate = spec.accumulator is None
+    if a_op is None:
+        a = _cast(a_hp, cc_a.target_dtype, cc_a.scaling_granularity, -1, pow2)
+        a_op = _Operand(a, _dequantized_like(a, a_hp) if emulate else None)
+    if b_op is None:
+        # b_fp8: a weight already in float8 (FSDP2 float8 all-gather), used as torchao uses a Float8TrainingTensor
+        b = b_fp8 if b_fp8 is not None else _cast(b_hp, cc_b.target_dtype, cc_b.scaling_granularity, 0, pow2)
+        b_op = _Operand(b, _dequantized_like(b, b_hp) if emulate else None)
+    if emulate:
+        return torch.mm(a_op.values, b_op.values).to(out_dtype), a_op, b_op
+    return _scaled_mm_gemm(a_op.fp8, b_op.fp8, out_dtype, spec), a_op, b_op
+
+
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The autocast dtype of ``device_type`` while autocast is on there, else None.  torch >= 2.4 has the
+    per-device ``is_autocast_enabled(device_type)`` / ``get_autocast_dtype(device_type)``; older torch only
+    the CPU and CUDA functions."""
+    if hasattr(torch, "get_autocast_dtype"):
+        try:
+            on = torch.is_autocast_enabled(device_type)
+        except (RuntimeError, TypeError):  # a device type autocast does not know
+            return None
+        return torch.get_autocast_dtype(device_type) if on else None
+    if device_type == "cpu":
+        return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+    if device_type == "cuda":
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    return None
 
 
 class _Float8MatMul(torch.autograd.Function):
@@ -229,7 +312,7 @@ class _Float8MatMul(torch.autograd.Function):
         input_2d = input_hp.reshape(-1, input_hp.shape[-1])
         # torchao's mm runs below autocast (in __torch_dispatch__): keep fp8sim's float32 GEMMs out of it
         with torch.autocast(input_hp.device.type, enabled=False):
-            out = _gemm(
+            out, in_op, w_op = _gemm(
                 input_2d,
                 weight_hp_t,
                 config.cast_config_input,
@@ -238,6 +321,15 @@ class _Float8MatMul(torch.autograd.Function):
                 out_dtype,
                 None if weight_fp8 is None else replace(weight_fp8, codes=weight_fp8.codes.t()),
             )
+        # the backward GEMMs recast input and weight; where that cast is the same, keep this one (saves time)
+        reuse = gemms.output.accumulator == gemms.grad_weight.accumulator
+        ctx.input_op = (
+            in_op if reuse and _reusable(config.cast_config_input, config.cast_config_input_for_grad_weight) else None
+        )
+        reuse = gemms.output.accumulator == gemms.grad_input.accumulator and weight_fp8 is None
+        ctx.weight_op = (
+            w_op if reuse and _reusable(config.cast_config_weight, config.cast_config_weight_for_grad_input) else None
+        )
         return out.reshape(*input_hp.shape[:-1], out.shape[-1])
 
     @staticmethod
@@ -253,15 +345,25 @@ class _Float8MatMul(torch.autograd.Function):
         input_hp, weight_hp_t = ctx.saved_tensors
         c, gemms = ctx.config, ctx.gemms
         go_2d = grad_output.reshape(-1, grad_output.shape[-1])
-        grad_input = grad_weight_t = None
+        grad_input = grad_weight_t = go_op = None
         if ctx.needs_input_grad[0]:
             cc_go, cc_w = c.cast_config_grad_output, c.cast_config_weight_for_grad_input
-            gi = _gemm(go_2d, weight_hp_t.t(), cc_go, cc_w, gemms.grad_input, b_fp8=ctx.weight_fp8)
+            w_op = None if ctx.weight_op is None else ctx.weight_op.t()
+            gi, go_op, _ = _gemm(go_2d, weight_hp_t.t(), cc_go, cc_w, gemms.grad_input, b_fp8=ctx.weight_fp8, b_op=w_op)
             grad_input = gi.reshape(*grad_output.shape[:-1], gi.shape[-1])
         if ctx.needs_input_grad[1]:
             input_2d = input_hp.reshape(-1, input_hp.shape[-1])
             cc_go, cc_i = c.cast_config_grad_output_for_grad_weight, c.cast_config_input_for_grad_weight
-            grad_weight_t = _gemm(go_2d.t(), input_2d, cc_go, cc_i, gemms.grad_weight).t()
+            same_go = (
+                go_op is not None
+                and go_2d.is_contiguous()  # then go_2d.t()'s dequantized layout is go_op's transposed
+                and gemms.grad_input.accumulator == gemms.grad_weight.accumulator
+                and _reusable(c.cast_config_grad_output, cc_go)
+            )
+            go_t = go_op.t() if same_go else None
+            gw, _, _ = _gemm(go_2d.t(), input_2d, cc_go, cc_i, gemms.grad_weight, a_op=go_t, b_op=ctx.input_op)
+            grad_weight_t = gw.t()
+        ctx.input_op = ctx.weight_op = None
         return grad_input, grad_weight_t, None, None, None, None
 
 
@@ -303,11 +405,11 @@ class Float8Linear(nn.Linear):
         rounded to the autocast dtype; then ``+ bias.to(output.dtype)``."""
         if input.dim() == 0:
             raise RuntimeError("both arguments to linear need to be at least 1D, but they are 0D and 2D")
-        if torch.is_autocast_enabled():  # torch's no-argument form is CUDA autocast, as torchao reads it
-            input = input.to(torch.get_autocast_dtype("cuda"))
-        out_dtype = None
-        if input.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-            out_dtype = torch.get_autocast_dtype("cpu")
+        cuda_dtype = _autocast_dtype("cuda")
+        if cuda_dtype is not None:  # torchao: torch.is_autocast_enabled() (CUDA) casts any input to its dtype
+            input = input.to(cuda_dtype)
+        # on another device type, that device's autocast rounds the float8 GEMM (its _to_copy sets _orig_dtype)
+        out_dtype = None if input.device.type == "cuda" else _autocast_dtype(input.device.type)
         gemms = _gemm_specs(self.config, self.accumulator)
         weight_fp8 = getattr(self.weight, "_fp8sim_float8", None)  # set by the FSDP2 float8 all-gather
         output = _Float8MatMul.apply(input, self.weight.t(), self.config, gemms, out_dtype, weight_fp8)

@@ -8,10 +8,11 @@ random Hadamard transform when ``with_rht`` (its amax then taken after the trans
 block scales (uint8) of shape ``(round_up(M, 128), round_up(ceil(K/16), 4))`` and
 ``(round_up(K, 128), round_up(ceil(M/16), 4))``; ``_amax_rowwise`` / ``_amax_columnwise`` float32
 (one per row for ``row_scaled_nvfp4``).  Dequantization is TE's (``dequantize_nvfp4.cuh``, via
-``fp8sim.scaling.dequantize_nvfp4``).  Stochastic rounding uses fp8sim's seeded generator (TE's
-Philox bits are not emulated, spec section 10); ``with_random_sign_mask=False`` transforms with the
-unsigned Hadamard matrix; ``with_post_rht_amax`` without RHT changes nothing (TE ignores it there);
-what TE's ``quantize_impl`` refuses raises its ``RuntimeError``; 4over6 is not emulated.
+``fp8sim.scaling.dequantize_nvfp4``).  Stochastic rounding uses fp8sim's seeded generator, or TE's
+Philox bits when ``te_rng_generator`` is set (``fp8sim.scaling.nvfp4_te_sr``: TE's 1x16 kernels, not its
+bfloat16 16x16 or RHT kernels); ``with_random_sign_mask=False`` transforms with the unsigned Hadamard
+matrix; ``with_post_rht_amax`` without RHT changes nothing (TE ignores it there); what TE's
+``quantize_impl`` refuses raises its ``RuntimeError``; 4over6 is not emulated.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from ...formats import get_format
 from ...scaling.nvfp4 import RHT_SIGNS, dequantize_nvfp4, quantize_nvfp4, rht_matrix
+from ...scaling.nvfp4_te_sr import TE_RNG_ELTS_PER_THREAD, TEPhiloxGenerator, TESRCopies, quantize_nvfp4_te_sr
 from ...scaling.packing import pack_fp4, unpack_fp4
 from ...scaling.quantized import QuantizedTensor as _SimQT
 from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType, TE_DType
@@ -136,10 +138,16 @@ class NVFP4Quantizer(Quantizer):
             self._calls += 1
             seed = self._calls
         common = dict(flavor="te", block_2d=self.with_2d_quantization, stochastic=self.stochastic_rounding)
+        # TE returns before drawing an rng_state when the input is empty (quantizer.cpp quantize_impl)
+        te_sr = self._te_sr_copies(x) if self.stochastic_rounding and self.te_rng_generator and x.numel() else None
         out: dict[str, Any] = {}
         if self.rowwise_usage:
             amax = self._reduced(x.abs().float().nan_to_num(0.0).amax()) if self.with_amax_reduction else None
-            q = quantize_nvfp4(x, **common, seed=seed, row_scaled=self.row_scaled_nvfp4, global_amax=amax)
+            q = (
+                te_sr.rowwise
+                if te_sr
+                else quantize_nvfp4(x, **common, seed=seed, row_scaled=self.row_scaled_nvfp4, global_amax=amax)
+            )
             out.update(
                 rowwise_data=pack_fp4(torch.from_numpy(q.codes[:m, :k])).reshape(*shape[:-1], k // 2),
                 rowwise_scale_inv=padded(self._per_row(q.scales), self.get_scale_shape(shape, False), torch.uint8),
@@ -148,10 +156,13 @@ class NVFP4Quantizer(Quantizer):
         if self.columnwise_usage:
             xt = x.t().contiguous()
             s2 = None if seed is None else seed + 2**32
-            if self.with_rht and not self.with_random_sign_mask:  # TE's sign mask 0: the plain Hadamard/4
-                xt = _hadamard_bf16(xt)
-            rht = self.with_rht and self.with_random_sign_mask
-            q = quantize_nvfp4(xt, **common, rht=rht, seed=s2)
+            if te_sr:
+                q = te_sr.columnwise
+            else:
+                if self.with_rht and not self.with_random_sign_mask:  # TE's sign mask 0: the plain Hadamard/4
+                    xt = _hadamard_bf16(xt)
+                rht = self.with_rht and self.with_random_sign_mask
+                q = quantize_nvfp4(xt, **common, rht=rht, seed=s2)
             out.update(
                 columnwise_data=pack_fp4(torch.from_numpy(q.codes[:k, :m])),
                 columnwise_scale_inv=padded(self._per_row(q.scales), self.get_scale_shape(shape, True), torch.uint8),
@@ -172,6 +183,28 @@ class NVFP4Quantizer(Quantizer):
             fp4_dtype=self.dtype,
             quantizer=self,
             with_2d_quantization=self.with_2d_quantization,
+        )
+
+    te_rng_generator: TEPhiloxGenerator | None = None  # set: TE's Philox SR bits; None: fp8sim's own SR
+
+    def _te_sr_copies(self, x: torch.Tensor) -> TESRCopies:
+        """TE's SR bits (``fp8sim.scaling.nvfp4_te_sr``): one ``rng_state`` per cast from ``te_rng_generator``,
+        as ``NVFP4Quantizer::quantize_impl`` takes it from torch's CUDA generator (offset += 1024)."""
+        if self.with_rht or self.row_scaled_nvfp4:
+            raise NotImplementedError(
+                "NVFP4Quantizer: TE's Philox SR bits are modelled without RHT and row scaling only "
+                "(TE refuses SR with row-scaled NVFP4; RHT goes through the Hadamard cast kernels)"
+            )
+        amax = self._reduced(x.abs().float().nan_to_num(0.0).amax()) if self.with_amax_reduction else None
+        seed, offset = self.te_rng_generator.philox_cuda_state(TE_RNG_ELTS_PER_THREAD)
+        return quantize_nvfp4_te_sr(
+            x,
+            seed,
+            offset,
+            rowwise=self.rowwise_usage,
+            columnwise=self.columnwise_usage,
+            block_2d=self.with_2d_quantization,
+            global_amax=amax,
         )
 
     def _per_row(self, scales: np.ndarray) -> np.ndarray:

@@ -1,0 +1,179 @@
+"""Which Philox word each group of four NVFP4 elements takes in TE's stochastic rounding, for the two kernels
+TE's dispatch (``common/cast/dispatch/quantize.cuh``, ``use_optimized_kernel``) sends 1x16 casts to:
+
+- ``"vector_blockwise"``: ``quantize_transpose_vector_blockwise_fp4``
+  (``common/transpose/quantize_transpose_vector_blockwise_fp4.cu``) for float32/float16 inputs, bfloat16
+  inputs with a flattened dim not a multiple of 32, columnwise-only casts and 16x16 tiles off bfloat16.
+- ``"tuned_1d"``: ``quantize_transpose_nvfp4_tuned_1D_kernel``
+  (``common/cast/nvfp4/specialized/quantize_transpose_nvfp4_tuned_1D.cuh``) for bfloat16 with both dims
+  multiples of 32 and a rowwise output (TE's default, non-fast-math build: float32 scaling coefficient).
+
+Not modelled: the bfloat16 16x16-tile TMA kernel, the RHT cast fusions and 4over6 (no SR in TE).
+
+Both launches are fixed by the shape (no runtime device query): one 128x128 chunk per block, a grid of
+``(ceil(cols/128), ceil(rows/128))``.  Each thread takes Philox subsequence ``t + T bx + T gridDim.x by``
+(``T`` threads a block), seed and offset from TE's ``rng_state``, one ``generate4()`` at start and one per
+four words (:func:`fp8sim.cast.philox.te_philox_words`; ``get_rbits``), one word per
+``cvt.rs.satfinite.e2m1x4.f32``, whose operands are TE's ``{x3, x2, x1, x0}``
+(:func:`fp8sim.cast.ptx_sr.encode_ptx_rs`).  Rows and columns past the tensor's edge are computed on zeros
+and not stored, so the maps depend on positions only.
+
+``"vector_blockwise"`` (``T = 256``): the rowwise pass first, 4 iterations: in iteration ``i`` the thread
+takes chunk row ``t // 8 + 32 i``, columns ``16 (t % 8)`` to ``+16`` as 4 groups of 4 (words ``4 i`` ..
+``4 i + 3``); then the columnwise pass on the same stream (from word 16, or 0 without a rowwise output),
+2 iterations x 2 columns: column ``2 (t // 8 + 32 i) + s``, chunk rows ``16 (t % 8)`` to ``+16`` as 4 groups
+of 4 (words ``16 + 8 i + 4 s`` ..).  32 words a thread for both directions.
+
+``"tuned_1d"`` (``T = 128``): 4 stages over the chunk's 64x64 tiles (``stage = 2 Y + X``), each a rowwise
+then (with a columnwise output) a columnwise step on one stream, 8 words each.  Rowwise: 2 iterations; in
+iteration ``i`` tile row ``t // 4 + 32 i``, columns ``16 (t % 4)`` to ``+16`` as 2 waves of 8, wave ``w``
+reading the 8 at ``8 ((w + (t % 32) // 16) % 2)`` (the shared-memory bank swizzle), 2 words a wave.
+Columnwise: lane ``l = t % 32`` and warp ``t // 32`` take tile columns ``2 l`` and ``2 l + 1`` and tile rows
+``16 ((l // 2 + warp) % 4)`` to ``+16``, 4 words a column.  64 words a thread for both directions.
+TE advances the generator's offset by 1024 per cast (``pytorch/csrc/quantizer.cpp``, ``rng_elts_per_thread``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .philox import philox4x32
+
+__all__ = [
+    "TE_SR_KERNELS",
+    "TE_SR_TILE",
+    "TE_SR_THREADS",
+    "te_fallback_launch",
+    "te_philox_block_words",
+    "te_nvfp4_sr_words",
+]
+
+TE_SR_TILE = 128  # kTileDim
+TE_SR_THREADS = 256  # kThreadsPerBlock
+_WORDS_PER_PASS = 16
+_TUNED_THREADS = 128  # quantize_transpose_nvfp4_tuned_1D.cuh THREADS_NUM
+TE_SR_KERNELS = ("vector_blockwise", "tuned_1d")
+
+
+def te_fallback_launch(rows: int, cols: int) -> tuple[int, int]:
+    """The grid ``(gridDim.x, gridDim.y)`` TE launches for a ``(rows, cols)`` input (256 threads a block)."""
+    return -(-cols // TE_SR_TILE), -(-rows // TE_SR_TILE)
+
+
+def _thread_words(seed: int, offset: int, n_threads: int, n_words: int, rounds: int) -> np.ndarray:
+    """``(n_threads, n_words)`` uint32: each thread's first words (subsequence = thread id)."""
+    blocks = -(-n_words // 4)
+    sub = np.arange(n_threads, dtype=np.uint64)
+    ctr = np.zeros((n_threads, blocks, 4), np.uint64)
+    for b in range(blocks):  # offset + b < 2^64 is checked by the caller; no carry into the subsequence
+        ctr[:, b, 0] = np.uint64((offset + b) & 0xFFFFFFFF)
+        ctr[:, b, 1] = np.uint64((offset + b) >> 32)
+    ctr[:, :, 2] = (sub & np.uint64(0xFFFFFFFF))[:, None]
+    ctr[:, :, 3] = (sub >> np.uint64(32))[:, None]
+    key = np.array([seed & 0xFFFFFFFF, seed >> 32], np.uint64)
+    return philox4x32(ctr, key, rounds).reshape(n_threads, -1)[:, :n_words]
+
+
+def te_philox_block_words(seed: int, block: int, n_threads: int, *, rounds: int = 10) -> np.ndarray:
+    """``(n_threads, 4)`` uint32: the words ``generate4()`` gives at 128-bit block ``block`` for subsequences
+    ``0 .. n_threads - 1`` (TE's per-thread state after ``init(seed, thread, block)``)."""
+    seed, block = _check("seed", seed, 0, 2**64), _check("block", block, 0, 2**64)
+    return _thread_words(seed, block, _check("n_threads", n_threads, 0, 2**40), 4, rounds)
+
+
+def _check(name: str, v: object, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= int(v) < hi:
+        raise ValueError(f"{name} must be an int in [{lo}, {hi}), got {v!r}")
+    return int(v)
+
+
+def _tuned_1d_words(
+    rows: int, cols: int, seed: int, offset: int, columnwise: bool, rounds: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The word map of ``quantize_transpose_nvfp4_tuned_1D_kernel`` (module docstring)."""
+    gx, gy = te_fallback_launch(rows, cols)
+    per_stage = 16 if columnwise else 8
+    words = _thread_words(seed, offset, gx * gy * _TUNED_THREADS, 4 * per_stage, rounds)
+    r = np.arange(rows)[:, None]
+    c = 4 * np.arange(cols // 4)[None, :]
+    rr, cc = r % TE_SR_TILE, c % TE_SR_TILE
+    stage = (rr // 64) * 2 + cc // 64
+    tr, tc = rr % 64, cc % 64
+    t = (tr % 32) * 4 + tc // 16
+    wave = ((tc % 16) // 8 - (t % 32) // 16) % 2  # the bank-group swizzle: wave w reads 8-pack (w + group) % 2
+    k = stage * per_stage + (tr // 32) * 4 + wave * 2 + (tc % 8) // 4
+    seq = t + _TUNED_THREADS * (c // TE_SR_TILE) + _TUNED_THREADS * gx * (r // TE_SR_TILE)
+    row_words = words[seq, k]
+    if not columnwise:
+        return row_words, None
+    c = np.arange(cols)[:, None]
+    r = 4 * np.arange(rows // 4)[None, :]
+    rr, cc = r % TE_SR_TILE, c % TE_SR_TILE
+    stage = (rr // 64) * 2 + cc // 64
+    tr, tc = rr % 64, cc % 64
+    lane = tc // 2
+    warp = (tr // 16 - lane // 2) % 4  # tid_Y_colwise = (lane / 2 + warp) % 4 picks the 16-row block
+    t = warp * 32 + lane
+    k = stage * per_stage + 8 + (tc % 2) * 4 + ((tr % 16) // 8) * 2 + (tr % 8) // 4
+    seq = t + _TUNED_THREADS * (c // TE_SR_TILE) + _TUNED_THREADS * gx * (r // TE_SR_TILE)
+    return row_words, words[seq, k]
+
+
+def te_nvfp4_sr_words(
+    rows: int,
+    cols: int,
+    seed: int,
+    offset: int,
+    *,
+    rowwise: bool = True,
+    columnwise: bool = True,
+    kernel: str = "vector_blockwise",
+    rounds: int = 10,
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The random words of one TE NVFP4 cast of a ``(rows, cols)`` tensor with ``rng_state = (seed, offset)``.
+
+    Returns ``(row_words, col_words)``: ``row_words[r, j]`` (shape ``(rows, cols // 4)``) feeds columns
+    ``4j .. 4j+3`` of row ``r``; ``col_words[c, j]`` (shape ``(cols, rows // 4)``) feeds rows ``4j .. 4j+3``
+    of column ``c`` (the transposed copy's row ``c``); None for a direction not asked for.  ``kernel``: one of
+    :data:`TE_SR_KERNELS` (TE's dispatch picks it: ``fp8sim.scaling.nvfp4_te_sr``).  ``rounds``: TE's
+    build-time ``NVTE_BUILD_NUM_PHILOX_ROUNDS`` (default 10).  See the module docstring."""
+    if kernel not in TE_SR_KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(TE_SR_KERNELS)}")
+    rows, cols = _check("rows", rows, 0, 2**62), _check("cols", cols, 0, 2**62)
+    seed, offset = _check("seed", seed, 0, 2**64), _check("offset", offset, 0, 2**64 - 8)
+    if rows % 4 or cols % 4:
+        raise ValueError(f"rows and cols must be multiples of 4 (one cvt.rs per 4 values); got ({rows}, {cols})")
+    if not (rowwise or columnwise):
+        raise ValueError(
+            "at least one of rowwise or columnwise must be True (TE: 'At least one of return_identity "
+            "or return_transpose must be true.')"
+        )
+    if kernel == "tuned_1d":
+        if not rowwise or rows % 32 or cols % 32:
+            raise ValueError(
+                f"kernel='tuned_1d' takes a rowwise output and dims that are multiples of 32; got ({rows}, {cols}), "
+                f"rowwise={rowwise}"
+            )
+        return _tuned_1d_words(rows, cols, seed, offset, columnwise, rounds)
+    gx, gy = te_fallback_launch(rows, cols)
+    n_words = _WORDS_PER_PASS * (bool(rowwise) + bool(columnwise))
+    words = _thread_words(seed, offset, gx * gy * TE_SR_THREADS, n_words, rounds) if rows and cols else None
+    row_words = col_words = None
+    if rowwise:
+        r = np.arange(rows)[:, None]
+        c = 4 * np.arange(cols // 4)[None, :]
+        rr, cc = r % TE_SR_TILE, c % TE_SR_TILE
+        t = (rr % 32) * 8 + cc // 16
+        seq = t + TE_SR_THREADS * (c // TE_SR_TILE) + TE_SR_THREADS * gx * (r // TE_SR_TILE)
+        k = (rr // 32) * 4 + (cc % 16) // 4
+        row_words = words[seq, k] if words is not None else np.zeros((rows, cols // 4), np.uint32)
+    if columnwise:
+        c = np.arange(cols)[:, None]
+        r = 4 * np.arange(rows // 4)[None, :]
+        rr, cc = r % TE_SR_TILE, c % TE_SR_TILE
+        pair = cc // 2  # c_s: the thread's column pair in shared memory, t // 8 + 32 * iteration
+        t = (pair % 32) * 8 + rr // 16
+        seq = t + TE_SR_THREADS * (c // TE_SR_TILE) + TE_SR_THREADS * gx * (r // TE_SR_TILE)
+        k = _WORDS_PER_PASS * bool(rowwise) + ((pair // 32) * 2 + cc % 2) * 4 + (rr % 16) // 4
+        col_words = words[seq, k] if words is not None else np.zeros((cols, rows // 4), np.uint32)
+    return row_words, col_words

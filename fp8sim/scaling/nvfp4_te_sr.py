@@ -1,0 +1,132 @@
+"""TE's NVFP4 cast with stochastic rounding, bit for bit given TE's ``rng_state`` ``(seed, offset)``, on the two
+kernels TE uses for 1x16 casts (and for 16x16 tiles off bfloat16); the word maps are
+:mod:`fp8sim.cast.te_nvfp4_sr`, the kernel choice :func:`te_sr_kernel`.
+
+The scales are those of the round-to-nearest cast (rounding does not enter them); each element is
+``fl32(x * fl32(1 / fl32(s_blk * s_dec)))`` (``ComputeEncodeScaleFP4`` / ``compute_nvfp4_scaling_coefficient``)
+rounded by ``cvt.rs.satfinite.e2m1x4.f32`` (:func:`fp8sim.cast.ptx_sr.encode_ptx_rs`) with the word TE's
+thread draws.  Rowwise and columnwise copies come from one launch, so they share each thread's stream.
+TE's fast-math build option (``NVTE_USE_FAST_MATH``: a bfloat16 coefficient) is not modelled.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .._torch import is_torch_tensor
+from ..cast import decode
+from ..cast.ptx_sr import encode_ptx_rs
+from ..cast.te_nvfp4_sr import te_nvfp4_sr_words
+from ..formats import E2M1, E4M3
+from .nvfp4 import quantize_nvfp4
+from .quantized import QuantizedTensor, expand_blocks
+
+__all__ = ["TEPhiloxGenerator", "TESRCopies", "te_sr_kernel", "quantize_nvfp4_te_sr"]
+
+TE_RNG_ELTS_PER_THREAD = 1024  # quantizer.cpp: the offset increment TE asks the generator for per cast
+
+_F32 = np.float32
+_FLT_MAX = _F32(np.finfo(np.float32).max)
+
+
+class TEPhiloxGenerator:
+    """The ``(seed, offset)`` source TE reads from torch's CUDA generator: ``philox_cuda_state(n)`` returns
+    the current ``(seed, offset)`` and advances the offset by ``n`` rounded up to a multiple of 4
+    (ATen ``CUDAGeneratorImpl::philox_cuda_state``).  Give the seed and offset of
+    ``torch.cuda.default_generators[device]`` (``initial_seed()``, ``get_offset()``) to follow a GPU run."""
+
+    def __init__(self, seed: int, offset: int = 0) -> None:
+        for name, v in (("seed", seed), ("offset", offset)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < 2**64:
+                raise ValueError(f"{name} must be an int in [0, 2^64), got {v!r}")
+        self.seed, self.offset = int(seed), int(offset)
+
+    def philox_cuda_state(self, increment: int) -> tuple[int, int]:
+        state = (self.seed, self.offset)
+        self.offset += ((int(increment) + 3) // 4) * 4
+        return state
+
+
+class TESRCopies(NamedTuple):
+    """The copies one TE launch writes: rowwise ``(M, K)`` and columnwise ``(K, M)``; None if not asked."""
+
+    rowwise: QuantizedTensor | None
+    columnwise: QuantizedTensor | None
+
+
+def te_sr_kernel(dtype: str, rows: int, cols: int, rowwise: bool, block_2d: bool) -> str | None:
+    """The kernel TE's dispatch picks for a 1x16 or 16x16 cast (``common/cast/dispatch/quantize.cuh``:
+    ``use_optimized_kernel`` is bfloat16 with ``rows % 32 == cols % 32 == 0`` and a rowwise output or 2-D
+    tiles; ``quantize_transpose`` sends its 1-D bfloat16 casts to the tuned kernel): a name of
+    :data:`fp8sim.cast.te_nvfp4_sr.TE_SR_KERNELS`, or None for the 16x16 TMA kernel (not modelled)."""
+    optimized = dtype == "bfloat16" and rows % 32 == 0 and cols % 32 == 0 and (rowwise or block_2d)
+    if not optimized:
+        return "vector_blockwise"
+    return None if block_2d else "tuned_1d"
+
+
+def _recode(q: QuantizedTensor, x32: np.ndarray, words: np.ndarray) -> QuantizedTensor:
+    s_dec = _F32(q.global_scale)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        enc = np.fmin(_F32(1) / (decode(q.scales, E4M3) * s_dec), _FLT_MAX)
+        v = x32 * expand_blocks(enc, q.block)
+    codes = encode_ptx_rs(v.astype(np.float32), E2M1, words)
+    return QuantizedTensor(
+        codes,
+        q.scales,
+        E2M1,
+        q.block,
+        q.shape,
+        q.dtype,
+        scale_format=E4M3,
+        global_scale=q.global_scale,
+        global_amax=q.global_amax,
+    )
+
+
+def quantize_nvfp4_te_sr(
+    x: Any,
+    seed: int,
+    offset: int,
+    *,
+    rowwise: bool = True,
+    columnwise: bool = True,
+    block_2d: bool = False,
+    global_amax: Any = None,
+    rounds: int = 10,
+) -> TESRCopies:
+    """One TE NVFP4 stochastic-rounding cast of the 2-D ``x`` (``(M, K)``, float32/bfloat16/float16 numpy or
+    torch) with ``rng_state = (seed, offset)``.  ``global_amax``: the amax both copies use (TE computes one
+    amax and copies it to both); default ``max |x|``.  Refuses the shapes and dtypes TE sends to another
+    kernel (``NotImplementedError``)."""
+    if len(x.shape) != 2:
+        raise ValueError(f"x must be 2-D (M, K), the flattened view TE quantizes; got shape {tuple(x.shape)}")
+    m, k = (int(n) for n in x.shape)
+    name = str(x.dtype).replace("torch.", "")
+    kernel = te_sr_kernel(name, m, k, rowwise, block_2d)
+    if kernel is None:
+        raise NotImplementedError(
+            "TE sends 16x16-tile bfloat16 casts with both dims multiples of 32 to quantize_transpose_nvfp4_2D_kernel, "
+            f"whose Philox word map fp8sim does not model; got bfloat16 ({m}, {k})"
+        )
+    row_words, col_words = te_nvfp4_sr_words(
+        m, k, seed, offset, rowwise=rowwise, columnwise=columnwise, kernel=kernel, rounds=rounds
+    )
+    if is_torch_tensor(x):
+        x32 = x.detach().to("cpu").float().numpy()
+        xt = x.detach().to("cpu").t().contiguous()
+    else:
+        x32 = np.asarray(x).astype(np.float32)
+        xt = np.ascontiguousarray(np.asarray(x).T)
+    if global_amax is None:
+        global_amax = np.fmax.reduce(np.abs(x32).reshape(-1), initial=_F32(0))
+    qr = qc = None
+    if rowwise:
+        q = quantize_nvfp4(x, flavor="te", block_2d=block_2d, global_amax=global_amax)
+        qr = _recode(q, x32, row_words)
+    if columnwise:
+        q = quantize_nvfp4(xt, flavor="te", block_2d=block_2d, global_amax=global_amax)
+        qc = _recode(q, np.ascontiguousarray(x32.T), col_words)
+    return TESRCopies(qr, qc)

@@ -1,0 +1,332 @@
+"""TE's NVFP4 stochastic rounding, bit for bit: which Philox word each group of four values takes.
+
+Oracle: the kernel walked literally, thread by thread and loop by loop, as written in
+``transformer_engine/common/transpose/quantize_transpose_vector_blockwise_fp4.cu`` (TE mirror
+d0067d0): ``kTileDim = 128``, ``kThreadsPerBlock = 256`` (lines 127-134); ``rng_sequence = threadIdx.x +
+blockIdx.x * 256 + blockIdx.y * gridDim.x * 256`` and one ``generate4()`` at start (lines 341-348);
+``get_rbits`` (lines 203-216); Step 2 (rowwise) ``c_s = (t % 8) * 8``, ``r_s = t / 8``, 4 iterations of
+stride 32, ``i = 0, 2, 4, 6`` one word each (lines 397-552); Step 3 (transpose) ``r_s = (t % 8) * 16``,
+``c_s = t / 8``, 2 iterations of stride 32, ``smem_idx = 0, 1``, ``i = 0, 2, 4, 6`` (lines 614-744); the grid
+``(DIVUP(cols, 128), DIVUP(rows, 128))`` (lines 816-817, 857).  The Philox words come from a scalar
+Philox4x32-10 written here from the published algorithm (Salmon et al. SC'11) and checked on a Random123
+known answer; the counter layout from ``common/util/curanddx.hpp`` (``init``: ``(offset lo, offset hi,
+subsequence lo, subsequence hi)``).  The E2M1 carry rule is gfloat's ``StochasticFastest`` with 8 bits.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fp8sim.cast.te_nvfp4_sr import te_fallback_launch, te_nvfp4_sr_words
+from fp8sim.scaling.nvfp4_te_sr import quantize_nvfp4_te_sr
+
+_M32 = 0xFFFFFFFF
+
+
+def _philox(ctr: list[int], key: list[int], rounds: int = 10) -> list[int]:
+    c, k = list(ctr), list(key)
+    for r in range(rounds):
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k[0], p1 & _M32, (p0 >> 32) ^ c[3] ^ k[1], p0 & _M32]
+        if r < rounds - 1:
+            k = [(k[0] + 0x9E3779B9) & _M32, (k[1] + 0xBB67AE85) & _M32]
+    return c
+
+
+def test_scalar_reference_philox_known_answer():
+    """Random123 kat_vectors, philox4x32_10 with counter and key all ones."""
+    assert _philox([_M32] * 4, [_M32] * 2) == [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+
+
+class _Thread:
+    """``philox4x32_native_state`` after ``init(seed, seq, offset)`` and the kernel's first ``generate4``."""
+
+    def __init__(self, seed: int, seq: int, offset: int) -> None:
+        self.key = [seed & _M32, seed >> 32]
+        self.ctr = (seq << 64) + offset
+        self.buf = self._gen()
+        self.idx = 0
+
+    def _gen(self) -> list[int]:
+        out = _philox([(self.ctr >> (32 * j)) & _M32 for j in range(4)], self.key)
+        self.ctr += 1
+        return out
+
+    def rbits(self) -> int:  # get_rbits
+        if self.idx == 4:
+            self.idx, self.buf = 0, self._gen()
+        self.idx += 1
+        return self.buf[self.idx - 1]
+
+
+def _kernel_words(rows, cols, seed, offset, rowwise, columnwise):
+    """(row_words, col_words) by running every thread of the launch through Steps 2 and 3."""
+    gx, gy = -(-cols // 128), -(-rows // 128)
+    rw = np.zeros((rows, cols // 4), np.uint32) if rowwise else None
+    cw = np.zeros((cols, rows // 4), np.uint32) if columnwise else None
+    for by in range(gy):
+        for bx in range(gx):
+            for t in range(256):
+                th = _Thread(seed, t + bx * 256 + by * gx * 256, offset)
+                if rowwise:
+                    r_s, c_s = t // 8, (t % 8) * 8
+                    for _ in range(4):
+                        for i in range(0, 8, 2):  # smem_vec[i], [i+1]: columns 2 (c_s + i) .. + 3
+                            w = th.rbits()
+                            r, c = by * 128 + r_s, bx * 128 + 2 * (c_s + i)
+                            if r < rows and c < cols:
+                                rw[r, c // 4] = w
+                        r_s += 32
+                if columnwise:
+                    r_s, c_s = (t % 8) * 16, t // 8
+                    for _ in range(2):
+                        for s in range(2):
+                            for i in range(0, 8, 2):  # smem_vec[2i .. 2i+3]: rows r_s + 2i .. + 3
+                                w = th.rbits()
+                                c, r = bx * 128 + 2 * c_s + s, by * 128 + r_s + 2 * i
+                                if c < cols and r < rows:
+                                    cw[c, r // 4] = w
+                        c_s += 32
+    return rw, cw
+
+
+def _first_diff(got, want):
+    i = tuple(int(v) for v in np.argwhere(got != want)[0])
+    return f"first difference at {i}: got {int(got[i]):#010x}, want {int(want[i]):#010x}"
+
+
+@pytest.mark.parametrize(
+    "rows,cols,rowwise,columnwise",
+    [(160, 272, True, True), (144, 128, False, True), (128, 48, True, False)],
+)
+def test_word_map_equals_kernel_walk(rows, cols, rowwise, columnwise):
+    """Several blocks in both grid dims (partial edge tiles), all 8 warps, both directions sharing a stream."""
+    seed, offset = 0x0123456789ABCDEF, 2048
+    got = te_nvfp4_sr_words(rows, cols, seed, offset, rowwise=rowwise, columnwise=columnwise)
+    want = _kernel_words(rows, cols, seed, offset, rowwise, columnwise)
+    for g, w in zip(got, want, strict=True):
+        assert (g is None) == (w is None)
+        if g is not None:
+            assert g.shape == w.shape and np.array_equal(g, w), _first_diff(g, w)
+
+
+def test_launch_grid_is_tiles_of_128():
+    assert te_fallback_launch(160, 272) == (3, 2)
+    assert te_fallback_launch(128, 128) == (1, 1)
+
+
+def _scales_ref(x32: np.ndarray, amax: np.float32, block_2d: bool):
+    """TE kernel scale math (``ComputeGlobalEncodeScaleFP4``, ``ComputeDecodeScaleFP4``,
+    ``ComputeEncodeScaleFP4``, lines 170-200), per 1x16 block or 16x16 tile, via ml_dtypes' E4M3."""
+    f = np.float32
+    s_enc = f(min(f(2688) / amax, np.finfo(f).max)) if amax != 0 else f(1)
+    s_enc = f(1) if s_enc == 0 else s_enc
+    s_dec = f(1.0 / float(s_enc))
+    m, k = x32.shape
+    blk = np.abs(x32).reshape(m, k // 16, 16).max(axis=2)
+    if block_2d:
+        blk = blk.reshape(m // 16, 16, k // 16).max(axis=1).repeat(16, axis=0)
+    dec = np.minimum(blk * (s_enc * (f(1) / f(6))), f(448)).astype(ml_dtypes.float8_e4m3fn).astype(f)
+    with np.errstate(divide="ignore"):
+        enc = np.minimum(f(1) / (dec * s_dec), np.finfo(f).max).astype(f)
+    return np.repeat(enc, 16, axis=1)
+
+
+def _e2m1_rs(v: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """cvt.rs.satfinite.e2m1x4.f32 with TE's operands {x3, x2, x1, x0} and the PTX ISA byte split
+    (a = rbits[31:24], b = rbits[15:8], e = rbits[23:16], f = rbits[7:0]), via gfloat's carry rule."""
+    gfloat = pytest.importorskip("gfloat")
+    from gfloat import formats as gf
+
+    fi = gf.format_info_ocp_e2m1
+    out = np.zeros(v.shape, np.uint8)
+    flat, w = v.reshape(-1, 4), words.reshape(-1)
+    res = out.reshape(-1, 4)
+    for g in range(flat.shape[0]):
+        word = int(w[g])
+        for j, shift in enumerate((0, 16, 8, 24)):  # x0 = f, x1 = e, x2 = b, x3 = a
+            rv = gfloat.round_float(
+                fi,
+                float(flat[g, j]),
+                gfloat.RoundMode.StochasticFastest,
+                sat=True,
+                srbits=(word >> shift) & 0xFF,
+                srnumbits=8,
+            )
+            res[g, j] = gfloat.encode_float(fi, rv)
+    return out
+
+
+@pytest.mark.parametrize("dtype,block_2d", [("float32", False), ("float16", True)])
+def test_codes_equal_kernel_reference(dtype, block_2d):
+    """The whole cast on a 160x64 input (2 row blocks): scales as TE's kernel computes them, each value
+    rounded with the word its thread draws, in both copies."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((160, 64)) * np.exp2(rng.integers(-3, 4, (160, 64)))).astype(dtype)
+    x32 = x.astype(np.float32)
+    amax = np.float32(np.abs(x32).max())
+    seed, offset = 987654321, 1024
+    q = quantize_nvfp4_te_sr(x, seed, offset, block_2d=block_2d)
+    rw, cw = _kernel_words(160, 64, seed, offset, True, True)
+    want_r = _e2m1_rs(x32 * _scales_ref(x32, amax, block_2d), rw)
+    xt = np.ascontiguousarray(x32.T)
+    want_c = _e2m1_rs(xt * _scales_ref(xt, amax, block_2d), cw)
+    assert np.array_equal(q.rowwise.codes, want_r), _first_diff(q.rowwise.codes, want_r)
+    assert np.array_equal(q.columnwise.codes, want_c), _first_diff(q.columnwise.codes, want_c)
+
+
+def test_other_kernels_and_bad_arguments_are_refused():
+    import torch
+
+    with pytest.raises(NotImplementedError, match="quantize_transpose_nvfp4_2D_kernel"):
+        quantize_nvfp4_te_sr(torch.zeros(64, 64, dtype=torch.bfloat16), 1, 0, block_2d=True)
+    with pytest.raises(ValueError, match="unknown kernel 'tma_2d'; known: vector_blockwise, tuned_1d"):
+        te_nvfp4_sr_words(32, 32, 1, 0, kernel="tma_2d")
+    with pytest.raises(ValueError, match="multiples of 32"):
+        te_nvfp4_sr_words(48, 32, 1, 0, kernel="tuned_1d")
+    with pytest.raises(ValueError, match="offset must be an int"):
+        te_nvfp4_sr_words(16, 16, 1, -4)
+    with pytest.raises(ValueError, match="at least one of rowwise or columnwise"):
+        te_nvfp4_sr_words(16, 16, 1, 0, rowwise=False, columnwise=False)
+    with pytest.raises(ValueError, match="must be 2-D"):
+        quantize_nvfp4_te_sr(np.zeros((2, 16, 16), np.float32), 1, 0)
+
+
+def test_nvfp4_quantizer_draws_te_rng_state_per_cast():
+    """``NVFP4Quantizer`` with ``te_rng_generator``: each cast takes ``(seed, offset)`` and advances the offset
+    by 1024 (``pytorch/csrc/quantizer.cpp`` ``rng_elts_per_thread = 1024``, ``init_philox_state``); both copies
+    come from one launch.  The second cast is checked against the kernel walk at offset 1024."""
+    import torch
+
+    from fp8sim.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer
+    from fp8sim.scaling.nvfp4_te_sr import TEPhiloxGenerator
+    from fp8sim.scaling.packing import unpack_fp4
+
+    rng = np.random.default_rng(3)
+    x32 = rng.standard_normal((144, 32)).astype(np.float32)
+    q = NVFP4Quantizer(stochastic_rounding=True)
+    q.te_rng_generator = TEPhiloxGenerator(seed=42)
+    q(torch.from_numpy(x32))
+    t = q(torch.from_numpy(x32))
+    assert q.te_rng_generator.offset == 2048
+    rw, cw = _kernel_words(144, 32, 42, 1024, True, True)
+    amax = np.float32(np.abs(x32).max())
+    want_r = _e2m1_rs(x32 * _scales_ref(x32, amax, False), rw)
+    xt = np.ascontiguousarray(x32.T)
+    want_c = _e2m1_rs(xt * _scales_ref(xt, amax, False), cw)
+    got_r = unpack_fp4(t._rowwise_data.reshape(144, 16)).numpy()
+    got_c = unpack_fp4(t._columnwise_data.reshape(32, 72)).numpy()
+    assert np.array_equal(got_r, want_r), _first_diff(got_r, want_r)
+    assert np.array_equal(got_c, want_c), _first_diff(got_c, want_c)
+    q(torch.zeros(0, 32))  # quantizer.cpp returns before init_philox_state on an empty input
+    assert q.te_rng_generator.offset == 2048
+
+
+def test_block_words_equal_thread_state():
+    """``te_philox_block_words(seed, b, n)[t]`` is what ``init(seed, t, b)`` + ``generate4()`` returns."""
+    from fp8sim.cast.te_nvfp4_sr import te_philox_block_words
+
+    seed = 2**64 - 5
+    got = te_philox_block_words(seed, 3, 40)
+    for t in (0, 1, 39):
+        th = _Thread(seed, t, 3)
+        assert [int(v) for v in got[t]] == [th.rbits() for _ in range(4)]
+
+
+def _tuned_kernel_words(rows, cols, seed, offset, columnwise):
+    """``quantize_transpose_nvfp4_tuned_1D_kernel`` walked thread by thread (``specialized/
+    quantize_transpose_nvfp4_tuned_1D.cuh``, TE mirror d0067d0): ``THREADS_NUM = 128``, 64x64 tiles, 4 stages
+    (lines 37-47, 528); ``rng_sequence`` (line 383); per stage ``rowwise_scaling`` then ``colwise_scaling``
+    (lines 591-599).  Rowwise (lines 271-366): ``tid_Y = t / 4``, ``tid_X = t % 4``, 2 iterations of 32 rows,
+    2 waves, wave ``w`` at ``((w + bank_group) * 8) % 16`` with ``bank_group = lane / 16`` (lines 283, 309),
+    ``rbits03`` then ``rbits47``.  Colwise (lines 188-268): ``tid_Y = (lane / 2 + warp) % 4`` (line 202), columns
+    ``2 lane + w``, for ``e`` in 0, 1 rows ``16 tid_Y + 8 e`` .. ``+3`` then ``+4`` .. ``+7``."""
+    gx, gy = -(-cols // 128), -(-rows // 128)
+    rw = np.zeros((rows, cols // 4), np.uint32)
+    cw = np.zeros((cols, rows // 4), np.uint32) if columnwise else None
+    for by in range(gy):
+        for bx in range(gx):
+            for t in range(128):
+                th = _Thread(seed, t + bx * 128 + by * gx * 128, offset)
+                lane, warp = t % 32, t // 32
+                for stage in range(4):
+                    y0, x0 = by * 128 + (stage // 2) * 64, bx * 128 + (stage % 2) * 64
+                    for it in range(2):
+                        r = y0 + t // 4 + it * 32
+                        for w in range(2):
+                            c = x0 + (t % 4) * 16 + ((w + lane // 16) * 8) % 16
+                            for half in range(2):
+                                word = th.rbits()
+                                if r < rows and c + 4 * half < cols:
+                                    rw[r, (c + 4 * half) // 4] = word
+                    if columnwise:
+                        tid_y = (lane // 2 + warp) % 4
+                        for w in range(2):
+                            c = x0 + 2 * lane + w
+                            for e in range(2):
+                                for half in range(2):
+                                    word = th.rbits()
+                                    r = y0 + 16 * tid_y + 8 * e + 4 * half
+                                    if c < cols and r < rows:
+                                        cw[c, r // 4] = word
+    return rw, cw
+
+
+@pytest.mark.parametrize("rows,cols,columnwise", [(160, 288, True), (96, 128, False)])
+def test_tuned_1d_word_map_equals_kernel_walk(rows, cols, columnwise):
+    """Partial chunks in both dims, all 4 warps, both bank groups, both directions on one stream."""
+    seed, offset = 0xFEDCBA9876543210, 3072
+    got = te_nvfp4_sr_words(rows, cols, seed, offset, columnwise=columnwise, kernel="tuned_1d")
+    want = _tuned_kernel_words(rows, cols, seed, offset, columnwise)
+    for g, w in zip(got, want, strict=True):
+        assert (g is None) == (w is None)
+        if g is not None:
+            assert g.shape == w.shape and np.array_equal(g, w), _first_diff(g, w)
+
+
+def test_bf16_codes_use_the_tuned_kernel_map():
+    """TE's dispatch (``cast/dispatch/quantize.cuh`` line 132, ``quantize_transpose_nvfp4.cuh`` line 1431):
+    bfloat16 with both dims multiples of 32 goes to the tuned kernel; the element math is
+    ``mul.f32(cvt.f32.bf16(x), coefficient)`` then ``cvt.rs`` with ``{v3, v2, v1, v0}``
+    (``util/ptx_arch_spec.cuh`` ``mul_cvt_bf16_to_fp4_8x_stochastic_rounding``)."""
+    import torch
+
+    rng = np.random.default_rng(11)
+    x32 = rng.standard_normal((64, 96)).astype(np.float32)
+    xb = torch.from_numpy(x32).to(torch.bfloat16)
+    x32 = xb.float().numpy()
+    amax = np.float32(np.abs(x32).max())
+    q = quantize_nvfp4_te_sr(xb, 5, 0)
+    rw, cw = _tuned_kernel_words(64, 96, 5, 0, True)
+    want_r = _e2m1_rs(x32 * _scales_ref(x32, amax, False), rw)
+    xt = np.ascontiguousarray(x32.T)
+    want_c = _e2m1_rs(xt * _scales_ref(xt, amax, False), cw)
+    assert np.array_equal(q.rowwise.codes, want_r), _first_diff(q.rowwise.codes, want_r)
+    assert np.array_equal(q.columnwise.codes, want_c), _first_diff(q.columnwise.codes, want_c)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.integers(1, 2),
+    st.integers(1, 3),
+    st.booleans(),
+    st.sampled_from(["vector_blockwise", "tuned_1d"]),
+    st.integers(0, 2**64 - 1),
+)
+def test_full_tiles_use_every_drawn_word_once(ty, tx, columnwise, kernel, seed):
+    """On whole 128x128 chunks every word each thread draws feeds exactly one group of four (no word is
+    skipped or reused): the maps are bijections onto the threads' streams (32 or 64 words a thread with
+    both directions, 16 or 32 with the rowwise one)."""
+    from fp8sim.cast.te_nvfp4_sr import te_philox_block_words
+
+    rows, cols = 128 * ty, 128 * tx
+    rw, cw = te_nvfp4_sr_words(rows, cols, seed, 0, columnwise=columnwise, kernel=kernel)
+    threads = ty * tx * (256 if kernel == "vector_blockwise" else 128)
+    blocks = (8 if kernel == "tuned_1d" else 4) * (1 + columnwise)
+    drawn = np.concatenate([te_philox_block_words(seed, b, threads).reshape(-1) for b in range(blocks)])
+    used = np.concatenate([rw.reshape(-1)] + ([cw.reshape(-1)] if columnwise else []))
+    assert used.size == drawn.size and np.array_equal(np.sort(used), np.sort(drawn))
