@@ -412,3 +412,11 @@ def test_te_llama_style_block_through_the_shim_trains():
         assert losses[-1] < losses[0], losses
     finally:
         shim.uninstall()
+
+
+def test_transformer_layer_refuses_tensor_parallelism_instead_of_building_an_unsharded_layer():
+    """TE's TransformerLayer shards its sublayers with tp_size > 1 (transformer.py ``set_parallel_mode``);
+    fp8sim's does not emulate that, so it must refuse rather than build full-size weights."""
+    with pytest.raises(NotImplementedError, match="tp_size=2"):
+        te.TransformerLayer(32, 64, 2, tp_size=2, set_parallel_mode=True)
+    te.TransformerLayer(32, 64, 2, tp_size=1, set_parallel_mode=True)  # one process: nothing to shard

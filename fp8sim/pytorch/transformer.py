@@ -116,6 +116,15 @@ class TransformerLayer(nn.Module):
             )
         if parallel_attention_mlp:
             raise NotImplementedError("fp8sim's TransformerLayer does not emulate parallel_attention_mlp")
+        if tp_group is not None:
+            import torch.distributed as dist
+
+            tp_size = dist.get_world_size(tp_group) if dist.is_initialized() else 1
+        if tp_size != 1:  # rather than silently build an unsharded layer
+            raise NotImplementedError(
+                f"fp8sim's TransformerLayer does not emulate tensor parallelism (tp_size={tp_size}); "
+                "Linear, LayerNormLinear and LayerNormMLP do (parallel_mode=...)"
+            )
         if not fuse_qkv_params and fuse_wgrad_accumulation:
             raise ValueError(
                 "Gradient accumulation fusion (fuse_wgrad_accumulation=True) "

@@ -28,6 +28,7 @@ from ...recipe import (
     tensor_format,
 )
 from ...scaling.current import compute_scale_from_amax
+from ._quantizers import _4over6_scope
 
 __all__ = ["Operand", "quantize_operand", "PER_TENSOR", "nan_skipping_amax"]
 
@@ -119,6 +120,11 @@ def quantize_operand(
     ``k_axis``; delayed scaling reads ``scaler.scale[index]`` and folds the amax into its staging row."""
     forward = kind != "grad"
     if isinstance(recipe, NVFP4BlockScaling):
+        if forward and _4over6_scope(recipe.nvfp4_4over6, kind):  # rather than silently run without it
+            raise NotImplementedError(
+                f"fp8sim's modules do not emulate NVFP4 4over6 (nvfp4_4over6={recipe.nvfp4_4over6!r} covers the "
+                f"{kind}); fp8sim.scaling.quantize_nvfp4_4over6 has TE's rowwise kernel"
+            )
         return _nvfp4(x, recipe, kind, k_axis, seed)
     fmt = tensor_format(recipe.fp8_format, forward)
     if isinstance(recipe, DelayedScaling):
