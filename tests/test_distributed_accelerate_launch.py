@@ -24,12 +24,18 @@ the shape of each run:
   ``torchrun --nproc_per_node 2``.  Delayed scaling rolls its amax history once per forward, so a
   single process cannot replay two ranks' different micro-batches; both ranks see the same batch
   and the oracle is one process on that batch, where DDP's average ``(g + g) / 2 = g`` is exact.
+
+Both are in the slow suite (about 60 s each on 2 busy cores: four interpreters import torch,
+accelerate and torchao); ``tests/test_distributed_accelerate.py`` checks ``prepare_fp8`` with the
+FSDP2 plugin inside the default suite's existing spawn.  ``torchrun --master_port 0`` hangs the
+rendezvous on this torch, hence ``--standalone``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -141,8 +147,17 @@ SCRIPT = textwrap.dedent(
 def _run(cmd: list[str], cwd: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FP8SIM_QUIET": "1", "PYTHONWARNINGS": "ignore"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parents[1]), env.get("PYTHONPATH")) if p)
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    tail = f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    # a session of its own: on a timeout the launcher and every rank it started are stopped
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish within {TIMEOUT_S} s:\n{stderr[-6000:]}")
+    tail = f"{stdout[-3000:]}\n{stderr[-6000:]}"
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{tail}"
 
 
@@ -154,6 +169,7 @@ def _load(out: Path, name: str) -> dict:
     return json.loads((out / f"{name}.json").read_text())
 
 
+@pytest.mark.slow
 def test_accelerate_launch_fsdp2_float8_all_gather_matches_one_process(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
@@ -173,7 +189,7 @@ def test_accelerate_launch_fsdp2_float8_all_gather_matches_one_process(tmp_path:
 def test_torchrun_te_recipe_ddp_under_fp8sim_run_matches_one_process(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    torchrun = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0"]
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]  # a free port
     _run(_fp8sim_run(*torchrun, str(script), "te-ddp", str(tmp_path)), tmp_path)
     (tmp_path / "te-ddp_0.json").rename(tmp_path / "ddp_0.json")
     (tmp_path / "te-ddp_1.json").rename(tmp_path / "ddp_1.json")
