@@ -70,13 +70,24 @@ def prepare_fsdp2(model: torch.nn.Module, optimizer: Any, plugin: Any, mixed_pre
         is_main_process=rank == 0,
         device=device,
     )
-    old = dict(model.named_parameters())
+    # accelerate maps the optimizer's parameters by storage: a float8 all-gather weight is a new
+    # Parameter (WeightWithDynamicFloat8CastTensor) over the optimizer's tensor, kept in ``_tensor``
+    names = {_storage_ptr(p): n for n, p in model.named_parameters()}
     model = fsdp2_prepare_model(accelerator, model)
     new = dict(model.named_parameters())
-    missing = [n for n in old if n not in new]
+    missing = [n for n in names.values() if n not in new]
     if missing:
         raise KeyError(f"Parameters missing after FSDP2 wrapping: {missing}")
-    mapping = {id(p): new[n] for n, p in old.items()}
     for group in optimizer.param_groups:
-        group["params"] = [mapping.get(id(p), p) for p in group["params"]]
+        try:
+            group["params"] = [new[names[_storage_ptr(p)]] for p in group["params"]]
+        except KeyError as exc:  # accelerate's fsdp2_switch_optimizer_parameters refuses the same way
+            raise KeyError(
+                "A parameter in the optimizer couldn't be switched to its sharded version. This breaks the training. "
+                "Please raise an issue on GitHub."
+            ) from exc
     return model
+
+
+def _storage_ptr(p: torch.Tensor) -> int:
+    return getattr(p, "_tensor", p).data_ptr()
