@@ -103,6 +103,8 @@ SCRIPT = textwrap.dedent(
                                         "distributed_type": str(state.distributed_type)})
         else:  # one process, gradient accumulation over the ranks' micro-batches
             fa.convert_model_to_fp8_ao(m, config=handler.config)  # _prepare_ao; FSDP2 runs without autocast
+            # the float8 all-gather weight is a new Parameter: the optimizer is built on the converted model
+            opt = torch.optim.SGD(m.parameters(), lr=0.5)
             for step in range(STEPS):
                 grads, step_losses = [], []
                 for r in range(WORLD):
