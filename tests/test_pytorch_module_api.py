@@ -350,11 +350,7 @@ def test_quantized_model_init_holds_fp8_weights_and_the_gemm_uses_their_codes(re
     assert m.weight.grad is not None and m.weight.grad.shape == (16, 32)
     with pytest.raises(RuntimeError, match="Splitting QuantizedTensor"), te.quantized_model_init(recipe=recipe):
         te.Linear(16, 32, parameters_split=("a", "b"))
-    with (
-        pytest.raises(NotImplementedError, match="MXFP8BlockScaling"),
-        te.quantized_model_init(recipe=MXFP8BlockScaling()),
-    ):
-        te.Linear(32, 32)
+    # block recipes: tests/test_pytorch_primary_weights.py
 
 
 def test_module_quantizers_follow_the_recipe_state() -> None:

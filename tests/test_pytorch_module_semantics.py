@@ -246,19 +246,24 @@ def test_constructors_follow_tes_positional_order_defaults_and_empty_bias() -> N
 
 # -- point 13 ------------------------------------------------------------------------------------
 def test_nvfp4_hadamard_transform_runs_in_bf16_inside_modules() -> None:
-    """TE csrc/quantizer.cpp NVFP4Quantizer: "RHT is only supported for bfloat16 input"; the
-    columnwise (wgrad) operand is transformed in bf16, as ``fp8sim.scaling.nvfp4`` does on its own."""
+    """TE csrc/quantizer.cpp NVFP4Quantizer::quantize_impl (line 2632: "RHT is only supported for bfloat16
+    input"): the columnwise (wgrad) operand is ``x^T`` transformed by TE's bf16 RHT matrix in bf16, its
+    amax taken after the transform, then cast to NVFP4; the reference (tests/_te_nvfp4_reference.py) is
+    written from TE's nvfp4_tensor.py get_rht_matrix and custom_recipes/reference_nvfp4.py."""
+    from _te_nvfp4_reference import apply_rht, quantize_1x16
+
     from fp8sim.pytorch.module._operands import quantize_operand
-    from fp8sim.scaling.nvfp4 import quantize_nvfp4
 
     torch.manual_seed(11)
     x = torch.randn(32, 64).to(torch.bfloat16)
     recipe = NVFP4BlockScaling(disable_stochastic_rounding=True)
     op = quantize_operand(x, recipe, "input", 0)
-    want = quantize_nvfp4(x.t().contiguous(), rht=True)
-    old = quantize_nvfp4(x.float().t().contiguous().numpy(), rht=True)
-    assert np.array_equal(op.qt.codes, want.codes) and np.array_equal(op.qt.scales, want.scales)
-    assert not (np.array_equal(old.codes, want.codes) and np.array_equal(old.scales, want.scales))
+    packed, scales, amax = quantize_1x16(apply_rht(x.t().contiguous()))
+    codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(64, 32)
+    assert np.array_equal(op.qt.codes, codes.numpy()) and np.array_equal(op.qt.scales, scales.numpy())
+    assert np.float32(op.qt.global_amax) == np.float32(amax.item())
+    f32 = quantize_1x16(apply_rht(x.float().t().contiguous()))  # the same transform in float32 differs
+    assert not (torch.equal(f32[0], packed) and torch.equal(f32[1], scales))
 
 
 # -- activations ---------------------------------------------------------------------------------

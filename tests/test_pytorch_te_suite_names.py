@@ -138,3 +138,56 @@ def test_fp8_primary_weights_built_without_grad_have_no_transpose(recipe_name: s
     with torch.inference_mode(), te.autocast(enabled=True, recipe=recipe):
         lin(torch.zeros(32, 32))
     assert lin.weight._transpose is None and lin.weight._transpose_invalid
+
+
+def test_tensor_storage_and_utils_names_resolve_under_transformer_engine() -> None:
+    """TE paths (d0067d0): ``pytorch/__init__.py`` lines 80 and 91-94 (``QuantizedTensorStorage`` and the four
+    ``*TensorStorage`` classes at top level), ``tensor/storage/*_tensor_storage.py``, ``tensor/utils.py``
+    (``replace_raw_data``, ``quantize_master_weights``, ``cast_master_weights_to_fp8``), ``quantized_tensor.py``."""
+    import importlib
+
+    from fp8sim import shim
+    from fp8sim.pytorch import tensor as fp8_tensor
+
+    if not shim.is_installed() and importlib.util.find_spec("transformer_engine") is not None:
+        pytest.skip("a real TransformerEngine is installed")
+    shim.install(quiet=True)
+    try:
+        tep = importlib.import_module("transformer_engine.pytorch")
+        utils_mod = importlib.import_module("transformer_engine.pytorch.tensor.utils")
+        qt = importlib.import_module("transformer_engine.pytorch.quantized_tensor")
+        assert qt.QuantizedTensorStorage is fp8_tensor.QuantizedTensorStorage is tep.QuantizedTensorStorage
+        for f, cls in (
+            ("float8_tensor_storage", "Float8TensorStorage"),
+            ("mxfp8_tensor_storage", "MXFP8TensorStorage"),
+            ("float8_blockwise_tensor_storage", "Float8BlockwiseQTensorStorage"),
+            ("nvfp4_tensor_storage", "NVFP4TensorStorage"),
+            ("identity_tensor_storage", "IdentityTensorStorage"),
+        ):
+            mod = importlib.import_module(f"transformer_engine.pytorch.tensor.storage.{f}")
+            assert getattr(mod, cls) is getattr(fp8_tensor, cls) is getattr(tep, cls)
+        storage = importlib.import_module("transformer_engine.pytorch.tensor.storage")
+        assert storage.Float8TensorStorage is fp8_tensor.Float8TensorStorage
+        for name in ("replace_raw_data", "quantize_master_weights", "cast_master_weights_to_fp8"):
+            assert getattr(utils_mod, name) is getattr(fp8_tensor.utils, name)
+    finally:
+        shim.uninstall()
+
+
+def test_update_weight_quantizers_hands_each_fp8_weight_its_slot_quantizer() -> None:
+    """module/base.py:1252-1263: ``_update_weight_quantizers`` calls ``weight.update_quantizer(q)`` with
+    ``_get_weight_quantizers()`` for every quantized weight (TE calls it after the delayed-scaling state
+    is rebuilt for a new ``amax_history_len``, base.py:1080-1083)."""
+    from fp8sim.recipe import MXFP8BlockScaling
+
+    with te.quantized_model_init(recipe=MXFP8BlockScaling()):
+        mlp = te.LayerNormMLP(32, 32)
+    qs = mlp._get_weight_quantizers()
+    assert len(qs) == 2 and all(isinstance(q, te.MXFP8Quantizer) for q in qs)
+    with pytest.warns(UserWarning, match="Quantizer is being updated"):
+        mlp._update_weight_quantizers()
+    assert mlp._get_weight_tensors()[0] is mlp.fc1_weight
+    assert isinstance(mlp.fc1_weight._get_quantizer(), te.MXFP8Quantizer) and mlp.fc1_weight._quantizer is not None
+    plain = te.Linear(32, 32)
+    assert plain._get_weight_quantizers() == [None]
+    plain._update_weight_quantizers()  # high-precision weights: nothing to update

@@ -48,10 +48,12 @@ def quantize_block_scaling(
     columnwise: bool = False,
     pow2: bool = True,
     block_size: int = BLOCK_SIZE,
+    eps: float = 0.0,
 ) -> QuantizedTensor:
     """Quantize with 1x``block_size`` (``block_dim=1``; ``columnwise``: ``block_size``x1 along dim 0)
     or ``block_size``x``block_size`` (``block_dim=2``) blocks.  1-D blocks along the last dim accept
-    any rank; the columnwise and 2-D layouts need a 2-D tensor."""
+    any rank; the columnwise and 2-D layouts need a 2-D tensor.  ``eps``: a block amax below it is
+    raised to it before the scale (TE's ``amax_epsilon``, ``recipe_common.cuh``)."""
     f = get_format(fmt)
     if isinstance(block_dim, bool) or block_dim not in (1, 2):
         raise ValueError(f"block_dim must be 1 (1x{block_size}) or 2 ({block_size}x{block_size}); got {block_dim!r}")
@@ -80,7 +82,7 @@ def quantize_block_scaling(
     split = padded.reshape(tuple(v for n, b in zip(padded.shape, block, strict=True) for v in (n // b, b)))
     inner = tuple(range(1, 2 * padded.ndim, 2))
     amax = amax_nan_skipping(split, axis=inner)
-    scale = compute_scale_from_amax(amax, f.max, pow2=pow2, eps=0.0, value_for_inf=value_for_inf)
+    scale = compute_scale_from_amax(amax, f.max, pow2=pow2, eps=eps, value_for_inf=value_for_inf)
     with np.errstate(divide="ignore"):
         scale_inv = (np.float32(1) / scale).astype(np.float32)
     expanded = np.expand_dims(scale, inner)

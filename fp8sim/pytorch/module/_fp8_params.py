@@ -4,8 +4,12 @@ TE ``module/base.py`` ``reset_parameters``: inside ``quantized_model_init`` each
 by the module's weight quantizer right after its initialisation and registered as an
 ``nn.Parameter`` wrapping the quantized tensor; ``preserve_high_precision_init_val`` keeps a CPU
 copy of the initial value behind ``get_high_precision_init_val()`` / ``clear_high_precision_init_val()``.
-The forward GEMM then uses the tensor's own codes and ``scale_inv`` (nothing re-quantized).
-fp8sim emulates the per-tensor recipes (delayed and current scaling); block recipes are refused.
+The weight quantizer is the module's ``quantizers["scaling_fwd"]`` weight slot (TE
+``self.quantizers["scaling_fwd"][fp8_meta_index]``), so every recipe gives its own tensor class:
+``Float8Tensor`` (delayed, current), ``MXFP8Tensor``, ``Float8BlockwiseQTensor``, ``NVFP4Tensor``.
+The GEMMs then use the tensor's own codes and scales (nothing re-quantized): the rowwise copy in
+fprop, the columnwise copy in dgrad.  An optimizer step writes into the parameter in place, which
+``QuantizedTensor.__torch_dispatch__`` turns into dequantize, update, ``quantize_`` (TE's rule).
 """
 
 from __future__ import annotations
@@ -18,10 +22,26 @@ import torch
 from torch import nn
 
 from ...cast import decode
-from ...recipe import DelayedScaling, Float8CurrentScaling, Recipe, tensor_format
+from ...recipe import (
+    DelayedScaling,
+    Float8BlockScaling,
+    Float8CurrentScaling,
+    MXFP8BlockScaling,
+    NVFP4BlockScaling,
+    Recipe,
+    tensor_format,
+)
+from ...scaling.quantized import QuantizedTensor as _SimQT
 from ._operands import Operand
 
-__all__ = ["quantize_primary_weights", "operand_from_fp8_weight", "is_fp8_weight"]
+__all__ = [
+    "quantize_primary_weights",
+    "operand_from_fp8_weight",
+    "block_operands_from_fp8_weight",
+    "is_fp8_weight",
+    "weight_quantizers",
+    "update_weight_quantizers",
+]
 
 
 def is_fp8_weight(w: Any) -> bool:
@@ -34,18 +54,47 @@ def _weight_quantizer(module: Any, name: str, recipe: Recipe) -> Any:
     from ..constants import DType
     from ..tensor import Float8CurrentScalingQuantizer, delayed_scaling_quantizers
 
-    fp8 = DType.kFloat8E4M3 if tensor_format(recipe.fp8_format, True).name == "e4m3" else DType.kFloat8E5M2
     if isinstance(recipe, DelayedScaling):
         g = module.fp8_gemms[module._gemm_of_weight(name)]
         g.ensure(recipe)
         return delayed_scaling_quantizers(g.fwd)[1]  # the WEIGHT slot of that GEMM's forward state
     if isinstance(recipe, Float8CurrentScaling):
+        fp8 = DType.kFloat8E4M3 if tensor_format(recipe.fp8_format, True).name == "e4m3" else DType.kFloat8E5M2
         qp = recipe.fp8_quant_fwd_weight
         return Float8CurrentScalingQuantizer(fp8, force_pow_2_scales=qp.power_2_scale, amax_epsilon=qp.amax_epsilon)
+    if isinstance(recipe, MXFP8BlockScaling | Float8BlockScaling | NVFP4BlockScaling):
+        from ._quantizers import module_quantizers
+
+        index = list(module.fp8_gemms).index(module._gemm_of_weight(name))
+        return module_quantizers(module, recipe)["scaling_fwd"][3 * index + 1]  # TE's WEIGHT slot of that GEMM
     raise NotImplementedError(
         f"transformer_engine.pytorch.quantized_model_init with {type(recipe).__name__}: FP8 primary weights are "
-        "emulated for DelayedScaling and Float8CurrentScaling only"
+        "not emulated for this recipe"
     )
+
+
+def weight_quantizers(module: Any) -> list:
+    """TE ``_get_weight_quantizers``: the weight slot's quantizer of each GEMM weight under the module's
+    recipe (the last FP8 step's, else the ``quantized_model_init`` one); None outside FP8."""
+    recipe = module._last_recipe or (module._param_recipe if module.primary_weights_in_fp8 else None)
+    names = module._weights()
+    if recipe is None:
+        return [None] * len(names)
+    return [_weight_quantizer(module, name, recipe) for name in names]
+
+
+def update_weight_quantizers(module: Any) -> None:
+    """TE ``base.py`` ``_update_weight_quantizers``: each quantized weight takes its slot's current
+    quantizer (``update_quantizer``, which warns when it changes), e.g. after the delayed-scaling state
+    was rebuilt for a new ``amax_history_len``."""
+    from ..tensor import QuantizedTensorStorage
+
+    tensors = [getattr(module, n) for n in module._weights()]
+    quantizers = weight_quantizers(module)
+    for weight, quantizer in zip(tensors, quantizers, strict=True):
+        if quantizer is not None and isinstance(weight, QuantizedTensorStorage):
+            quantizer.set_usage(rowwise=True, columnwise=weight.get_usages()["columnwise"])
+            weight.update_quantizer(quantizer)
 
 
 def quantize_primary_weights(module: Any, names: list[str], recipe: Recipe, preserve: bool) -> None:
@@ -81,10 +130,127 @@ def _attach_high_precision_init_val(param: Any, value: torch.Tensor) -> None:
 
 
 def operand_from_fp8_weight(w: Any) -> Operand:
-    """The GEMM operand of an FP8 primary weight: its own codes and ``scale_inv``."""
+    """The GEMM operand of a per-tensor FP8 primary weight: its own codes and ``scale_inv``."""
     from ...formats import get_format
     from ..constants import DType
 
     fmt = get_format("e4m3" if w._fp8_dtype == DType.kFloat8E4M3 else "e5m2")
     codes = w._data.reshape(w.shape)
     return Operand(None, fmt, decode(codes, fmt), codes, float(np.float32(w._scale_inv.reshape(-1)[0].item())))
+
+
+def block_operands_from_fp8_weight(w: Any) -> tuple[Operand, Operand | None]:
+    """``(row, col)`` GEMM operands of a block-scaled primary weight ``w`` (N, K): ``row`` blocked
+    along K from the rowwise copy (fprop), ``col`` blocked along N from the columnwise copy (dgrad),
+    in the layouts :func:`fp8sim.pytorch.module._operands.quantize_operand` gives; ``col`` is None
+    where the weight has no columnwise copy (quantized where grad was disabled)."""
+    from ..tensor import Float8BlockwiseQTensor, MXFP8Tensor, NVFP4Tensor
+
+    if w._rowwise_data is None:
+        raise RuntimeError(f"{type(w).__name__} weight has no rowwise data; quantize it with rowwise usage")
+    if isinstance(w, MXFP8Tensor):
+        row = _mxfp8_qt(w, columnwise=False)
+        col = _mxfp8_qt(w, columnwise=True) if w._columnwise_data is not None else None
+    elif isinstance(w, Float8BlockwiseQTensor):
+        row = _blockwise_qt(w, columnwise=False)
+        col = (
+            row if w._is_2D_scaled else (_blockwise_qt(w, columnwise=True) if w._columnwise_data is not None else None)
+        )
+    elif isinstance(w, NVFP4Tensor):
+        row = _nvfp4_qt(w, columnwise=False)
+        col = _nvfp4_qt(w, columnwise=True) if w._columnwise_data is not None else None
+    else:
+        raise NotImplementedError(f"FP8 primary weights of type {type(w).__name__} are not emulated")
+    row_op = Operand(torch.from_numpy(row.dequantize()), row.fmt, qt=row)
+    if col is None:
+        return row_op, None
+    if isinstance(w, NVFP4Tensor):  # stored (K, N): the operand is its transpose
+        return row_op, Operand(torch.from_numpy(col.dequantize()).t(), col.fmt, qt=col, transposed=True)
+    return row_op, Operand(torch.from_numpy(col.dequantize()), col.fmt, qt=col)
+
+
+def _mxfp8_qt(w: Any, columnwise: bool) -> _SimQT:
+    from ...formats import E8M0
+
+    m, k = _flatten(w.shape)
+    fmt = _element_format(w._fp8_dtype)
+    if columnwise:
+        codes, scales, block = w._columnwise_data, w._columnwise_scale_inv[: m // 32, :k], (32, 1)
+    else:
+        codes, scales, block = w._rowwise_data, w._rowwise_scale_inv[:m, : k // 32], (1, 32)
+    return _SimQT(_np(codes.reshape(m, k)), _np(scales), fmt, block, (m, k), "float32", scale_format=E8M0)
+
+
+def _blockwise_qt(w: Any, columnwise: bool) -> _SimQT:
+    """TE's 1x128 layouts: rowwise scale ``[j, m]`` (block j of row m), columnwise data (K, M) with
+    scale ``[i, k]``; 128x128: one scale per tile, rowwise ``[i, j]``."""
+    m, k = _flatten(w.shape)
+    fmt = _element_format(w._fp8_dtype)
+    b = 128
+    if w._is_2D_scaled:
+        codes = _pad(_np(w._rowwise_data.reshape(m, k)), b, b)
+        scales = _np(w._rowwise_scale_inv[: -(-m // b), : -(-k // b)])
+        block = (b, b)
+    elif columnwise:
+        codes = _pad(_np(w._columnwise_data.reshape(k, m)).T, b, 1)
+        scales, block = _np(w._columnwise_scale_inv[: -(-m // b), :k]), (b, 1)
+    else:
+        codes = _pad(_np(w._rowwise_data.reshape(m, k)), 1, b)
+        scales, block = _np(w._rowwise_scale_inv[: -(-k // b), :m]).T, (1, b)
+    return _SimQT(codes, np.ascontiguousarray(scales, np.float32), fmt, block, (m, k), "float32")
+
+
+def _nvfp4_qt(w: Any, columnwise: bool) -> _SimQT:
+    """Unpacked E2M1 codes, E4M3 block scales (one per 16x16 tile with 2D quantization, TE's rowwise
+    layout repeating it on each row of the tile), and the global scale ``1 / S_enc(amax)``."""
+    from ...formats import E2M1, E4M3
+    from ...scaling.nvfp4 import _te_encode_scale
+    from ...scaling.packing import unpack_fp4
+
+    m, k = _flatten(w.shape)
+    rows, cols = (k, m) if columnwise else (m, k)
+    data = w._columnwise_data if columnwise else w._rowwise_data
+    scale = w._columnwise_scale_inv if columnwise else w._rowwise_scale_inv
+    amax = (w._amax_columnwise if columnwise else w._amax_rowwise).reshape(-1)
+    if amax.numel() != 1:
+        raise NotImplementedError("row-scaled NVFP4 primary weights are not emulated (TE scales weights per tensor)")
+    codes = unpack_fp4(data.reshape(rows, cols // 2).cpu()).numpy()
+    scales = _np(scale[:rows, : -(-cols // 16)])
+    block = (1, 16)
+    if w._with_2d_quantization:
+        scales, block = scales[::16], (16, 16)
+    a = np.float32(amax[0].item())
+    g = float(np.float32(1) / np.float32(_te_encode_scale(np.asarray(a, np.float32), False)))
+    return _SimQT(
+        codes,
+        np.ascontiguousarray(scales),
+        E2M1,
+        block,
+        (rows, cols),
+        "float32",
+        scale_format=E4M3,
+        global_scale=g,
+        global_amax=float(a),
+    )
+
+
+def _flatten(shape: Any) -> tuple[int, int]:
+    return int(np.prod(shape[:-1], dtype=np.int64)), int(shape[-1])
+
+
+def _element_format(fp8_dtype: Any) -> Any:
+    from ...formats import get_format
+    from ..constants import DType
+
+    return get_format("e4m3" if fp8_dtype == DType.kFloat8E4M3 else "e5m2")
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.detach().cpu().numpy())
+
+
+def _pad(codes: np.ndarray, rb: int, cb: int) -> np.ndarray:
+    r, c = codes.shape
+    out = np.zeros((-(-r // rb) * rb, -(-c // cb) * cb), np.uint8)
+    out[:r, :c] = codes
+    return out

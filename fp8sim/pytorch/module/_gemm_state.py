@@ -10,7 +10,7 @@ import torch
 from ...recipe import DelayedScaling, Recipe
 from ...scaling.delayed import DelayedScaler
 from ..quantization import add_fp8_tensors_to_global_buffer
-from ._fp8_params import is_fp8_weight, operand_from_fp8_weight
+from ._fp8_params import block_operands_from_fp8_weight, is_fp8_weight, operand_from_fp8_weight
 from ._operands import PER_TENSOR, Operand, quantize_operand
 
 __all__ = ["_GemmState", "_ScalingMeta"]
@@ -58,13 +58,11 @@ class _GemmState:
     def _weight_operands(self, w: torch.Tensor, recipe: Recipe, is_first_microbatch: bool | None) -> tuple:
         if is_first_microbatch is False and self.weight_cache is not None:
             return self.weight_cache  # TE reuses the cached FP8 weight and its old scale_inv
-        if is_fp8_weight(w):  # an FP8 primary weight: its own codes and scale_inv
-            if not self._per_tensor(recipe):
-                raise NotImplementedError(
-                    f"FP8 primary weights under {type(recipe).__name__}: fp8sim emulates them for per-tensor recipes"
-                )
-            op = operand_from_fp8_weight(w)
-            return op, op
+        if is_fp8_weight(w):  # an FP8 primary weight: its own codes and scale(s)
+            if self._per_tensor(recipe):
+                op = operand_from_fp8_weight(w)
+                return op, op
+            return block_operands_from_fp8_weight(w)  # no columnwise copy: None (base._linear asks for it)
         row = self._quantize(w, recipe, "weight", 1)
         col = row if self._per_tensor(recipe) else self._quantize(w, recipe, "weight", 0)
         if is_first_microbatch is not None:

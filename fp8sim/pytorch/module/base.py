@@ -205,11 +205,7 @@ class TransformerEngineBaseModule(nn.Module):
                 p = getattr(self, name, None)
                 if p is None or p.device.type == "meta":
                     continue
-                if (
-                    getattr(self, "primary_weights_in_fp8", False)
-                    and name.endswith("weight")
-                    and name in self._weights()
-                ):
+                if getattr(self, "primary_weights_in_fp8", False) and name in self._weights():
                     fp8_names.append(name)
                     if is_fp8_weight(p):  # re-initialise in high precision, then quantize again
                         p = torch.empty(p.shape, dtype=p.dtype, device=p.device)
@@ -221,6 +217,21 @@ class TransformerEngineBaseModule(nn.Module):
     def _weights(self) -> list[str]:
         """The GEMM weight parameters (FP8 primary weights apply to these)."""
         return list(getattr(self, "weight_names", [])) + [n for n in ("fc1_weight", "fc2_weight") if hasattr(self, n)]
+
+    def _get_weight_tensors(self) -> list:
+        """TE's: the GEMM weights (quantized tensors for FP8 primary weights)."""
+        return [getattr(self, n) for n in self._weights()]
+
+    def _get_weight_quantizers(self) -> list:
+        from ._fp8_params import weight_quantizers
+
+        return weight_quantizers(self)
+
+    def _update_weight_quantizers(self) -> None:
+        """TE's: each FP8 primary weight takes its slot's current quantizer (``update_quantizer``)."""
+        from ._fp8_params import update_weight_quantizers
+
+        update_weight_quantizers(self)
 
     def _gemm_of_weight(self, name: str) -> str:
         return name.split("_")[0] if name.startswith("fc") else "gemm"
@@ -295,7 +306,12 @@ class TransformerEngineBaseModule(nn.Module):
             recipe = get_recipe()
             self._last_recipe = recipe
             assert_dim_for_fp8_exec(x, w)
+            hist = None if g.fwd is None else g.fwd.amax_history
             g.ensure(recipe, st.group)
+            if hist is not None and g.fwd.amax_history is not hist and is_fp8_weight(w):
+                self._update_weight_quantizers()  # TE base.py: a new amax_history_len rebuilds the quantizers
+            if is_fp8_weight(w) and _requires_grad(x, w, b) and not w.get_usages()["columnwise"]:
+                w.update_usage(columnwise_usage=True)  # TE linear.py:1051 (backward): made from rowwise or TE's error
             g.group = st.group
             first = _register(self, _requires_grad(x, w, b))
             self._region_token = st.modules

@@ -13,6 +13,15 @@ from .identity_tensor import IdentityQuantizer, IdentityTensor
 from .mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
 from .nvfp4_tensor import NVFP4Quantizer, NVFP4Tensor
 from .quantized_tensor import QuantizedTensor, Quantizer, prepare_for_saving, restore_from_saved
+from .storage import (
+    Float8BlockwiseQTensorStorage,
+    Float8TensorStorage,
+    MXFP8TensorStorage,
+    NVFP4TensorStorage,
+    QuantizedTensorStorage,
+)
+from .storage.identity_tensor_storage import IdentityTensorStorage
+from .utils import cast_master_weights_to_fp8, replace_raw_data
 
 __all__ = [
     "Quantizer",
@@ -36,4 +45,12 @@ __all__ = [
     "IdentityTensor",
     "prepare_for_saving",
     "restore_from_saved",
+    "QuantizedTensorStorage",
+    "Float8TensorStorage",
+    "MXFP8TensorStorage",
+    "Float8BlockwiseQTensorStorage",
+    "NVFP4TensorStorage",
+    "IdentityTensorStorage",
+    "replace_raw_data",
+    "cast_master_weights_to_fp8",
 ]

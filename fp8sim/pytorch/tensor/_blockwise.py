@@ -88,7 +88,13 @@ class BlockScaledTensor(QuantizedTensor):
         return {"rowwise": self._rowwise_data is not None, "columnwise": self._columnwise_data is not None}
 
     def update_usage(self, rowwise_usage: bool | None = None, columnwise_usage: bool | None = None) -> None:
-        """Drop a copy (a missing copy cannot be made from the other: it was quantized separately)."""
+        """Drop a copy (False) or require it (True; None keeps what there is).  Asking for both copies where
+        only the rowwise one exists makes the columnwise one from it where TE can (2D tiles:
+        :meth:`_create_columnwise`), else raises TE's error."""
+        want_row = self._rowwise_data is not None if rowwise_usage is None else rowwise_usage
+        want_col = self._columnwise_data is not None if columnwise_usage is None else columnwise_usage
+        if want_row and want_col and self._columnwise_data is None and self._rowwise_data is not None:
+            self._create_columnwise()
         for flag, prefix in ((rowwise_usage, "_rowwise"), (columnwise_usage, "_columnwise")):
             if flag and getattr(self, prefix + "_data") is None:
                 raise RuntimeError(f"{type(self).__name__} has no {prefix[1:]} data; quantize again with that usage")
@@ -130,6 +136,9 @@ class BlockScaledTensor(QuantizedTensor):
 
     def _data_shape(self, shape: tuple[int, ...], columnwise: bool) -> tuple[int, ...]:
         return shape
+
+    def _create_columnwise(self) -> None:
+        raise RuntimeError(f"{type(self).__name__} cannot make its columnwise data from the rowwise data")
 
     def _dequantize_rowwise(self) -> torch.Tensor:
         raise NotImplementedError

@@ -24,6 +24,7 @@ from ...scaling.block import quantize_block_scaling
 from ..constants import DType, TE_DType_To_Torch
 from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
 from .quantized_tensor import Quantizer, _check_high_precision
+from .storage.float8_blockwise_tensor_storage import Float8BlockwiseQTensorStorage
 
 __all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensor"]
 
@@ -51,8 +52,6 @@ class Float8BlockQuantizer(Quantizer):
             raise ValueError(f"fp8_dtype must be DType.kFloat8E4M3 or DType.kFloat8E5M2, got {self.dtype!r}")
         if block_scaling_dim not in (1, 2):
             raise RuntimeError(f"Only 1D or 2D blocks are supported, but got block_scaling_dim={block_scaling_dim}")
-        if amax_epsilon != 0.0:
-            raise NotImplementedError("Float8BlockQuantizer: amax_epsilon != 0 is not emulated (TE's recipe uses 0)")
         self.block_len = 128
         self.force_pow_2_scales = force_pow_2_scales
         self.amax_epsilon = amax_epsilon
@@ -89,9 +88,10 @@ class Float8BlockQuantizer(Quantizer):
         x = tensor.detach().to(device="cpu").reshape(m, k)
         x = numpy_view(x) if tensor.dtype == torch.float32 else _as_ml_dtypes(x)  # .numpy() pins the storage
         fmt, pow2, dim = _FORMATS[self.dtype], self.force_pow_2_scales, self.block_scaling_dim
+        eps = float(np.float32(self.amax_epsilon))  # TE passes it to the kernel as a float
         rd = rs = cd = cs = None
         if dim == 2:
-            q = quantize_block_scaling(x, fmt, block_dim=2, pow2=pow2)
+            q = quantize_block_scaling(x, fmt, block_dim=2, pow2=pow2, eps=eps)
             codes = torch.from_numpy(np.ascontiguousarray(q.codes[:m, :k]))
             if self.rowwise_usage:
                 rd, rs = codes.reshape(shape), padded(q.scales, self.get_scale_shape(shape, False), torch.float32)
@@ -100,11 +100,11 @@ class Float8BlockQuantizer(Quantizer):
                 cs = padded(q.scales.T, self.get_scale_shape(shape, True), torch.float32)
         else:
             if self.rowwise_usage:
-                q = quantize_block_scaling(x, fmt, block_dim=1, pow2=pow2)
+                q = quantize_block_scaling(x, fmt, block_dim=1, pow2=pow2, eps=eps)
                 rd = torch.from_numpy(np.ascontiguousarray(q.codes[:m, :k])).reshape(shape)
                 rs = padded(q.scales.T, self.get_scale_shape(shape, False), torch.float32)
             if self.columnwise_usage:
-                q = quantize_block_scaling(x, fmt, block_dim=1, columnwise=True, pow2=pow2)
+                q = quantize_block_scaling(x, fmt, block_dim=1, columnwise=True, pow2=pow2, eps=eps)
                 cd = torch.from_numpy(np.ascontiguousarray(q.codes[:m, :k].T)).reshape(self.get_columnwise_shape(shape))
                 cs = padded(q.scales, self.get_scale_shape(shape, True), torch.float32)
         dev = tensor.device
@@ -132,7 +132,7 @@ def _as_ml_dtypes(x: torch.Tensor) -> np.ndarray:
     return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
 
 
-class Float8BlockwiseQTensor(BlockScaledTensor):
+class Float8BlockwiseQTensor(Float8BlockwiseQTensorStorage, BlockScaledTensor):
     """FP8 block-scaled data: ``_rowwise_data`` (logical shape), ``_columnwise_data`` (transposed),
     float32 ``_rowwise_scale_inv`` / ``_columnwise_scale_inv`` in TE's layouts, ``_fp8_dtype``,
     ``_is_2D_scaled``."""
@@ -156,6 +156,20 @@ class Float8BlockwiseQTensor(BlockScaledTensor):
         if shape == tuple(self.shape):  # TE returns the tensor itself
             return self
         return super()._viewed(shape, view)
+
+    def _create_columnwise(self) -> None:
+        """TE ``storage/float8_blockwise_tensor_storage.py`` ``_create_columnwise`` (2D only): the rowwise
+        codes transposed, the tile scales transposed into the columnwise layout."""
+        if not self._is_2D_scaled:  # 1x128 rowwise and 128x1 columnwise scales differ
+            raise AssertionError("Cannot update to rowwise and columnwise usage.")
+        m, k = flatten_2d(self.shape)
+        codes = self._rowwise_data.reshape(m, k).t().contiguous()
+        self._columnwise_data = codes.reshape(self._data_shape(tuple(self.shape), True))
+        sm, sk = -(-m // 128), -(-k // 128)
+        rs = self._rowwise_scale_inv
+        cs = torch.zeros(sk, round_up(sm, 4), dtype=rs.dtype, device=rs.device)
+        cs[:, :sm] = rs[:sm, :sk].t()
+        self._columnwise_scale_inv = cs
 
     def _data_shape(self, shape: tuple[int, ...], columnwise: bool) -> tuple[int, ...]:
         return (shape[-1], *shape[:-1]) if columnwise else shape

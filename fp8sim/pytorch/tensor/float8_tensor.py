@@ -26,6 +26,7 @@ from ...scaling.current import compute_scale_from_amax
 from ..constants import DType, TE_DType_To_Torch
 from . import _fsdp2
 from .quantized_tensor import QuantizedTensor, Quantizer, _check_high_precision
+from .storage.float8_tensor_storage import Float8TensorStorage
 
 __all__ = ["Float8Quantizer", "Float8CurrentScalingQuantizer", "Float8Tensor", "delayed_scaling_quantizers"]
 
@@ -243,7 +244,7 @@ class _Reshape(torch.autograd.Function):
         return grad.reshape(ctx.shape), None, None
 
 
-class Float8Tensor(QuantizedTensor):
+class Float8Tensor(Float8TensorStorage, QuantizedTensor):
     """FP8 data with one scale: ``_data`` (uint8 codes), ``_scale_inv`` (float32, shape [1]),
     ``_fp8_dtype`` (``DType``), ``_transpose`` (columnwise codes or None), ``_quantizer``."""
 
@@ -303,6 +304,11 @@ class Float8Tensor(QuantizedTensor):
 
     def get_usages(self) -> dict[str, bool]:
         return {"rowwise": self._data is not None, "columnwise": not self._transpose_invalid}
+
+    def _reset_caches(self) -> None:
+        """TE's: mark the transpose stale after an in-place write of ``_data`` (a columnwise-only tensor's
+        transpose is its data, so it stays valid)."""
+        self._transpose_invalid = not (self._data is None and self._transpose is not None)
 
     def update_usage(self, rowwise_usage: bool | None = None, columnwise_usage: bool | None = None) -> None:
         """Add or drop the rowwise / columnwise copies (the transpose is made from ``_data``)."""

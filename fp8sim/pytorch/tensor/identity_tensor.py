@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .quantized_tensor import QuantizedTensor, Quantizer
+from .storage.identity_tensor_storage import IdentityTensorStorage
 
 __all__ = ["IdentityQuantizer", "IdentityTensor"]
 
@@ -83,7 +84,7 @@ class IdentityQuantizer(Quantizer):
         del tensor
 
 
-class IdentityTensor(QuantizedTensor):
+class IdentityTensor(IdentityTensorStorage, QuantizedTensor):
     """A high-precision tensor in quantized-tensor clothing: ``_hp_data`` and ``_quantizer``."""
 
     _saved_fields = ("_hp_data",)

@@ -25,6 +25,7 @@ from ...scaling.mx import quantize_mx
 from ..constants import MXFP8_BLOCK_SCALING_SIZE, DType, TE_DType_To_Torch
 from ._blockwise import BlockScaledTensor, check_usage, flatten_2d, padded, round_up
 from .quantized_tensor import Quantizer, _check_high_precision
+from .storage.mxfp8_tensor_storage import MXFP8TensorStorage
 
 __all__ = ["MXFP8Quantizer", "MXFP8Tensor"]
 
@@ -128,12 +129,20 @@ class MXFP8Quantizer(Quantizer):
         return codes, row_scales, codes, col_scales
 
 
-class MXFP8Tensor(BlockScaledTensor):
+class MXFP8Tensor(MXFP8TensorStorage, BlockScaledTensor):
     """MXFP8 data: ``_rowwise_data`` / ``_columnwise_data`` (uint8 codes, logical shape),
     ``_rowwise_scale_inv`` / ``_columnwise_scale_inv`` (uint8 E8M0, TE's padded shapes),
     ``_fp8_dtype``, ``_with_gemm_swizzled_scales`` (False: fp8sim keeps compact scales)."""
 
     _extra_fields = ("with_gemm_swizzled_scales",)
+
+    def _create_columnwise(self) -> None:
+        """TE (``storage/mxfp8_tensor_storage.py`` ``update_usage``): only the quantization makes it."""
+        raise RuntimeError("Requested column-wise usage, but MXFP8Tensor is missing column-scaled FP8 data")
+
+    def _build_default_quantizer(self) -> MXFP8Quantizer:
+        """TE ``mxfp8_tensor.py``: an ``MXFP8Quantizer`` of the tensor's FP8 dtype."""
+        return MXFP8Quantizer(self._fp8_dtype)
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:

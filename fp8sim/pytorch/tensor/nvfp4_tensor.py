@@ -9,7 +9,9 @@ block scales (uint8) of shape ``(round_up(M, 128), round_up(ceil(K/16), 4))`` an
 ``(round_up(K, 128), round_up(ceil(M/16), 4))``; ``_amax_rowwise`` / ``_amax_columnwise`` float32
 (one per row for ``row_scaled_nvfp4``).  Dequantization is TE's (``dequantize_nvfp4.cuh``, via
 ``fp8sim.scaling.dequantize_nvfp4``).  Stochastic rounding uses fp8sim's seeded generator (TE's
-Philox bits are not emulated, spec section 10); 4over6 is not emulated.
+Philox bits are not emulated, spec section 10); ``with_random_sign_mask=False`` transforms with the
+unsigned Hadamard matrix; ``with_post_rht_amax`` without RHT changes nothing (TE ignores it there);
+what TE's ``quantize_impl`` refuses raises its ``RuntimeError``; 4over6 is not emulated.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import numpy as np
 import torch
 
 from ...formats import get_format
-from ...scaling.nvfp4 import dequantize_nvfp4, quantize_nvfp4
+from ...scaling.nvfp4 import RHT_SIGNS, dequantize_nvfp4, quantize_nvfp4, rht_matrix
 from ...scaling.packing import pack_fp4, unpack_fp4
 from ...scaling.quantized import QuantizedTensor as _SimQT
-from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType
+from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType, TE_DType
 from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
 from .quantized_tensor import Quantizer, _check_high_precision
+from .storage.nvfp4_tensor_storage import NVFP4TensorStorage
 
 __all__ = ["NVFP4Quantizer", "NVFP4Tensor"]
 
@@ -93,21 +96,38 @@ class NVFP4Quantizer(Quantizer):
             return round_up(k, 128), round_up(-(-m // _B), 4)
         return round_up(m, 128), round_up(-(-k // _B), 4)
 
-    def _unsupported(self) -> str | None:
+    def _check(self, tensor: torch.Tensor) -> None:
+        """TE's refusals (``csrc/quantizer.cpp`` ``NVFP4Quantizer::quantize_impl``), in its order; 4over6
+        block selection is TE's but not emulated here (``fp8sim.scaling.quantize_nvfp4_4over6`` has the
+        rowwise 1x16 kernel)."""
         if self.nvfp4_use_4over6:
-            return "nvfp4_use_4over6=True (4over6 block selection)"
-        if self.with_rht and not self.with_random_sign_mask:
-            return "with_rht=True with with_random_sign_mask=False"
-        if self.with_rht != self.with_post_rht_amax and self.columnwise_usage:
-            return "with_rht != with_post_rht_amax (fp8sim takes the columnwise amax after the transform)"
-        return None
+            if self.with_rht:
+                raise RuntimeError("NVFP4 4over6 quantization does not support RHT.")
+            if self.stochastic_rounding:
+                raise RuntimeError("NVFP4 4over6 quantization does not support stochastic rounding.")
+            raise NotImplementedError(
+                "NVFP4Quantizer: nvfp4_use_4over6=True (4over6 block selection) is not emulated by fp8sim"
+            )
+        if self.row_scaled_nvfp4:
+            for flag, what in (
+                (self.with_rht, "RHT"),
+                (self.with_2d_quantization, "2D quantization"),
+                (self.stochastic_rounding, "stochastic rounding"),
+                (self.with_amax_reduction, "amax reduction"),
+            ):
+                if flag:
+                    raise RuntimeError(f"Row-scaled NVFP4 quantization does not support {what}.")
+        if self.with_rht:
+            if tensor.dtype != torch.bfloat16:
+                dt = int(TE_DType[tensor.dtype])
+                raise RuntimeError(f"RHT is only supported for bfloat16 input, got dtype enum value {dt}")
+            if not self.with_post_rht_amax:
+                raise RuntimeError("Pre-RHT amax is not supported yet. Use with_post_rht_amax=true instead.")
 
     def quantize_impl(self, tensor: torch.Tensor) -> NVFP4Tensor:
         _check_high_precision(tensor, type(self).__name__)
         check_usage(self)
-        why = self._unsupported()
-        if why:
-            raise NotImplementedError(f"NVFP4Quantizer: {why} is not emulated by fp8sim")
+        self._check(tensor)
         shape = tuple(tensor.shape)
         m, k = flatten_2d(shape)
         x = tensor.detach().to("cpu").reshape(m, k)
@@ -128,7 +148,10 @@ class NVFP4Quantizer(Quantizer):
         if self.columnwise_usage:
             xt = x.t().contiguous()
             s2 = None if seed is None else seed + 2**32
-            q = quantize_nvfp4(xt, **common, rht=self.with_rht, seed=s2)
+            if self.with_rht and not self.with_random_sign_mask:  # TE's sign mask 0: the plain Hadamard/4
+                xt = _hadamard_bf16(xt)
+            rht = self.with_rht and self.with_random_sign_mask
+            q = quantize_nvfp4(xt, **common, rht=rht, seed=s2)
             out.update(
                 columnwise_data=pack_fp4(torch.from_numpy(q.codes[:k, :m])),
                 columnwise_scale_inv=padded(self._per_row(q.scales), self.get_scale_shape(shape, True), torch.uint8),
@@ -164,13 +187,39 @@ class NVFP4Quantizer(Quantizer):
         return float(t.item())
 
 
-class NVFP4Tensor(BlockScaledTensor):
+def _hadamard_bf16(x: torch.Tensor) -> torch.Tensor:
+    """``x.reshape(-1, 16) @ H/4`` in bf16 (TE ``get_rht_matrix(with_random_sign_mask=False)``: no signs),
+    as :func:`fp8sim.scaling.nvfp4.apply_rht` computes the signed one."""
+    h = torch.from_numpy(rht_matrix() * np.asarray(RHT_SIGNS, np.float32)[:, None]).to(torch.bfloat16)
+    return (x.contiguous().reshape(-1, _B) @ h).reshape(x.shape)
+
+
+class NVFP4Tensor(NVFP4TensorStorage, BlockScaledTensor):
     """NVFP4 data: packed ``_rowwise_data`` / ``_columnwise_data``, uint8 E4M3
     ``_rowwise_scale_inv`` / ``_columnwise_scale_inv``, float32 ``_amax_rowwise`` /
     ``_amax_columnwise``, ``_fp4_dtype``."""
 
     _extra_fields = ("amax_rowwise", "amax_columnwise", "with_2d_quantization")
     _saved_fields = (*BlockScaledTensor._saved_fields, "_amax_rowwise", "_amax_columnwise")
+
+    def _create_columnwise(self) -> None:
+        """TE ``storage/nvfp4_tensor_storage.py`` ``_create_columnwise`` (2D quantization only): the E2M1
+        codes transposed (nibbles repacked), each 16x16 tile's scale written on the rows of the transposed
+        tile, ``_amax_columnwise`` the rowwise amax."""
+        if self._quantizer is None or not self._quantizer.with_2d_quantization:
+            raise RuntimeError("Cannot create columnwise data without 2D quantization enabled.")
+        m, k = flatten_2d(self.shape)
+        codes = unpack_fp4(self._rowwise_data.reshape(m, k // 2).cpu())
+        self._columnwise_data = pack_fp4(codes.t().contiguous()).to(self._rowwise_data.device)
+        tiles = self._rowwise_scale_inv[: round_up(m, _B) : _B, : -(-k // _B)]  # one row per tile row
+        cs = torch.zeros(self._quantizer.get_scale_shape(tuple(self.shape), True), dtype=torch.uint8)
+        cs[: -(-k // _B) * _B, : tiles.shape[0]] = tiles.t().repeat_interleave(_B, dim=0)
+        self._columnwise_scale_inv = cs.to(self._rowwise_scale_inv.device)
+        self._amax_columnwise = self._amax_rowwise.clone()
+
+    def _build_default_quantizer(self) -> NVFP4Quantizer:
+        """TE ``nvfp4_tensor.py`` ``_get_quantizer``: a default ``NVFP4Quantizer()``."""
+        return NVFP4Quantizer()
 
     def _view_refusal(self, shape: tuple[int, ...], view: bool) -> tuple[type | None, str] | None:
         """TE (``nvfp4_tensor.py`` ``_ViewFunc``): the last dim must stay, else a warning and the

@@ -17,7 +17,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-__all__ = ["Quantizer", "QuantizedTensor", "prepare_for_saving", "restore_from_saved"]
+from .storage.quantized_tensor_storage import QuantizedTensorStorage
+
+__all__ = ["Quantizer", "QuantizedTensor", "QuantizedTensorStorage", "prepare_for_saving", "restore_from_saved"]
 
 _HIGH_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -286,7 +288,10 @@ class QuantizedTensor(torch.Tensor):
         raise NotImplementedError(f"{type(self).__name__} class does not implement dequantize function")
 
     def quantize_(self, tensor: torch.Tensor, *, noop_flag: torch.Tensor | None = None) -> QuantizedTensor:
-        """Overwrite the data with the quantization of ``tensor`` (with this tensor's quantizer)."""
+        """Overwrite the data with the quantization of ``tensor`` (with this tensor's quantizer, TE's
+        ``_get_quantizer``: else the class's default one)."""
+        if isinstance(self, QuantizedTensorStorage):
+            return self._get_quantizer().update_quantized(tensor, self, noop_flag=noop_flag)
         if self._quantizer is None:
             raise RuntimeError(f"{type(self).__name__} has no quantizer; cannot quantize in place")
         return self._quantizer.update_quantized(tensor, self, noop_flag=noop_flag)
