@@ -101,6 +101,8 @@ SCRIPT = textwrap.dedent(
                 losses.append(loss.item())
             write(state.process_index, {"losses": losses, "gathered": gathered, "world": state.num_processes,
                                         "distributed_type": str(state.distributed_type)})
+            state.wait_for_everyone()  # a rank leaving with a live gloo group can abort (test_distributed_reliability)
+            state.destroy_process_group()
         else:  # one process, gradient accumulation over the ranks' micro-batches
             fa.convert_model_to_fp8_ao(m, config=handler.config)  # _prepare_ao; FSDP2 runs without autocast
             # the float8 all-gather weight is a new Parameter: the optimizer is built on the converted model
@@ -142,6 +144,8 @@ SCRIPT = textwrap.dedent(
                                   "distributed_type": str(acc.distributed_type),
                                   "te_layers": sum(type(mod).__module__.startswith("fp8sim.pytorch")
                                                    for mod in inner.modules())})
+        acc.wait_for_everyone()
+        acc.end_training()  # destroys the process group
     """
 )
 
