@@ -11,6 +11,8 @@ weights), trained on the ranks' micro-batches with gradient accumulation ``(g_0 
 - Float8CurrentScaling: the ranks see different micro-batches.  Losses, the reduce-scattered
   gradient shards, the weight codes and ``_scale_inv`` of every shard after every step are
   bit-identical to the reference's rows.
+- The same Float8CurrentScaling run with ``fully_shard`` on the root alone (not resharded after
+  forward: TE gathers rowwise plus the quantizer's columnwise usage once, line 985).
 - DelayedScaling: both ranks see the same micro-batch and the reference takes one pass per step.
   The reference cannot take two passes over different micro-batches: each pass rolls the amax
   history, so its scales follow another trajectory than one pass per rank with a MAX-reduced amax.
@@ -39,6 +41,8 @@ from torch import nn  # noqa: E402
 
 STEPS, LOCAL_BATCH, LR = 3, 8, 0.5
 RECIPES = ("Float8CurrentScaling", "DelayedScaling")
+ROOT_ONLY = "Float8CurrentScaling/root-only"  # fully_shard on the root alone
+RUNS = (*RECIPES, ROOT_ONLY)
 SIZES = ((32, 64, True), (64, 32, False))  # in, out, bias
 
 
@@ -85,17 +89,17 @@ def _rows(full: dict, rank: int, world: int) -> dict:
     return {k: v if k == "scale_inv" else np.array_split(v, world, axis=0)[rank] for k, v in full.items()}
 
 
-def _fsdp_run(recipe_name: str, rank: int, world: int) -> dict:
+def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -> dict:
     from torch.distributed.fsdp import fully_shard
 
     same_batch = recipe_name == "DelayedScaling"
     recipe = _recipe(recipe_name)
     model = _model(recipe_name)
     attrs = {n: {k: v for k, v in vars(p).items() if not k.startswith("_")} for n, p in model.named_parameters()}
-    for layer in model:
+    for layer in model if per_layer else ():  # per layer: resharded after forward, gathered again in backward
         if list(layer.parameters()):
             fully_shard(layer)
-    fully_shard(model)
+    fully_shard(model)  # the root alone: not resharded after forward (rowwise + columnwise gathered once)
     for n, p in model.named_parameters():  # TE fsdp2_utils.restore_custom_attrs
         for k, v in attrs[n].items():
             setattr(p, k, v)
@@ -126,10 +130,12 @@ def _fsdp_run(recipe_name: str, rank: int, world: int) -> dict:
         sum(p._local_tensor.numel() * (1 if "weight" in n else 4) for n, p in layer.named_parameters())
         for layer in (model[0], model[2])
     ]
+    if not per_layer:
+        shard_bytes = [sum(shard_bytes)]  # one all-gather for the root's group
     weights = [p._local_tensor for n, p in model.named_parameters() if "weight" in n]
     resizable = all(w._data.untyped_storage().resizable() for w in weights)
-    model[0].unshard()
-    model[2].unshard()
+    for unit in (model[0], model[2]) if per_layer else (model,):
+        unit.unshard()
     unsharded = [(type(m.weight).__name__, _state(m.weight)) for m in (model[0], model[2])]
     return {
         "losses": losses,
@@ -176,6 +182,8 @@ def _worker(rank: int, world: int) -> dict:
     for recipe_name in RECIPES:
         out[recipe_name, "fsdp"] = _fsdp_run(recipe_name, rank, world)
         out[recipe_name, "reference"] = _reference_run(recipe_name, world)  # same process, same threads
+    out[ROOT_ONLY, "fsdp"] = _fsdp_run("Float8CurrentScaling", rank, world, per_layer=False)
+    out[ROOT_ONLY, "reference"] = out["Float8CurrentScaling", "reference"]
     return out
 
 
@@ -192,7 +200,7 @@ def _same(got: np.ndarray, want: np.ndarray, what: str) -> None:
     )
 
 
-@pytest.mark.parametrize("recipe_name", RECIPES)
+@pytest.mark.parametrize("recipe_name", RUNS)
 def test_fsdp2_fp8_weights_train_bit_identically_to_one_process(results: list[dict], recipe_name: str) -> None:
     world = len(results)
     for rank, res in enumerate(results):
@@ -209,7 +217,7 @@ def test_fsdp2_fp8_weights_train_bit_identically_to_one_process(results: list[di
         assert run["storage_resizable"], "a sharded FP8 parameter lost its resizable storage"
 
 
-@pytest.mark.parametrize("recipe_name", RECIPES)
+@pytest.mark.parametrize("recipe_name", RUNS)
 def test_fsdp2_gathers_fp8_bytes_and_rebuilds_the_reference_weight(results: list[dict], recipe_name: str) -> None:
     for rank, res in enumerate(results):
         run, ref = res[recipe_name, "fsdp"], res[recipe_name, "reference"]
@@ -223,7 +231,7 @@ def test_fsdp2_gathers_fp8_bytes_and_rebuilds_the_reference_weight(results: list
             _same(got["scale_inv"], want["scale_inv"], f"rank {rank} layer {i} gathered scale_inv")
 
 
-@pytest.mark.parametrize("recipe_name", RECIPES)
+@pytest.mark.parametrize("recipe_name", RUNS)
 def test_fsdp2_shards_of_a_weight_share_one_scale_on_every_rank(results: list[dict], recipe_name: str) -> None:
     r0, r1 = (res[recipe_name, "fsdp"] for res in results)
     for step in range(STEPS):

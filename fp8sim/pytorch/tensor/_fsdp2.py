@@ -41,8 +41,22 @@ def _training_state_is_pre_backward(param_group: Any) -> bool:
 
 
 def _param_group(module: Any) -> Any:
-    """The FSDP2 parameter group of ``module`` (the ``fully_shard``-ed module owning the parameter)."""
-    state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+    """The FSDP2 parameter group of ``module``: its own when it is ``fully_shard``-ed, else that of
+    the smallest ``fully_shard``-ed module containing it (TE ``distributed.py``
+    ``_get_module_fsdp_state``; found once, then cached on the module)."""
+    if hasattr(module, "_get_fsdp_state"):
+        state = module._get_fsdp_state()
+    else:
+        state = getattr(module, "_fp8sim_parent_fsdp_state", None)
+        if state is None:
+            from torch.distributed._composable_state import _module_state_mapping
+
+            owners = [m for m in list(_module_state_mapping) if hasattr(m, "_get_fsdp_state")]
+            owners = [m for m in owners if any(sub is module for sub in m.modules())]
+            if not owners:
+                raise RuntimeError("Module is not FSDP-wrapped and does not have any FSDP-wrapped parent modules.")
+            state = min(owners, key=lambda m: sum(1 for _ in m.modules()))._get_fsdp_state()
+            module._fp8sim_parent_fsdp_state = state
     return getattr(state, "_fsdp_param_group", None)
 
 
