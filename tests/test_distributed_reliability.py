@@ -8,6 +8,15 @@ aborted 3 times in 68 with "terminate called without an active exception" when r
 live gloo threads (no barrier before ``destroy_process_group`` and interpreter teardown of torch's
 threads, pytorch/pytorch#190489); ``run_ranks`` and ``fp8sim.accelerate.cpu_launcher`` now pass a
 barrier, destroy the group and leave without that teardown.
+
+Reproduced (issue 16, this session): two gloo ranks that make a second group with
+``dist.new_group``, MAX-all-reduce on both groups and leave through the interpreter's normal exit
+without ``destroy_process_group`` aborted with SIGABRT and that message in 2 of 42 runs; with
+``destroy_process_group`` before the exit (with or without a barrier) 0 of 30 did.  The default
+test below repeats exactly that collective pattern (world group plus a ``new_group``) 20 times
+through ``run_ranks``; at that rate (about 1 in 20) it catches a spawn that leaves without
+destroying its groups in about 3 of 5 sessions: a probabilistic regression test, not a
+deterministic one.
 """
 
 from __future__ import annotations

@@ -235,15 +235,20 @@ def prepare_fp8(
     mixed_precision: str | None = "fp8",
     amax_reduction_group: Any = None,
     documented: bool | None = None,
+    fsdp_plugin: Any = None,
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
     """Prepare ``model`` and ``optimizer`` as ``Accelerator(...).prepare`` does for FP8; returns both.
 
     Supports mixed precision "fp8", "bf16" and "no" on one process or under an initialised
     ``torch.distributed`` group (DDP).  ``amax_reduction_group``: the group TE-style delayed
     scaling all-reduces amaxes over (None: the default group, as upstream).  ``documented``: see
-    :data:`fp8sim.accelerate.QUIRKS`.  MS-AMP raises NotImplementedError.
+    :data:`fp8sim.accelerate.QUIRKS`.  MS-AMP raises NotImplementedError.  ``fsdp_plugin``:
+    accelerate's ``FullyShardedDataParallelPlugin(fsdp_version=2)``, prepared as accelerate does on
+    accelerator devices (:mod:`fp8sim.accelerate.fsdp2`; torchao backend or no FP8).
     """
     setup = setup_fp8(kwargs_handlers, mixed_precision)
+    if fsdp_plugin is not None:
+        return _prepare_fp8_fsdp2(model, optimizer, setup, fsdp_plugin, documented)
     if setup.mixed_precision == "fp16":
         raise NotImplementedError(
             "prepare_fp8 prepares fp8, bf16 and no mixed precision; fp16 needs accelerate's GradScaler "
@@ -284,3 +289,24 @@ def prepare_fp8(
     if delayed_fp8_autocast:
         model = apply_fp8_autowrap(model, te_handler, documented=documented, amax_reduction_group=amax_reduction_group)
     return model, optimizer
+
+
+def _prepare_fp8_fsdp2(
+    model: torch.nn.Module, optimizer: Any, setup: FP8Setup, plugin: Any, documented: bool | None
+) -> tuple[torch.nn.Module, Any]:
+    """accelerate's FSDP2 ``prepare``: ``_prepare_ao`` then ``_prepare_fsdp2`` (see :mod:`.fsdp2`)."""
+    from .fsdp2 import check_fsdp_plugin, prepare_fsdp2, register_float8_scale_precompute
+
+    check_fsdp_plugin(plugin, optimizer)
+    if setup.mixed_precision == "fp16" or setup.fp8_backend not in (FP8BackendType.AO, FP8BackendType.NO):
+        raise NotImplementedError(
+            f"prepare_fp8 with an FSDP2 plugin emulates the torchao backend (AORecipeKwargs) and bf16 / no mixed "
+            f"precision; got mixed_precision={setup.mixed_precision!r}, backend {setup.fp8_backend.value}"
+        )
+    if setup.fp8_backend == FP8BackendType.AO:
+        ao = setup.ao_recipe_handler
+        convert_model_to_fp8_ao(
+            model, config=ao.config, module_filter_func=ao.module_filter_func, documented=documented
+        )
+        register_float8_scale_precompute(model, optimizer, ao.config)
+    return prepare_fsdp2(model, optimizer, plugin, setup.mixed_precision), optimizer

@@ -182,7 +182,8 @@ class _GatheredFloat8Weight(torch.Tensor):
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
+    """A DTensor's own local shard (``to_local()`` returns a view: an attribute set on it is lost)."""
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
 
 
 @torch.no_grad()

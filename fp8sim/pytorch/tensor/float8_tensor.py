@@ -24,6 +24,7 @@ from ...formats import get_format
 from ...scaling.amax import amax_nan_skipping
 from ...scaling.current import compute_scale_from_amax
 from ..constants import DType, TE_DType_To_Torch
+from . import _fsdp2
 from .quantized_tensor import QuantizedTensor, Quantizer, _check_high_precision
 from .storage.float8_tensor_storage import Float8TensorStorage
 
@@ -171,6 +172,8 @@ class Float8CurrentScalingQuantizer(Quantizer):
         q.internal = self.internal
         return q
 
+    update_quantized = _fsdp2.current_scaling_update_quantized  # honours dst.amax_reduction_group (FSDP2)
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["amax_reduction_group"] = None  # process groups do not pickle
@@ -246,6 +249,9 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
     ``_fp8_dtype`` (``DType``), ``_transpose`` (columnwise codes or None), ``_quantizer``."""
 
     _saved_fields = ("_data", "_transpose", "_scale_inv")
+    amax_reduction_group: Any = None  # set by FSDP2 in fsdp_pre_all_gather (current scaling)
+    fsdp_pre_all_gather = _fsdp2.fsdp_pre_all_gather
+    fsdp_post_all_gather = _fsdp2.fsdp_post_all_gather
 
     def _init(
         self,
@@ -329,6 +335,10 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
             return _split(args, kwargs)
         if func == torch.ops.aten.new_zeros.default:
             return _new_zeros(args, kwargs)
+        if func == torch.ops.aten.as_strided.default:
+            return _fsdp2.as_strided(args[0], args, kwargs)
+        if func == torch.ops.aten.view.default:  # TE: a Float8Tensor (DTensor.to_local views the shard)
+            return _Reshape.forward(_fsdp2.NoCtx(), args[0], tuple(args[1]), True)
         if (
             func == torch.ops.aten.copy_.default
             and isinstance(args[0], Float8Tensor)
