@@ -32,3 +32,38 @@ def test_torch_stochastic_equals_numpy_backend(monkeypatch, numba_on: str, fmt: 
     ref = fp8sim.encode(x, fmt, rounding="stochastic", saturate=saturate, seed=99)
     assert np.array_equal(got.numpy(), ref), f"first diff at {np.argwhere(got.numpy() != ref)[0]}"
     torch_backend._sr_kernel.cache_clear()
+
+
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+
+
+@hypothesis.settings(max_examples=12, deadline=None)
+@hypothesis.given(
+    n=st.integers(1, 3 * (1 << 16) + 7),
+    data_seed=st.integers(0, 2**32 - 1),
+    rounding_seed=st.integers(0, 2**64 - 1),
+    fmt=st.sampled_from(["e4m3", "e5m2", "e2m1"]),
+)
+def test_compiled_blocks_equal_numpy_backend_across_block_edges(
+    n: int, data_seed: int, rounding_seed: int, fmt: str
+) -> None:
+    """The compiled pass works in blocks of ``_SR_BLOCK`` elements, each listing its exact-path
+    elements (subnormal range, Inf, NaN) itself: any length, with such elements in any block and at
+    block edges, gives the numpy backend's bits."""
+    pytest.importorskip("numba")
+    from fp8sim.cast import torch_backend
+
+    if torch_backend._sr_kernel() is None:
+        pytest.skip("FP8SIM_NUMBA=0")
+    rng = np.random.default_rng(data_seed)
+    x = (rng.standard_normal(n) * np.exp2(rng.uniform(-14, 10, n))).astype(np.float32)
+    edges = np.arange(torch_backend._SR_BLOCK - 1, n, torch_backend._SR_BLOCK)
+    x[edges] = rng.choice(np.array([np.nan, -np.inf, 1e-3, -3e-3], np.float32), edges.size)
+    x[rng.integers(0, n, max(1, n // 50))] = np.float32(2.0**-8)
+    got = fp8sim.encode(torch.from_numpy(x), fmt, rounding="stochastic", saturate=False, seed=rounding_seed)
+    ref = fp8sim.encode(x, fmt, rounding="stochastic", saturate=False, seed=rounding_seed)
+    bad = np.flatnonzero(got.numpy() != ref)
+    assert bad.size == 0, (
+        f"{fmt}: first diff at {bad[0]}: x={x[bad[0]]!r} got {got.numpy()[bad[0]]:#04x} want {ref[bad[0]]:#04x}"
+    )
