@@ -147,8 +147,9 @@ def scaled_mm(
 
     ``backend``: where the tensor-core chains run.  ``"numpy"``: numpy (compiled with numba when
     installed); ``"torch"``: torch ops on the operands' device (:mod:`fp8sim.gemm._torch_chain`, the
-    same bits; truncating models with tensorwise/rowwise scales); None (default): ``"torch"`` for
-    torch operands on a CUDA (or other non-CPU, non-MPS) device where it applies, else ``"numpy"``.
+    same bits; every tensor-core accumulator, with tensorwise, rowwise, MX or NVFP4 scales); None
+    (default): ``"torch"`` for torch operands on a CUDA (or other non-CPU, non-MPS) device where it
+    applies, else ``"numpy"``.
     """
     check_arguments(a, b, scale_a, scale_b)
     if backend not in (None, "numpy", "torch"):
@@ -193,6 +194,8 @@ def scaled_mm(
         d = np.zeros((m, n), np.float32)
     elif acc.kind == "dequantized_fp32":
         d = _dequantized(ac, bc, fa, fb, sa, sb, layout, split)
+    elif on_torch and layout in _IN_INSTRUCTION:
+        d = _torch_gemm(ac, bc, fa, fb, acc, None, _block_instruction(acc, layout), (sa, sb))
     elif on_torch:
         raw = _torch_gemm(ac, bc, fa, fb, acc, split)
         d = _alpha(raw, sa.reshape(-1, 1) if layout == "rowwise" else sa.reshape(1, 1), sb.reshape(1, -1), epilogue)
@@ -223,28 +226,52 @@ def _keep_on_device(a: Any, b: Any, backend: str | None) -> bool:
     return a.device.type not in ("cpu", "mps")
 
 
+_IN_INSTRUCTION = ("mx", "nvfp4")  # block scales that enter the instructions (Blackwell block-scale kinds)
+
+
 def _torch_backend(backend: str | None, acc: Accumulator, layout: str, host: bool) -> bool:
     """Whether the torch-ops chains run this GEMM; ``backend="torch"`` where they cannot raises."""
     ok = (
         acc.kind == "tensor_core"
         and _torch_chain.supports(INSTRUCTION_MODELS[acc.instruction])
-        and layout in ("tensorwise", "rowwise")
+        and layout in ("tensorwise", "rowwise", *_IN_INSTRUCTION)
     )
+    if ok and layout in _IN_INSTRUCTION:
+        _block_instruction(acc, layout)  # a non-Blackwell accumulator: the numpy path's message
     if backend == "torch" and not ok:
         raise ValueError(
-            "backend='torch' runs the truncating tensor-core accumulators (hopper_*, ada_*, blackwell, "
-            f"blackwell_split) with tensorwise or rowwise scales; got accumulator {acc.name!r}, {layout} scales"
+            "backend='torch' runs the tensor-core accumulators (hopper_*, ada_*, blackwell, blackwell_split, "
+            "blackwell_mma) with tensorwise, rowwise, MX or NVFP4 scales; "
+            f"got accumulator {acc.name!r}, {layout} scales"
         )
     return ok and (backend == "torch" or not host)
 
 
-def _torch_gemm(ac: Any, bc: Any, fa: FloatFormat, fb: FloatFormat, acc: Accumulator, split: Any) -> np.ndarray:
+def _block_instruction(acc: Accumulator, layout: str) -> str:
+    """The Blackwell block-scale kind that runs ``acc`` on MX / NVFP4 scales."""
+    if INSTRUCTION_MODELS[acc.instruction].out_mbits != 23 or not acc.instruction.startswith("blackwell"):
+        raise ValueError(f"{layout} block scales need a Blackwell accumulator (blackwell, blackwell_split)")
+    return "blackwell_mxf4nvf4" if layout == "nvfp4" else "blackwell_mxf8f6f4"
+
+
+def _torch_gemm(
+    ac: Any,
+    bc: Any,
+    fa: FloatFormat,
+    fb: FloatFormat,
+    acc: Accumulator,
+    split: Any,
+    instruction: str | None = None,
+    scales: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
     import torch
 
     if not is_torch_tensor(ac):
         ac, bc = torch.from_numpy(np.ascontiguousarray(ac)), torch.from_numpy(np.ascontiguousarray(bc))
-    im = INSTRUCTION_MODELS[acc.instruction]
-    return _torch_chain.chain_gemm(ac, bc, fa, fb, im, acc.promote_every, split)
+    im = INSTRUCTION_MODELS[instruction or acc.instruction]
+    if scales is not None:
+        scales = tuple(torch.from_numpy(np.ascontiguousarray(x).astype(np.int64)).to(ac.device) for x in scales)
+    return _torch_chain.chain_gemm(ac, bc, fa, fb, im, acc.promote_every, split, scales=scales)
 
 
 def _pick_accumulator(acc: Any, fast: bool, device: str) -> Accumulator:
@@ -454,9 +481,7 @@ def _block_scaled_in_instruction(ac, bc, fa, fb, acc, sa, sb, layout) -> np.ndar
     block = 16 if layout == "nvfp4" else 32
     sfmt = get_format("e4m3" if layout == "nvfp4" else "e8m0")
     if acc.kind == "tensor_core":
-        if INSTRUCTION_MODELS[acc.instruction].out_mbits != 23 or not acc.instruction.startswith("blackwell"):
-            raise ValueError(f"{layout} block scales need a Blackwell accumulator (blackwell, blackwell_split)")
-        instr = "blackwell_mxf4nvf4" if layout == "nvfp4" else "blackwell_mxf8f6f4"
+        instr = _block_instruction(acc, layout)
         return _tensor_core(ac, bc, fa, fb, acc, sa.astype(np.int64), sb.astype(np.int64), instr)
     k = ac.shape[1]
     sva = np.repeat(decode(sa, sfmt).astype(np.float64), block, axis=1)[:, :k]
