@@ -219,3 +219,52 @@ def test_torch_backend_block_scales_need_a_blackwell_accumulator() -> None:
     with pytest.raises(ValueError, match="mx block scales need a Blackwell accumulator"):
         scaled_mm(a, a.T.copy(), s, s.T.copy(), out_dtype="float32", accumulator="hopper_fast", a_format="e4m3",
                   b_format="e4m3", strict=False, backend="torch")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("acc", "a2d"), [("hopper_split", False), ("ada_fast", True), ("blackwell_mma", False), ("blackwell_split", True)]
+)
+def test_torch_backend_blockwise_scales_equal_numpy_path(acc: str, a2d: bool) -> None:
+    """1x128 by 128x128 (and 128x128 by 1x128) float32 block scales, TE's blockwise recipe: the
+    per-tile chains in torch ops, the FMA epilogue as on the numpy path; same bits, specials included."""
+    rng = np.random.default_rng(3)
+    m, k, n = 5, 300, 7  # ragged last K tile
+    a = rng.integers(0, 256, (m, k), dtype=np.uint8)
+    b = rng.integers(0, 256, (k, n), dtype=np.uint8)
+    kb = -(-k // 128)
+    sa = rng.uniform(0.5, 2, (1 if a2d else m, kb)).astype(np.float32)
+    sb = rng.uniform(0.5, 2, (kb, n if a2d else 1)).astype(np.float32)
+    kw = {"out_dtype": "float32", "accumulator": acc, "a_format": "e4m3", "b_format": "e4m3", "strict": False}
+    ref = _reference(a, b, sa, sb, **kw)
+    got = scaled_mm(a, b, sa, sb, backend="torch", **kw)
+    assert not (msg := _first_diff(got.view(np.uint32), ref.view(np.uint32), f"blockwise {acc}")), msg
+    assert np.isnan(ref).any()  # the random codes include NaN
+
+
+@pytest.mark.parametrize("acc", ["blackwell", "blackwell_mma"])
+def test_device_code_path_runs_block_scales_and_rn_in_torch_ops(monkeypatch, acc: str) -> None:  # noqa: ANN001
+    """The path device operands take (codes kept as tensors, ``backend=None``), exercised on CPU tensors
+    treated as device tensors: MX scales (``blackwell``) and the RN model run in the torch chains and
+    give the numpy path's bits."""
+    import importlib
+
+    from fp8sim.gemm import _torch_chain
+
+    sm_module = importlib.import_module("fp8sim.gemm.scaled_mm")
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(8, 96, generator=g) * 30).to(torch.float8_e4m3fn)
+    w = (torch.randn(16, 96, generator=g) * 0.1).to(torch.float8_e4m3fn)
+    if acc == "blackwell":
+        sa = torch.randint(110, 140, (8, 3), generator=g, dtype=torch.uint8)
+        sb = torch.randint(110, 140, (3, 16), generator=g, dtype=torch.uint8)
+    else:
+        sa, sb = torch.tensor(0.5), torch.tensor(2.0)
+    kw = {"out_dtype": torch.float32, "accumulator": acc, "strict": False}
+    ref = scaled_mm(x, w.t(), sa, sb, backend="numpy", **kw)
+    calls = []
+    real = _torch_chain.chain_gemm
+    monkeypatch.setattr(_torch_chain, "chain_gemm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(sm_module, "_keep_on_device", lambda a, b, backend: backend != "numpy")
+    got = scaled_mm(x, w.t(), sa, sb, **kw)
+    assert calls, "the torch chains did not run"
+    assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
