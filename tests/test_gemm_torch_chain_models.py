@@ -241,11 +241,12 @@ def test_torch_backend_blockwise_scales_equal_numpy_path(acc: str, a2d: bool) ->
     assert np.isnan(ref).any()  # the random codes include NaN
 
 
-@pytest.mark.parametrize("acc", ["blackwell", "blackwell_mma"])
+@pytest.mark.parametrize("acc", ["blackwell", "blackwell_mma", "nvfp4"])
 def test_device_code_path_runs_block_scales_and_rn_in_torch_ops(monkeypatch, acc: str) -> None:  # noqa: ANN001
     """The path device operands take (codes kept as tensors, ``backend=None``), exercised on CPU tensors
-    treated as device tensors: MX scales (``blackwell``) and the RN model run in the torch chains and
-    give the numpy path's bits."""
+    treated as device tensors: MX scales (``blackwell``), packed FP4 operands with UE4M3 scales
+    (``nvfp4``, unpacked on the device) and the RN model run in the torch chains and give the numpy
+    path's bits."""
     import importlib
 
     from fp8sim.gemm import _torch_chain
@@ -257,6 +258,14 @@ def test_device_code_path_runs_block_scales_and_rn_in_torch_ops(monkeypatch, acc
     if acc == "blackwell":
         sa = torch.randint(110, 140, (8, 3), generator=g, dtype=torch.uint8)
         sb = torch.randint(110, 140, (3, 16), generator=g, dtype=torch.uint8)
+    elif acc == "nvfp4":
+        if not hasattr(torch, "float4_e2m1fn_x2"):
+            pytest.skip("torch without float4_e2m1fn_x2")
+        x = torch.randint(0, 256, (8, 48), generator=g, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+        w = torch.randint(0, 256, (16, 48), generator=g, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+        sa = torch.randint(0x20, 0x50, (8, 6), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn)
+        sb = torch.randint(0x20, 0x50, (6, 16), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn)
+        acc = "blackwell"
     else:
         sa, sb = torch.tensor(0.5), torch.tensor(2.0)
     kw = {"out_dtype": torch.float32, "accumulator": acc, "strict": False}

@@ -57,9 +57,9 @@ def _operand(x: Any, fmt: str | FloatFormat | None, name: str, host: bool = True
         if dt == "float4_e2m1fn_x2":  # two E2M1 codes per byte along K (element 2i in the low nibble)
             from ..scaling.packing import unpack_fp4
 
-            if name == "mat1":
-                return np.asarray(unpack_fp4(x.detach().cpu())), get_format("e2m1")
-            return np.asarray(unpack_fp4(x.detach().cpu().t())).T, get_format("e2m1")
+            src = x.detach() if not host else x.detach().cpu()  # a device operand unpacks on its device
+            codes = unpack_fp4(src) if name == "mat1" else unpack_fp4(src.t()).t()
+            return (codes if not host else np.asarray(codes)), get_format("e2m1")
         if dt not in _TORCH_FMT:
             raise ValueError(f"Expected {name} to be Float8 matrix got {dt}")
         if not host:
