@@ -277,3 +277,46 @@ def test_device_code_path_runs_block_scales_and_rn_in_torch_ops(monkeypatch, acc
     got = scaled_mm(x, w.t(), sa, sb, **kw)
     assert calls, "the torch chains did not run"
     assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (scripts/gpu_session.sh)")
+@pytest.mark.parametrize("case", ["blackwell_mma", "mx", "nvfp4", "blockwise"])
+def test_torch_chain_models_on_cuda_equal_numpy_path(case: str) -> None:
+    """On a CUDA device the default path runs these models in torch ops; same bits as the numpy path."""
+    rng = np.random.default_rng(11)
+    fmt = "e2m1" if case == "nvfp4" else "e4m3"
+    hi = 16 if case == "nvfp4" else 256
+    a = rng.integers(0, hi, (16, 256), dtype=np.uint8)
+    b = rng.integers(0, hi, (256, 16), dtype=np.uint8)
+    acc = {"blackwell_mma": "blackwell_mma", "mx": "blackwell", "nvfp4": "blackwell_split", "blockwise": "hopper_split"}
+    if case == "mx":
+        sa, sb = rng.integers(100, 150, (16, 8), dtype=np.uint8), rng.integers(100, 150, (8, 16), dtype=np.uint8)
+    elif case == "nvfp4":
+        sa, sb = rng.integers(0, 0x7F, (16, 16), dtype=np.uint8), rng.integers(0, 0x7F, (16, 16), dtype=np.uint8)
+    elif case == "blockwise":
+        sa = rng.uniform(0.5, 2, (16, 2)).astype(np.float32)
+        sb = rng.uniform(0.5, 2, (2, 1)).astype(np.float32)
+    else:
+        sa, sb = np.float32(1), np.float32(1)
+    kw = {"out_dtype": "float32", "accumulator": acc[case], "a_format": fmt, "b_format": fmt, "strict": False}
+    ref = _reference(a, b, sa, sb, **kw)
+    # codes as uint8 CUDA tensors would be taken for floats: run the torch chains on CUDA code tensors
+    from fp8sim.gemm import _torch_chain
+
+    seen = []
+    real = _torch_chain.chain_gemm
+
+    def spy(ac, *args, **kw2):  # noqa: ANN001, ANN002, ANN003, ANN202
+        ac, bc = ac.cuda(), args[0].cuda()
+        if kw2.get("scales") is not None:
+            kw2["scales"] = tuple(x.cuda() for x in kw2["scales"])
+        seen.append(ac.device.type)
+        return real(ac, bc, *args[1:], **kw2)
+
+    _torch_chain.chain_gemm = spy
+    try:
+        got = scaled_mm(a, b, sa, sb, backend="torch", **kw)
+    finally:
+        _torch_chain.chain_gemm = real
+    assert seen and set(seen) == {"cuda"}
+    assert not (msg := _first_diff(got.view(np.uint32), ref.view(np.uint32), f"cuda {case}")), msg
