@@ -67,3 +67,24 @@ def test_compiled_blocks_equal_numpy_backend_across_block_edges(
     assert bad.size == 0, (
         f"{fmt}: first diff at {bad[0]}: x={x[bad[0]]!r} got {got.numpy()[bad[0]]:#04x} want {ref[bad[0]]:#04x}"
     )
+
+
+def test_every_table_format_takes_the_compiled_pass_and_the_fallback_gives_the_same_bits(monkeypatch) -> None:  # noqa: ANN001
+    """The SIMD pass needs the shift table's three-class shape; every format with a float32 table has
+    it, and where a table had not, the numpy backend's pass runs instead (same bits)."""
+    pytest.importorskip("numba")
+    from fp8sim.cast import torch_backend
+    from fp8sim.cast._tables import f32_stochastic_tables, f32_table_ok
+    from fp8sim.formats import format_names, get_format
+
+    for name in format_names():
+        f = get_format(name)
+        if f32_table_ok(f):
+            for sat in (True, False):
+                assert torch_backend._sr_classes(f32_stochastic_tables(f, sat)[0]) is not None, (name, sat)
+    x = (np.random.default_rng(2).standard_normal(5000) * 30).astype(np.float32)
+    x[:3] = [np.nan, np.inf, 1e-4]
+    ref = fp8sim.encode(x, "e4m3", rounding="stochastic", seed=7)
+    monkeypatch.setattr(torch_backend, "_sr_classes", lambda table: None)
+    got = fp8sim.encode(torch.from_numpy(x), "e4m3", rounding="stochastic", seed=7)
+    assert np.array_equal(got.numpy(), ref)
