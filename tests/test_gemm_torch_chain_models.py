@@ -320,3 +320,60 @@ def test_torch_chain_models_on_cuda_equal_numpy_path(case: str) -> None:
         _torch_chain.chain_gemm = real
     assert seen and set(seen) == {"cuda"}
     assert not (msg := _first_diff(got.view(np.uint32), ref.view(np.uint32), f"cuda {case}")), msg
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    data=st.data(),
+    m=st.integers(1, 3),
+    n=st.integers(1, 3),
+    k=st.integers(1, 300),
+    fmts=st.sampled_from([("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e5m2", "e5m2")]),
+    split=st.sampled_from([None, (2, "contiguous"), (3, "serial"), (4, "pairwise")]),
+    specials=st.booleans(),
+)
+def test_torch_backend_exact_equals_numpy_path(data, m, n, k, fmts, split, specials) -> None:  # noqa: ANN001
+    """Law: ``exact`` (band-pair float64 matmuls, exact in any order, one rounding) gives the numpy
+    path's bits on the torch backend; a NaN result is NaN on both (its payload is the BLAS's)."""
+    a = _codes(data, fmts[0], (m, k), specials)
+    b = _codes(data, fmts[1], (k, n), specials)
+    kw = {"out_dtype": "float32", "accumulator": "exact", "a_format": fmts[0], "b_format": fmts[1],
+          "strict": False, "split_k": split}  # fmt: skip
+    ref = _reference(a, b, np.float32(1), np.float32(1), **kw)
+    got = scaled_mm(a, b, np.float32(1), np.float32(1), backend="torch", **kw)
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+    g, r = (np.where(np.isnan(x), np.float32(0), x).view(np.uint32) for x in (got, ref))
+    assert not (msg := _first_diff(g, r, "exact")), msg
+
+
+def test_torch_backend_exact_uses_several_bands_and_rounds_once() -> None:
+    """A K long enough and magnitudes wide enough for several exponent bands (E5M2 from 2^-16 to
+    2^15): the torch result is the Fraction oracle's nearest float32 on every output."""
+    rng = np.random.default_rng(9)
+    k = 512
+    a = rng.integers(0, 0x7B, (2, k), dtype=np.uint8) | (rng.integers(0, 2, (2, k), dtype=np.uint8) << 7)
+    b = rng.integers(0, 0x7B, (k, 3), dtype=np.uint8)
+    got = scaled_mm(a, b, np.float32(1), np.float32(1), out_dtype="float32", accumulator="exact", a_format="e5m2",
+                    b_format="e5m2", strict=False, backend="torch")  # fmt: skip
+    va = a.view(ml_dtypes.float8_e5m2).astype(np.float64)
+    vb = b.view(ml_dtypes.float8_e5m2).astype(np.float64)
+    for i in range(2):
+        for j in range(3):
+            want = _f32_rn(sum(Fraction(x) * Fraction(y) for x, y in zip(va[i], vb[:, j], strict=True)))
+            assert got[i, j].view(np.uint32) == want, (i, j)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("code", [0x7F, 0xFF])
+def test_nvfp4_nan_scale_in_an_early_instruction_makes_the_chained_result_nan(backend: str, code: int) -> None:
+    """A NaN UE4M3 scale (0x7F, sign ignored) makes its instruction's result NaN, and a NaN accumulator
+    stays NaN along the chain (IEEE; spec section 9, the specials step of ``fp8sim.gemm.instructions``).
+    The numpy path used to drop it when the operands held no special codes (E2M1 has none): the next
+    instruction read the NaN c as 0."""
+    a, b = np.zeros((1, 128), np.uint8), np.zeros((128, 1), np.uint8)
+    sa, sb = np.full((1, 8), 0x38, np.uint8), np.full((8, 1), 0x38, np.uint8)
+    sa[0, 1] = code  # a block of the first of two k=64 instructions
+    kw = {"out_dtype": "float32", "accumulator": "blackwell", "a_format": "e2m1", "b_format": "e2m1", "strict": False}
+    run = _reference if backend == "numpy" else (lambda *a, **k: scaled_mm(*a, backend="torch", **k))
+    got = run(a, b, sa, sb, **kw)
+    assert got.view(np.uint32)[0, 0] == 0x7FFFFFFF

@@ -27,17 +27,17 @@ _IN_INSTRUCTION = ("mx", "nvfp4")  # block scales that enter the instructions (B
 
 def _torch_backend(backend: str | None, acc: Accumulator, layout: str, host: bool) -> bool:
     """Whether the torch-ops chains run this GEMM; ``backend="torch"`` where they cannot raises."""
-    ok = (
-        acc.kind == "tensor_core"
-        and _torch_chain.supports(INSTRUCTION_MODELS[acc.instruction])
-        and (layout in ("tensorwise", "rowwise", *_IN_INSTRUCTION) or layout.startswith("block"))
+    chains = acc.kind == "tensor_core" and _torch_chain.supports(INSTRUCTION_MODELS[acc.instruction])
+    ok = (chains and (layout in ("tensorwise", "rowwise", *_IN_INSTRUCTION) or layout.startswith("block"))) or (
+        acc.kind == "exact" and layout in ("tensorwise", "rowwise")
     )
     if ok and layout in _IN_INSTRUCTION:
         _block_instruction(acc, layout)  # a non-Blackwell accumulator: the numpy path's message
     if backend == "torch" and not ok:
         raise ValueError(
             "backend='torch' runs the tensor-core accumulators (hopper_*, ada_*, blackwell, blackwell_split, "
-            "blackwell_mma) with tensorwise, rowwise, 1x128/128x128 block, MX or NVFP4 scales; "
+            "blackwell_mma) with tensorwise, rowwise, 1x128/128x128 block, MX or NVFP4 scales, and exact "
+            "with tensorwise or rowwise scales; "
             f"got accumulator {acc.name!r}, {layout} scales"
         )
     return ok and (backend == "torch" or not host)
@@ -64,6 +64,8 @@ def _torch_gemm(
 
     if not is_torch_tensor(ac):
         ac, bc = torch.from_numpy(np.ascontiguousarray(ac)), torch.from_numpy(np.ascontiguousarray(bc))
+    if acc.kind == "exact":
+        return _torch_chain.exact_gemm(ac, bc, fa, fb, split)
     im = INSTRUCTION_MODELS[instruction or acc.instruction]
     if scales is not None:
         scales = tuple(torch.from_numpy(np.ascontiguousarray(x).astype(np.int64)).to(ac.device) for x in scales)

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from ..formats import FloatFormat, get_format
-from ._torch_exact import rn_sum_f32
+from ._torch_exact import exact_matmul_f32, rn_sum_f32
 from .instructions import InstructionModel, _decoded
 from .splitk import split_indices
 
-__all__ = ["supports", "chain_dots", "chain_gemm"]
+__all__ = ["supports", "chain_dots", "chain_gemm", "exact_gemm"]
 
 _F32_NAN_BITS = 0x7FFFFFFF
 
@@ -230,3 +230,20 @@ def _combine(parts: list, scheme: str) -> Any:
     for i in range(h):
         acc = acc + ((parts[i] + parts[i + h]) if i + h < s - 1 else parts[i])
     return acc
+
+
+def exact_gemm(ac: Any, bc: Any, fa: FloatFormat, fb: FloatFormat, split: tuple[int, str] | None = None) -> np.ndarray:
+    """float32 (M, N) numpy: the ``exact`` accumulator on ``ac``'s device (each split's exact sum
+    rounded once, the partials combined in the scheme's float32 order)."""
+    import torch
+
+    dev = ac.device
+    (va_t, _), (vb_t, _) = _tables(fa, dev), _tables(fb, dev)
+    va, vb = va_t[ac.long()], vb_t[bc.long()]
+    if split is None:
+        return exact_matmul_f32(va, vb, fa.mbits, fb.mbits).cpu().numpy()
+    parts = []
+    for idx in split_indices(ac.shape[1], *split):
+        idx = torch.from_numpy(idx[idx >= 0]).to(dev)
+        parts.append(exact_matmul_f32(va[:, idx], vb[idx], fa.mbits, fb.mbits))
+    return _combine(parts, split[1]).cpu().numpy()

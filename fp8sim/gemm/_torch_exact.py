@@ -54,3 +54,49 @@ def rn_sum_f32(terms: Any) -> Any:
     bits = torch.where(inexact, bits | 1, bits)  # sticky bit: round to odd
     ro = torch.where((hi == 0) & (rem != 0), rem, bits.view(torch.float64))
     return ro.to(torch.float32)
+
+
+def _bands(v: Any, width: int) -> list:
+    """``v`` split into disjoint exponent bands of at most ``width`` binades (zeros elsewhere), as
+    :func:`fp8sim.gemm._exact._bands`; exponents from the float64 bits (the values are normal)."""
+    import torch
+
+    mag = v.abs()
+    nz = mag > 0
+    if not bool(nz.any()):
+        return [v]
+    ex = ((mag.view(torch.int64) >> 52) & 0x7FF) - 1023
+    lo, hi = int(ex[nz].min()), int(ex[nz].max())
+    if hi - lo + 1 <= width:
+        return [v]
+    out = []
+    for start in range(lo, hi + 1, width):
+        sel = nz & (ex >= start) & (ex < start + width)
+        if bool(sel.any()):
+            out.append(torch.where(sel, v, 0.0))
+    return out
+
+
+def exact_matmul_f32(va: Any, vb: Any, mbits_a: int, mbits_b: int) -> Any:
+    """float32 nearest-even of the exact ``va @ vb`` (float64 tensors of decoded narrow floats, NaN/Inf
+    as IEEE matmul gives them).  Band-pair float64 matmuls are exact in any summation order (every
+    partial sum fits 53 bits), so the device's BLAS cannot change the result; NaN payloads are the
+    device's."""
+    import math
+
+    import torch
+
+    fin_a, fin_b = torch.isfinite(va), torch.isfinite(vb)
+    a0, b0 = torch.where(fin_a, va, 0.0), torch.where(fin_b, vb, 0.0)
+    k = max(va.shape[-1], 1)
+    budget = 53 - math.ceil(math.log2(k)) - mbits_a - mbits_b - 2
+    if budget < 2:
+        raise ValueError(f"K={k} is too long for an exact float64 band decomposition")
+    wa = max(1, budget // 2)
+    wb = max(1, budget - wa)
+    parts = [pa @ pb for pa in _bands(a0, wa) for pb in _bands(b0, wb)]
+    out = parts[0].to(torch.float32) if len(parts) == 1 else rn_sum_f32(torch.stack(parts, -1))
+    if not (bool(fin_a.all()) and bool(fin_b.all())):
+        special = va @ vb
+        out = torch.where(torch.isfinite(special), out, special.to(torch.float32))
+    return out

@@ -366,9 +366,11 @@ def _tensor_core(
                         sblk = slice(j // im.scale_block, (j + im.k) // im.scale_block)
                         psa = sa[r0:r1, None, sblk]
                         psb = sb.T[None, :, sblk]
-                    chain = run_instruction(
+                    new = run_instruction(
                         im, fa, fb, ac[r0:r1, None, blk], bt[None, :, blk], chain, psa, psb, specials=specials
                     )
+                    # without special operands, a NaN (NaN scale) or Inf (overflow) chain stays what it is
+                    chain = new if specials else np.where(np.isfinite(chain), new, chain)
                 reg = (reg + chain.astype(np.float32)).astype(np.float32) if every != kk else chain.astype(np.float32)
             out[r0:r1] = reg
     return out
