@@ -377,3 +377,17 @@ def test_nvfp4_nan_scale_in_an_early_instruction_makes_the_chained_result_nan(ba
     run = _reference if backend == "numpy" else (lambda *a, **k: scaled_mm(*a, backend="torch", **k))
     got = run(a, b, sa, sb, **kw)
     assert got.view(np.uint32)[0, 0] == 0x7FFFFFFF
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (scripts/gpu_session.sh)")
+def test_exact_on_cuda_equals_numpy_path() -> None:
+    """``exact`` on CUDA FP8 operands runs its band-pair float64 matmuls on the device; same bits."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(32, 512, generator=g) * 30).to(torch.float8_e4m3fn)
+    w = (torch.randn(16, 512, generator=g) * 1e-2).to(torch.float8_e5m2)
+    one = torch.tensor(1.0)
+    kw = {"out_dtype": torch.float32, "accumulator": "exact"}
+    ref = scaled_mm(x, w.t(), one, one, backend="numpy", **kw)
+    got = scaled_mm(x.cuda(), w.cuda().t(), one.cuda(), one.cuda(), **kw)
+    assert got.device.type == "cuda"
+    assert torch.equal(got.cpu().view(torch.int32), ref.view(torch.int32))
