@@ -3,7 +3,8 @@ a non-CPU device): the arithmetic of :func:`fp8sim.gemm.instructions.run_instruc
 instruction model: the truncating ones (``hopper_*``, ``ada_*``, ``blackwell``, ``blackwell_split``),
 the round-to-nearest ``blackwell_mma`` (exact sum, one nearest-even rounding: TwoSum distillation in
 float64, :mod:`fp8sim.gemm._torch_exact`) and the block-scaled Blackwell kinds (MX: E8M0 exponents
-added to each product; NVFP4: exact 16-product group sums times the UE4M3 scales).
+added to each product; NVFP4: exact 16-product group sums times the UE4M3 scales); and the ``exact``
+accumulator (:func:`exact_gemm`: band-pair float64 matmuls, exact in any summation order).
 
 Every step uses only ops whose results are exact and so identical on every device: float64
 products of FP8 values (exact), integer exponents, powers of two built from their bits (no

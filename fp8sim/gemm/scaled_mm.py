@@ -148,9 +148,9 @@ def scaled_mm(
 
     ``backend``: where the tensor-core chains run.  ``"numpy"``: numpy (compiled with numba when
     installed); ``"torch"``: torch ops on the operands' device (:mod:`fp8sim.gemm._torch_chain`, the
-    same bits; every tensor-core accumulator, with tensorwise, rowwise, MX or NVFP4 scales); None
-    (default): ``"torch"`` for torch operands on a CUDA (or other non-CPU, non-MPS) device where it
-    applies, else ``"numpy"``.
+    same bits; every tensor-core accumulator, with tensorwise, rowwise, 1x128/128x128 block, MX or
+    NVFP4 scales, and ``exact`` with tensorwise or rowwise scales); None (default): ``"torch"`` for
+    torch operands on a CUDA (or other non-CPU, non-MPS) device where it applies, else ``"numpy"``.
     """
     check_arguments(a, b, scale_a, scale_b)
     if backend not in (None, "numpy", "torch"):
