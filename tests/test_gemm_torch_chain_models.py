@@ -322,7 +322,7 @@ def test_torch_chain_models_on_cuda_equal_numpy_path(case: str) -> None:
     assert not (msg := _first_diff(got.view(np.uint32), ref.view(np.uint32), f"cuda {case}")), msg
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(
     data=st.data(),
     m=st.integers(1, 3),
