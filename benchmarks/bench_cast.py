@@ -1,7 +1,8 @@
 """Throughput of ``encode(x * scale, E4M3, saturate=True)`` on 16M float32 elements, as ratios
 against ml_dtypes / torch measured in the same run (see benchmarks/README.md).
 
-Run: ``python benchmarks/bench_cast.py [--n 16777216] [--repeat 5]``
+Run: ``python benchmarks/bench_cast.py [--n 16777216] [--repeat 5] [--threads 1,2] [--torch-only]``
+(``--threads``: torch's and numba's thread counts for the torch-backend rows, one table block each).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=16 * 1024 * 1024)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--threads", default="2", help="comma-separated thread counts for the torch rows")
+    ap.add_argument("--torch-only", action="store_true", help="skip the numpy-backend rows")
     args = ap.parse_args()
     n, rep = args.n, args.repeat
     x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
@@ -38,38 +41,50 @@ def main() -> None:
 
     anchor = best_of(lambda: x.astype(ml_dtypes.float8_e4m3fn), rep)
     rows.append(("ml_dtypes x.astype(float8_e4m3fn)  [anchor A]", anchor, "A"))
-    t = best_of(lambda: fp8sim.encode(x * scale, "e4m3", saturate=True), rep)
-    rows.append(("fp8sim numpy encode(x*s, nearest_even, sat)", t, "A"))
-    t_rn = t
-    t = best_of(lambda: fp8sim.encode(x * scale, "e4m3", saturate=True, rounding="stochastic", seed=1), rep)
-    rows.append(("fp8sim numpy encode(x*s, stochastic, sat)", t, "A"))
-    sr_vs_rn = t_rn / t
-    try:
-        import gfloat
-        from gfloat.formats import format_info_ocp_e4m3
+    sr_vs_rn = None
+    if not args.torch_only:
+        t = best_of(lambda: fp8sim.encode(x * scale, "e4m3", saturate=True), rep)
+        rows.append(("fp8sim numpy encode(x*s, nearest_even, sat)", t, "A"))
+        t_rn = t
+        t = best_of(lambda: fp8sim.encode(x * scale, "e4m3", saturate=True, rounding="stochastic", seed=1), rep)
+        rows.append(("fp8sim numpy encode(x*s, stochastic, sat)", t, "A"))
+        sr_vs_rn = t_rn / t
+        try:
+            import gfloat
+            from gfloat.formats import format_info_ocp_e4m3
 
-        xs = x[: n // 16]
-        tg = best_of(lambda: gfloat.round_ndarray(format_info_ocp_e4m3, xs * scale, sat=True), max(1, rep // 2)) * 16
-        rows.append(("gfloat round_ndarray (1/16 of n, scaled)", tg, "A"))
-    except ImportError:
-        pass
+            xs = x[: n // 16]
+            tg = (
+                best_of(lambda: gfloat.round_ndarray(format_info_ocp_e4m3, xs * scale, sat=True), max(1, rep // 2)) * 16
+            )
+            rows.append(("gfloat round_ndarray (1/16 of n, scaled)", tg, "A"))
+        except ImportError:
+            pass
 
     torch_rows: list[tuple[str, float, str]] = []
     anchors = {"A": anchor}
     try:
         import torch
 
-        torch.set_num_threads(2)
         xs = torch.from_numpy(x) * float(scale)  # the same scaled input for both sides
-        anchors["T"] = best_of(lambda: xs.to(torch.float8_e4m3fn), rep)
-        torch_rows.append(("torch xs.to(float8_e4m3fn)  [anchor T]", anchors["T"], "T"))
-        for label, kw in [
-            ("nearest_even, sat (native path when probed equal)", {"saturate": True}),
-            ("nearest_even, no sat (table gather)", {"saturate": False}),
-            ("stochastic, sat", {"saturate": True, "rounding": "stochastic", "seed": 1}),
-        ]:
-            t = best_of(lambda kw=kw: fp8sim.encode(xs, "e4m3", **kw), rep)
-            torch_rows.append((f"fp8sim torch encode(xs, {label})", t, "T"))
+        for threads in [int(t) for t in args.threads.split(",")]:
+            torch.set_num_threads(threads)
+            try:
+                import numba
+
+                numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+            except ImportError:
+                pass
+            tag = f"T{threads}"
+            anchors[tag] = best_of(lambda: xs.to(torch.float8_e4m3fn), rep)
+            torch_rows.append((f"torch xs.to(float8_e4m3fn), {threads} thr [anchor {tag}]", anchors[tag], tag))
+            for label, kw in [
+                ("nearest_even, sat (native path when probed equal)", {"saturate": True}),
+                ("nearest_even, no sat (table gather)", {"saturate": False}),
+                ("stochastic, sat", {"saturate": True, "rounding": "stochastic", "seed": 1}),
+            ]:
+                t = best_of(lambda kw=kw: fp8sim.encode(xs, "e4m3", **kw), rep)
+                torch_rows.append((f"fp8sim torch {threads} thr ({label})", t, tag))
     except ImportError:
         pass
 
@@ -78,7 +93,8 @@ def main() -> None:
     print(f"|{'-' * 60}|{'-' * 11}|-------|")
     for name, t, a in rows + torch_rows:
         print(f"| {name:<58} | {n / t / 1e6:>9.0f} | {anchors[a] / t:5.2f}x vs {a} |")
-    print(f"\nstochastic / nearest_even (numpy): {sr_vs_rn:.2f}x")
+    if sr_vs_rn is not None:
+        print(f"\nstochastic / nearest_even (numpy): {sr_vs_rn:.2f}x")
 
 
 if __name__ == "__main__":

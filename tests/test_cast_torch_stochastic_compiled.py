@@ -32,3 +32,59 @@ def test_torch_stochastic_equals_numpy_backend(monkeypatch, numba_on: str, fmt: 
     ref = fp8sim.encode(x, fmt, rounding="stochastic", saturate=saturate, seed=99)
     assert np.array_equal(got.numpy(), ref), f"first diff at {np.argwhere(got.numpy() != ref)[0]}"
     torch_backend._sr_kernel.cache_clear()
+
+
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+
+
+@hypothesis.settings(max_examples=12, deadline=None)
+@hypothesis.given(
+    n=st.integers(1, 3 * (1 << 16) + 7),
+    data_seed=st.integers(0, 2**32 - 1),
+    rounding_seed=st.integers(0, 2**64 - 1),
+    fmt=st.sampled_from(["e4m3", "e5m2", "e2m1"]),
+)
+def test_compiled_blocks_equal_numpy_backend_across_block_edges(
+    n: int, data_seed: int, rounding_seed: int, fmt: str
+) -> None:
+    """The compiled pass works in blocks of ``_SR_BLOCK`` elements, each listing its exact-path
+    elements (subnormal range, Inf, NaN) itself: any length, with such elements in any block and at
+    block edges, gives the numpy backend's bits."""
+    pytest.importorskip("numba")
+    from fp8sim.cast import torch_backend
+
+    if torch_backend._sr_kernel() is None:
+        pytest.skip("FP8SIM_NUMBA=0")
+    rng = np.random.default_rng(data_seed)
+    x = (rng.standard_normal(n) * np.exp2(rng.uniform(-14, 10, n))).astype(np.float32)
+    edges = np.arange(torch_backend._SR_BLOCK - 1, n, torch_backend._SR_BLOCK)
+    x[edges] = rng.choice(np.array([np.nan, -np.inf, 1e-3, -3e-3], np.float32), edges.size)
+    x[rng.integers(0, n, max(1, n // 50))] = np.float32(2.0**-8)
+    got = fp8sim.encode(torch.from_numpy(x), fmt, rounding="stochastic", saturate=False, seed=rounding_seed)
+    ref = fp8sim.encode(x, fmt, rounding="stochastic", saturate=False, seed=rounding_seed)
+    bad = np.flatnonzero(got.numpy() != ref)
+    assert bad.size == 0, (
+        f"{fmt}: first diff at {bad[0]}: x={x[bad[0]]!r} got {got.numpy()[bad[0]]:#04x} want {ref[bad[0]]:#04x}"
+    )
+
+
+def test_every_table_format_takes_the_compiled_pass_and_the_fallback_gives_the_same_bits(monkeypatch) -> None:  # noqa: ANN001
+    """The SIMD pass needs the shift table's three-class shape; every format with a float32 table has
+    it, and where a table had not, the numpy backend's pass runs instead (same bits)."""
+    pytest.importorskip("numba")
+    from fp8sim.cast import torch_backend
+    from fp8sim.cast._tables import f32_stochastic_tables, f32_table_ok
+    from fp8sim.formats import format_names, get_format
+
+    for name in format_names():
+        f = get_format(name)
+        if f32_table_ok(f):
+            for sat in (True, False):
+                assert torch_backend._sr_classes(f32_stochastic_tables(f, sat)[0]) is not None, (name, sat)
+    x = (np.random.default_rng(2).standard_normal(5000) * 30).astype(np.float32)
+    x[:3] = [np.nan, np.inf, 1e-4]
+    ref = fp8sim.encode(x, "e4m3", rounding="stochastic", seed=7)
+    monkeypatch.setattr(torch_backend, "_sr_classes", lambda table: None)
+    got = fp8sim.encode(torch.from_numpy(x), "e4m3", rounding="stochastic", seed=7)
+    assert np.array_equal(got.numpy(), ref)

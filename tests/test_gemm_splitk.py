@@ -95,6 +95,7 @@ def test_split_k_matches_mmaemu_on_recorded_splits(
         ("ada", "serial", 3, False, _E4, _E5),
         ("ada", "serial", 4, True, _E5, _E4),
         ("ada", "pairwise", 5, True, _E4, _E4),
+        ("ada", "pairwise", 4, False, _E4, _E5),  # slow: chains restart every 2 of a split's own tiles
         ("hopper", "contiguous", 3, False, _E5, _E4),
         ("hopper", "contiguous", 7, True, _E4, _E4),  # 9 k-tiles over 7 splits: empty last splits
     ],
@@ -140,32 +141,72 @@ def test_combination_order_matches_mmaemus_reduce(s: int, scheme: str) -> None:
     assert np.array_equal(combine_partials(parts, scheme).view(np.uint32), ref.view(np.uint32))
 
 
-def test_exact_accumulator_split_is_exact_partials_added_in_order() -> None:
-    """``exact`` with a split: each split's exact sum rounded once, then cuBLAS's pairwise order
-    (oracle: Fractions, and mmaemu's reduce_partials for the order)."""
-    from mmaemu.model.plan import reduce_partials
+def _doc_split_index(k: int, s: int, scheme: str) -> list[list[int]]:
+    """Each split's K indices in chain order, written from mmaemu 0.1.0's description, not from fp8sim:
+    ``mmaemu/model/plan.py`` lines 12-13 (Ada: 64-wide k-tiles, tile t to split t mod S, increasing t)
+    and lines 22-23 (H100 "contiguous": 128-wide k-tiles, split s owns [s*q, (s+1)*q), q = ceil(T/S)).
+    Zero padding of the ragged tail adds +0 and is left out."""
+    tile = 128 if scheme == "contiguous" else 64
+    tiles = -(-k // tile)
+    if scheme == "contiguous":
+        q = -(-tiles // s)
+        owned = [[t for t in range(tiles) if i * q <= t < (i + 1) * q] for i in range(s)]
+    else:
+        owned = [[t for t in range(tiles) if t % s == i] for i in range(s)]
+    return [[t * tile + j for t in ts for j in range(tile) if t * tile + j < k] for ts in owned]
 
-    x, w, _, _ = _operands(2, 16, 320, seed=3)
+
+def _doc_combine(parts: list[np.ndarray], scheme: str) -> np.ndarray:
+    """float32 combination of the partials as ``mmaemu/model/plan.py`` lines 16-18 state it (each
+    addition rounded to nearest float32; float64 of two float32 values is exact, then one rounding)."""
+    f32 = np.float32
+    if scheme != "pairwise":
+        acc = parts[0]
+        for p in parts[1:]:
+            acc = (acc.astype(np.float64) + p).astype(f32)
+        return acc
+    s = len(parts)
+    h = -(-s // 2)
+    slots = [(parts[i].astype(np.float64) + parts[i + h]).astype(f32) if i + h < s - 1 else parts[i] for i in range(h)]
+    acc = parts[s - 1]
+    for slot in slots:
+        acc = (acc.astype(np.float64) + slot).astype(f32)
+    return acc
+
+
+@pytest.mark.parametrize(("k", "split"), [(320, (3, "pairwise")), (1008, (5, "pairwise")), (720, (4, "serial"))])
+def test_exact_accumulator_split_is_exact_partials_added_in_order(k: int, split: tuple[int, str]) -> None:
+    """``exact`` with a split: each split's exact sum rounded once, then cuBLAS's order.  Oracle
+    independent of ``split_indices`` and ``combine_partials``: Fractions over the index sets and the
+    combination written above from mmaemu's description (a wrong index set or order fails here; the
+    ragged K=1008 and K=720 leave a partial last k-tile; S=5 gives splits of 4 and 3 tiles)."""
+    x, w, _, _ = _operands(2, 16, k, seed=k)
+    x = x.float()
+    x[:, ::3] = (x[:, ::3] * 2.0**-9).to(_E4).float()  # mixed magnitudes: the partial sums round
+    x = x.to(_E4)
     got = scaled_mm(
-        x,
-        w,
-        torch.tensor(1.0),
-        torch.tensor(1.0),
-        out_dtype=torch.float32,
-        accumulator="exact",
-        split_k=(3, "pairwise"),
+        x, w, torch.tensor(1.0), torch.tensor(1.0), out_dtype=torch.float32, accumulator="exact", split_k=split
     )
     xa, wa = x.float().double().numpy(), w.float().double().numpy()
     parts = []
-    for idx in split_indices(320, 3, "pairwise"):
-        idx = idx[idx >= 0]
+    for idx in _doc_split_index(k, *split):
         p = np.empty((2, 16), np.float32)
         for i in range(2):
             for j in range(16):
                 p[i, j] = float(sum(Fraction(xa[i, t]) * Fraction(wa[t, j]) for t in idx))  # float(): nearest
-        parts.append(torch.from_numpy(p))
-    ref = reduce_partials(parts, "pairwise")
-    _assert_same(got, ref, "exact pairwise")
+        parts.append(p)
+    _assert_same(got, torch.from_numpy(_doc_combine(parts, split[1])), f"exact {split} K={k}")
+    unsplit = scaled_mm(x, w, torch.tensor(1.0), torch.tensor(1.0), out_dtype=torch.float32, accumulator="exact")
+    assert not np.array_equal(_bits(unsplit), _bits(got)), "the split must matter on this case"
+
+
+@pytest.mark.parametrize(
+    ("k", "s", "scheme"), [(1040, 3, "pairwise"), (4096, 10, "pairwise"), (1040, 5, "serial"), (1152, 7, "contiguous")]
+)
+def test_split_indices_equal_mmaemus_documented_order(k: int, s: int, scheme: str) -> None:
+    """fp8sim's index sets (zero padding dropped) against the reference written from mmaemu's docstring."""
+    ours = [a[a >= 0].tolist() for a in split_indices(k, s, scheme)]
+    assert ours == _doc_split_index(k, s, scheme)
 
 
 def test_split_k_none_and_one_are_unsplit() -> None:

@@ -101,8 +101,7 @@ def _native(flat: torch.Tensor, fmt: FloatFormat, how: str) -> torch.Tensor:
 def _encode_f32_stochastic(flat: torch.Tensor, out: torch.Tensor, fmt: FloatFormat, saturate: bool, seed: int) -> None:
     dev = flat.device
     if dev.type == "cpu":  # torch's int64 hash is ~20x slower than the numpy reference's uint32 one
-        if _sr_kernel() is not None:
-            _stochastic_compiled(flat.numpy(), out.numpy(), fmt, saturate, seed)
+        if _sr_kernel() is not None and _stochastic_compiled(flat.numpy(), out.numpy(), fmt, saturate, seed):
             return
         from .numpy_backend import _encode_f32_stochastic as numpy_stochastic
 
@@ -125,68 +124,111 @@ def _encode_f32_stochastic(flat: torch.Tensor, out: torch.Tensor, fmt: FloatForm
         out[s : s + u.numel()] = code
 
 
+_SR_BLOCK = 1 << 16
+"""Elements per task of the compiled pass; a block's exact-path offsets fit in uint16."""
+
+
+def _sr_classes(shift_table: np.ndarray) -> tuple[int, int, int] | None:
+    """``(a, b, S)`` with the shift table, per sign, equal to: 32 (no noise) for exponent fields below
+    ``a``, SR_EXACT for ``[a, b)`` and 255, ``S`` for ``[b, 255)``; None where it has another shape."""
+    half = shift_table[:256]
+    main = [int(v) for v in np.unique(half) if v not in (32, SR_EXACT)]
+    if len(main) != 1 or not np.array_equal(half, shift_table[256:]):
+        return None
+    a, b = int(np.argmax(half != 32)), int(np.argmax(half == main[0]))
+    want = np.full(256, SR_EXACT, np.uint8)
+    want[:a], want[b:255] = 32, main[0]
+    return (a, b, main[0]) if np.array_equal(half, want) else None
+
+
 @cache
 def _sr_kernel() -> Any:
     """One compiled pass for float32 stochastic rounding (numba, optional; FP8SIM_NUMBA=0: off), the
     numpy backend's arithmetic per element: the counter hash of ``fp8sim.cast._random`` in uint32,
-    the shift and code tables of ``f32_stochastic_tables``; SR_EXACT classes are flagged."""
+    the shift classes and the code table of ``f32_stochastic_tables``.  Per block of ``_SR_BLOCK``
+    elements a SIMD loop (uint32 lanes: hash, shift, add) writes each element's code-table index,
+    then a scalar loop looks the codes up and lists the SR_EXACT elements' offsets at the head of
+    the block's slice of ``offsets`` (no flag array, no serial pass over all elements)."""
     if os.environ.get("FP8SIM_NUMBA", "1") == "0":
         return None
     try:
         import numba
     except ImportError:
         return None
-    m32 = 0xFFFFFFFF
-
-    @numba.njit(parallel=True, nogil=True, cache=True)
-    def sr(u, shift_table, lo_table, k0, k1, out, flag):  # noqa: ANN001, ANN202
-        n_exact = 0
-        for i in numba.prange(u.size):
-            x = np.int64(u[i])
-            sh = np.int64(shift_table[x >> 23])
-            if sh == SR_EXACT:
-                flag[i] = 1
-                n_exact += 1
-                continue
-            h = ((np.int64(i) & m32) * _C3) & m32
-            h ^= k0
-            h = (h * _C1) & m32
-            h ^= h >> 15
-            h ^= k1
-            h ^= (((np.int64(i) >> 32) & m32) * _C3) & m32
-            h = (h * _C2) & m32
-            h ^= h >> 16
-            r = h >> sh if sh < 32 else np.int64(0)
-            out[i] = lo_table[((x + r) & m32) >> 16]
-        return n_exact
+    u32 = np.uint32
 
     @numba.njit(nogil=True, cache=True)
-    def flagged(flag, count):  # noqa: ANN001, ANN202
-        index = np.empty(count, np.int64)
+    def indices(u, index, base, k0, k1, b, sh):  # noqa: ANN001, ANN202 - uint32 throughout: LLVM vectorises it
+        c1, c2, c3 = u32(_C1), u32(_C2), u32(_C3)
+        for j in range(u.size):
+            x = u[j]
+            h = u32(u32(base + u32(j)) * c3)
+            h = u32(h ^ k0)
+            h = u32(h * c1)
+            h = u32(h ^ u32(h >> u32(15)))
+            h = u32(h ^ k1)
+            h = u32(h * c2)
+            h = u32(h ^ u32(h >> u32(16)))
+            noisy = u32(u32(0) - u32(u32(u32(x >> u32(23)) & u32(0xFF)) >= b))  # all ones where shift is sh
+            index[j] = np.uint16(u32(x + u32(u32(h >> sh) & noisy)) >> u32(16))
+
+    @numba.njit(nogil=True, cache=True)
+    def lookup(u, index, lo_table, out, offsets, a, b):  # noqa: ANN001, ANN202
+        c = 0
+        for j in range(u.size):
+            out[j] = lo_table[index[j]]
+            ef = (u[j] >> u32(23)) & u32(0xFF)
+            if ef >= a and (ef < b or ef == u32(0xFF)):
+                offsets[c] = j
+                c += 1
+        return c
+
+    @numba.njit(parallel=True, nogil=True, cache=True)
+    def sr(u, lo_table, k0, k1, a, b, sh, out, offsets, counts):  # noqa: ANN001, ANN202
+        n = u.size
+        for blk in numba.prange(counts.size):
+            s = blk * _SR_BLOCK
+            e = min(s + _SR_BLOCK, n)
+            hi = u32(((np.int64(s) >> 32) * _C3) & 0xFFFFFFFF)  # the hash's high-index word, fixed per block
+            index = np.empty(e - s, np.uint16)
+            indices(u[s:e], index, u32(s & 0xFFFFFFFF), k0, u32(k1 ^ hi), b, sh)
+            counts[blk] = lookup(u[s:e], index, lo_table, out[s:e], offsets[s:e], a, b)
+
+    @numba.njit(nogil=True, cache=True)
+    def gather(offsets, counts):  # noqa: ANN001, ANN202
+        index = np.empty(counts.sum(), np.int64)
         j = 0
-        for i in range(flag.size):
-            if flag[i]:
-                index[j] = i
+        for blk in range(counts.size):
+            s = blk * _SR_BLOCK
+            for k in range(counts[blk]):
+                index[j] = s + np.int64(offsets[s + k])
                 j += 1
         return index
 
-    return sr, flagged
+    return sr, gather
 
 
-def _stochastic_compiled(flat: np.ndarray, out: np.ndarray, fmt: FloatFormat, saturate: bool, seed: int) -> None:
+def _stochastic_compiled(flat: np.ndarray, out: np.ndarray, fmt: FloatFormat, saturate: bool, seed: int) -> bool:
+    """The compiled pass; False (nothing written) where the shift table has no three-class shape."""
     from ._random import numpy_bits_at, seed_keys
 
     shift_table, lo_table = f32_stochastic_tables(fmt, saturate)
-    k0, k1 = seed_keys(seed)
-    flag = np.zeros(flat.size, np.uint8)
-    sr, flagged = _sr_kernel()
-    count = sr(flat.view(np.uint32), shift_table, lo_table, k0, k1, out, flag)
-    if count:  # Inf/NaN and the format's subnormal range: the exact path, as the numpy backend
-        index = flagged(flag, count)
+    classes = _sr_classes(shift_table)
+    if classes is None:
+        return False
+    a, b, sh = (np.uint32(v) for v in classes)
+    k0, k1 = (np.uint32(k) for k in seed_keys(seed))
+    offsets = np.empty(flat.size, np.uint16)  # only each block's head is ever written (and paged in)
+    counts = np.empty(-(-flat.size // _SR_BLOCK), np.int64)
+    sr, gather = _sr_kernel()
+    sr(flat.view(np.uint32), lo_table, k0, k1, a, b, sh, out, offsets, counts)
+    if counts.any():  # Inf/NaN and the format's subnormal range: the exact path, as the numpy backend
+        index = gather(offsets, counts)
         with np.errstate(invalid="ignore"):
             x64 = flat[index].astype(np.float64)
         rbits = numpy_bits_at(seed, index).astype(np.int64)
         out[index] = round_codes(np, x64, fmt, "stochastic", saturate, rbits)
+    return True
 
 
 def _encode_exact(

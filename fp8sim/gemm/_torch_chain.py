@@ -1,6 +1,10 @@
 """Tensor-core chains in torch ops (``scaled_mm(backend="torch")``; the default for torch operands on
-a non-CPU device): the arithmetic of :func:`fp8sim.gemm.instructions.run_instruction` for the
-truncating models without block scales (``hopper_*``, ``ada_*``, ``blackwell``, ``blackwell_split``).
+a non-CPU device): the arithmetic of :func:`fp8sim.gemm.instructions.run_instruction` for every
+instruction model: the truncating ones (``hopper_*``, ``ada_*``, ``blackwell``, ``blackwell_split``),
+the round-to-nearest ``blackwell_mma`` (exact sum, one nearest-even rounding: TwoSum distillation in
+float64, :mod:`fp8sim.gemm._torch_exact`) and the block-scaled Blackwell kinds (MX: E8M0 exponents
+added to each product; NVFP4: exact 16-product group sums times the UE4M3 scales); and the ``exact``
+accumulator (:func:`exact_gemm`: band-pair float64 matmuls, exact in any summation order).
 
 Every step uses only ops whose results are exact and so identical on every device: float64
 products of FP8 values (exact), integer exponents, powers of two built from their bits (no
@@ -16,18 +20,19 @@ from typing import Any
 
 import numpy as np
 
-from ..formats import FloatFormat
+from ..formats import FloatFormat, get_format
+from ._torch_exact import exact_matmul_f32, rn_sum_f32
 from .instructions import InstructionModel, _decoded
 from .splitk import split_indices
 
-__all__ = ["supports", "chain_dots", "chain_gemm"]
+__all__ = ["supports", "chain_dots", "chain_gemm", "exact_gemm"]
 
 _F32_NAN_BITS = 0x7FFFFFFF
 
 
 def supports(m: InstructionModel) -> bool:
-    """Models this backend runs: truncating alignment, no block scales."""
-    return m.rounding == "truncate" and m.scale_format is None
+    """Models this backend runs: every model (truncating or nearest-even, with or without block scales)."""
+    return m.rounding in ("truncate", "rn") and m.scale_format in (None, "e8m0", "ue4m3")
 
 
 def _tables(f: FloatFormat, device: Any) -> tuple[Any, Any]:
@@ -61,6 +66,11 @@ def _step(p: Any, e: Any, c: Any, m: InstructionModel) -> Any:
     pf = torch.where(fin, p, 0.0)
     c_ok = torch.isfinite(c)
     c0 = torch.where(c_ok, c, 0.0)
+    if m.rounding == "rn":
+        out = rn_sum_f32(torch.cat([pf, c0[..., None]], -1)).double()
+        special = p.sum(-1) + c
+        out = torch.where(torch.isinf(special), special, out)
+        return torch.where(torch.isnan(special), torch.nan, out)
     e_c = torch.clamp(_exponent(c0.abs()), min=-126)
     big = torch.maximum(e.amax(-1), e_c)
     n = m.frac_bits
@@ -78,17 +88,46 @@ def _step(p: Any, e: Any, c: Any, m: InstructionModel) -> Any:
     return torch.where(torch.isnan(special), torch.nan, out)
 
 
+def _scaled_terms(exact: Any, e: Any, sa: Any, sb: Any, m: InstructionModel, scale_tables: Any) -> tuple:
+    """Block scales of one instruction (``sa``, ``sb``: scale codes ``[..., k / scale_block]``): the
+    terms, their nominal exponents and where a NaN scale makes the result NaN (as ``_fused``)."""
+    import torch
+
+    if m.scale_format == "e8m0":
+        x = torch.repeat_interleave((sa - 127) + (sb - 127), m.scale_block, dim=-1)
+        nan = (sa == 0xFF).any(-1) | (sb == 0xFF).any(-1)
+        return exact * _pow2(x), e + x, nan
+    sv, se = scale_tables
+    gsum = exact.reshape(exact.shape[:-1] + (-1, m.scale_block)).sum(-1)  # exact: short sums of FP4 products
+    ma, mb = sa & 0x7F, sb & 0x7F  # the sign bit of a UE4M3 scale is ignored
+    nan = (ma == 0x7F).any(-1) | (mb == 0x7F).any(-1)
+    return gsum * sv[ma] * sv[mb], se[ma] + se[mb], nan  # block terms are not normalised
+
+
 def chain_dots(
-    ac: Any, bc: Any, c: Any, fa: FloatFormat, fb: FloatFormat, m: InstructionModel, every: int | None = None
+    ac: Any,
+    bc: Any,
+    c: Any,
+    fa: FloatFormat,
+    fb: FloatFormat,
+    m: InstructionModel,
+    every: int | None = None,
+    scale_a: Any = None,
+    scale_b: Any = None,
 ) -> Any:
     """float32 results of instruction chains along the last axis: ``ac``, ``bc`` integer code tensors
     broadcasting to ``[..., K]`` (K a multiple of ``m.k``), ``c`` the float32 start value ``[...]``
-    (None: 0); ``every``: promotion interval (None: one chain over all K).  NaN is 0x7FFFFFFF."""
+    (None: 0); ``every``: promotion interval (None: one chain over all K); ``scale_a``/``scale_b``:
+    block-scale codes broadcasting to ``[..., K / scale_block]`` for block-scaled models.  NaN is
+    0x7FFFFFFF."""
     import torch
 
     dev = ac.device
     (va_t, ea_t), (vb_t, eb_t) = _tables(fa, dev), _tables(fb, dev)
+    scale_tables = _tables(get_format("e4m3"), dev) if m.scale_format == "ue4m3" else None
     ai, bi = ac.long(), bc.long()
+    if m.scale_format is not None:
+        sai, sbi = scale_a.long(), scale_b.long()
     k = torch.broadcast_shapes(ai.shape, bi.shape)[-1]
     lead = torch.broadcast_shapes(ai.shape[:-1], bi.shape[:-1])
     chain = torch.zeros(lead, dtype=torch.float64, device=dev) if c is None else c.to(dev, torch.float64)
@@ -103,7 +142,12 @@ def chain_dots(
             sa, sb = ai[..., j : j + step], bi[..., j : j + step]
             p = va_t[sa] * vb_t[sb]
             e = ea_t[sa] + eb_t[sb]
-            chain = _step(p, e, chain, m)
+            if m.scale_format is None:
+                chain = _step(p, e, chain, m)
+                continue
+            blocks = slice(j // m.scale_block, (j + step) // m.scale_block)
+            p, e, nan = _scaled_terms(p, e, sai[..., blocks], sbi[..., blocks], m, scale_tables)
+            chain = torch.where(nan, torch.nan, _step(p, e, chain, m))
         reg = (reg + chain.to(torch.float32)) if every != k else chain.to(torch.float32)
     bits = reg.view(torch.int32)
     return torch.where(torch.isnan(reg), torch.full_like(bits, _F32_NAN_BITS), bits).view(torch.float32)
@@ -118,10 +162,12 @@ def chain_gemm(
     every: int | None,
     split: tuple[int, str] | None = None,
     tile_elements: int | None = None,
+    scales: tuple[Any, Any] | None = None,
 ) -> np.ndarray:
     """float32 (M, N) numpy: ``a @ b`` as the chains compute it, on ``ac``'s device.  ``ac``: (M, K)
     and ``bc``: (K, N) integer code tensors; ``split``: cuBLAS split-K (:mod:`fp8sim.gemm.splitk`),
-    partials combined on the device in the scheme's float32 order."""
+    partials combined on the device in the scheme's float32 order; ``scales``: block-scale codes
+    ``(M, K / scale_block)`` and ``(K / scale_block, N)`` for the block-scaled models (unsplit)."""
     import torch
 
     mm, k = ac.shape
@@ -131,11 +177,22 @@ def chain_gemm(
         tile_elements = 1 << (22 if dev.type != "cpu" else 16)
     bt = bc.t().contiguous()
 
+    sa = sbt = None
+    if scales is not None:  # scales for the K padding: 1.0 (E8M0 127, UE4M3 0x38), as the numpy path
+        kk = -(-k // m.k) * m.k
+        one = 127 if m.scale_format == "e8m0" else 0x38
+        sa, sbt = scales[0].long(), scales[1].long().t()
+        extra = kk // m.scale_block - sa.shape[1]
+        if extra > 0:
+            sa = torch.nn.functional.pad(sa, (0, extra), value=one)
+            sbt = torch.nn.functional.pad(sbt, (0, extra), value=one)
+
     def unsplit(a2: Any, b2t: Any) -> Any:  # (M, k2) and (N, k2) codes, k2 a multiple of the model's k
         out = torch.empty((mm, n), dtype=torch.float32, device=dev)
         rows = max(1, tile_elements // max(n * m.k, 1))
         for r0 in range(0, mm, rows):
-            out[r0 : r0 + rows] = chain_dots(a2[r0 : r0 + rows, None, :], b2t[None, :, :], None, fa, fb, m, every)
+            sc = {} if sa is None else {"scale_a": sa[r0 : r0 + rows, None, :], "scale_b": sbt[None, :, :]}
+            out[r0 : r0 + rows] = chain_dots(a2[r0 : r0 + rows, None, :], b2t[None, :, :], None, fa, fb, m, every, **sc)
         return out
 
     def padded(idx: Any) -> tuple[Any, Any]:  # gather K (-1: code 0, +0) and pad to whole instructions
@@ -174,3 +231,20 @@ def _combine(parts: list, scheme: str) -> Any:
     for i in range(h):
         acc = acc + ((parts[i] + parts[i + h]) if i + h < s - 1 else parts[i])
     return acc
+
+
+def exact_gemm(ac: Any, bc: Any, fa: FloatFormat, fb: FloatFormat, split: tuple[int, str] | None = None) -> np.ndarray:
+    """float32 (M, N) numpy: the ``exact`` accumulator on ``ac``'s device (each split's exact sum
+    rounded once, the partials combined in the scheme's float32 order)."""
+    import torch
+
+    dev = ac.device
+    (va_t, _), (vb_t, _) = _tables(fa, dev), _tables(fb, dev)
+    va, vb = va_t[ac.long()], vb_t[bc.long()]
+    if split is None:
+        return exact_matmul_f32(va, vb, fa.mbits, fb.mbits).cpu().numpy()
+    parts = []
+    for idx in split_indices(ac.shape[1], *split):
+        idx = torch.from_numpy(idx[idx >= 0]).to(dev)
+        parts.append(exact_matmul_f32(va[:, idx], vb[idx], fa.mbits, fb.mbits))
+    return _combine(parts, split[1]).cpu().numpy()

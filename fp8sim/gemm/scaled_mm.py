@@ -29,7 +29,7 @@ from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
 from ..scaling.amax import dtype_name
 from ..scaling.swizzle import unswizzle_mm_scales
-from . import _numba, _torch_chain
+from . import _numba
 from ._checks import (
     _OUT_FLOATS,
     _SCALE_CODE_DTYPES,
@@ -41,9 +41,10 @@ from ._checks import (
     layout_error,
     out_dtype_name,
 )
+from ._dispatch import _IN_INSTRUCTION, _block_instruction, _keep_on_device, _torch_backend, _torch_gemm
 from ._exact import exact_matmul_f32, round_sum_to_f32, two_sum
 from .accumulators import Accumulator, get_accumulator
-from .instructions import INSTRUCTION_MODELS, _decoded, align_sum, get_instruction_model, run_instruction
+from .instructions import _decoded, align_sum, get_instruction_model, run_instruction
 from .splitk import check_split_k, split_accumulate
 
 __all__ = ["scaled_mm"]
@@ -56,9 +57,9 @@ def _operand(x: Any, fmt: str | FloatFormat | None, name: str, host: bool = True
         if dt == "float4_e2m1fn_x2":  # two E2M1 codes per byte along K (element 2i in the low nibble)
             from ..scaling.packing import unpack_fp4
 
-            if name == "mat1":
-                return np.asarray(unpack_fp4(x.detach().cpu())), get_format("e2m1")
-            return np.asarray(unpack_fp4(x.detach().cpu().t())).T, get_format("e2m1")
+            src = x.detach() if not host else x.detach().cpu()  # a device operand unpacks on its device
+            codes = unpack_fp4(src) if name == "mat1" else unpack_fp4(src.t()).t()
+            return (codes if not host else np.asarray(codes)), get_format("e2m1")
         if dt not in _TORCH_FMT:
             raise ValueError(f"Expected {name} to be Float8 matrix got {dt}")
         if not host:
@@ -147,7 +148,8 @@ def scaled_mm(
 
     ``backend``: where the tensor-core chains run.  ``"numpy"``: numpy (compiled with numba when
     installed); ``"torch"``: torch ops on the operands' device (:mod:`fp8sim.gemm._torch_chain`, the
-    same bits; truncating models with tensorwise/rowwise scales); None (default): ``"torch"`` for
+    same bits; every tensor-core accumulator, with tensorwise, rowwise, 1x128/128x128 block, MX or
+    NVFP4 scales, and ``exact`` with tensorwise or rowwise scales); None (default): ``"torch"`` for
     torch operands on a CUDA (or other non-CPU, non-MPS) device where it applies, else ``"numpy"``.
     """
     check_arguments(a, b, scale_a, scale_b)
@@ -193,7 +195,9 @@ def scaled_mm(
         d = np.zeros((m, n), np.float32)
     elif acc.kind == "dequantized_fp32":
         d = _dequantized(ac, bc, fa, fb, sa, sb, layout, split)
-    elif on_torch:
+    elif on_torch and layout in _IN_INSTRUCTION:
+        d = _torch_gemm(ac, bc, fa, fb, acc, None, _block_instruction(acc, layout), (sa, sb))
+    elif on_torch and layout in ("tensorwise", "rowwise"):
         raw = _torch_gemm(ac, bc, fa, fb, acc, split)
         d = _alpha(raw, sa.reshape(-1, 1) if layout == "rowwise" else sa.reshape(1, 1), sb.reshape(1, -1), epilogue)
     elif layout in ("tensorwise", "rowwise"):
@@ -203,7 +207,7 @@ def scaled_mm(
             raw = split_accumulate(ac, bc, split, lambda x, y: _accumulate(x, y, fa, fb, acc))
         d = _alpha(raw, sa.reshape(-1, 1) if layout == "rowwise" else sa.reshape(1, 1), sb.reshape(1, -1), epilogue)
     elif layout.startswith("block"):
-        d = _blockwise(ac, bc, fa, fb, acc, sa, sb, layout)
+        d = _blockwise(ac, bc, fa, fb, acc, sa, sb, layout, on_torch)
     else:
         d = _block_scaled_in_instruction(ac, bc, fa, fb, acc, sa, sb, layout)
     if bias is not None:
@@ -213,38 +217,6 @@ def scaled_mm(
     if cpu and out_dtype is None:
         scale_result = None  # torch's CPU kernel ignores scale_result unless out_dtype is given (torch 2.13)
     return _finish(d, out, scale_result, torch_in, a, divide_scale_result=cpu)
-
-
-def _keep_on_device(a: Any, b: Any, backend: str | None) -> bool:
-    """Torch operands on a non-CPU device (MPS lacks float64) keep their codes there unless
-    ``backend="numpy"``: the torch-ops chains may then run on them."""
-    if backend == "numpy" or not (is_torch_tensor(a) and is_torch_tensor(b)):
-        return False
-    return a.device.type not in ("cpu", "mps")
-
-
-def _torch_backend(backend: str | None, acc: Accumulator, layout: str, host: bool) -> bool:
-    """Whether the torch-ops chains run this GEMM; ``backend="torch"`` where they cannot raises."""
-    ok = (
-        acc.kind == "tensor_core"
-        and _torch_chain.supports(INSTRUCTION_MODELS[acc.instruction])
-        and layout in ("tensorwise", "rowwise")
-    )
-    if backend == "torch" and not ok:
-        raise ValueError(
-            "backend='torch' runs the truncating tensor-core accumulators (hopper_*, ada_*, blackwell, "
-            f"blackwell_split) with tensorwise or rowwise scales; got accumulator {acc.name!r}, {layout} scales"
-        )
-    return ok and (backend == "torch" or not host)
-
-
-def _torch_gemm(ac: Any, bc: Any, fa: FloatFormat, fb: FloatFormat, acc: Accumulator, split: Any) -> np.ndarray:
-    import torch
-
-    if not is_torch_tensor(ac):
-        ac, bc = torch.from_numpy(np.ascontiguousarray(ac)), torch.from_numpy(np.ascontiguousarray(bc))
-    im = INSTRUCTION_MODELS[acc.instruction]
-    return _torch_chain.chain_gemm(ac, bc, fa, fb, im, acc.promote_every, split)
 
 
 def _pick_accumulator(acc: Any, fast: bool, device: str) -> Accumulator:
@@ -394,9 +366,11 @@ def _tensor_core(
                         sblk = slice(j // im.scale_block, (j + im.k) // im.scale_block)
                         psa = sa[r0:r1, None, sblk]
                         psb = sb.T[None, :, sblk]
-                    chain = run_instruction(
+                    new = run_instruction(
                         im, fa, fb, ac[r0:r1, None, blk], bt[None, :, blk], chain, psa, psb, specials=specials
                     )
+                    # without special operands, a NaN (NaN scale) or Inf (overflow) chain stays what it is
+                    chain = new if specials else np.where(np.isfinite(chain), new, chain)
                 reg = (reg + chain.astype(np.float32)).astype(np.float32) if every != kk else chain.astype(np.float32)
             out[r0:r1] = reg
     return out
@@ -426,8 +400,9 @@ def _fma_f32(x: np.ndarray, s: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.where(special, hi.astype(np.float32), round_sum_to_f32(np.where(special, 0.0, hi), lo))
 
 
-def _blockwise(ac, bc, fa, fb, acc, sa, sb, layout) -> np.ndarray:  # noqa: ANN001
-    """TE's cuBLAS-exact blockwise reference (spec 8.3): per 128-wide K tile P, then an FMA."""
+def _blockwise(ac, bc, fa, fb, acc, sa, sb, layout, on_torch=False) -> np.ndarray:  # noqa: ANN001
+    """TE's cuBLAS-exact blockwise reference (spec 8.3): per 128-wide K tile P, then an FMA
+    (``on_torch``: the tiles' chains in torch ops on the operands' device, the FMAs on the host)."""
     m, k = ac.shape
     n = bc.shape[1]
     a2d, b2d = layout[6] == "2", layout[8] == "2"
@@ -436,7 +411,11 @@ def _blockwise(ac, bc, fa, fb, acc, sa, sb, layout) -> np.ndarray:  # noqa: ANN0
     y = np.zeros((m, n), np.float32)
     for t, k0 in enumerate(range(0, k, 128)):
         sl = slice(k0, k0 + 128)
-        p = _accumulate(ac[:, sl], bc[sl], fa, fb, acc)
+        p = (
+            _torch_gemm(ac[:, sl], bc[sl], fa, fb, acc, None)
+            if on_torch
+            else _accumulate(ac[:, sl], bc[sl], fa, fb, acc)
+        )
         s_a = np.repeat(sa[:, t : t + 1], 128, axis=0)[:m] if a2d else sa[:, t : t + 1]
         s_b = np.repeat(sb[t : t + 1, :], 128, axis=1)[:, :n] if b2d else sb[t : t + 1, :]
         s_a = np.broadcast_to(s_a.astype(np.float32), (m, n))
@@ -454,9 +433,7 @@ def _block_scaled_in_instruction(ac, bc, fa, fb, acc, sa, sb, layout) -> np.ndar
     block = 16 if layout == "nvfp4" else 32
     sfmt = get_format("e4m3" if layout == "nvfp4" else "e8m0")
     if acc.kind == "tensor_core":
-        if INSTRUCTION_MODELS[acc.instruction].out_mbits != 23 or not acc.instruction.startswith("blackwell"):
-            raise ValueError(f"{layout} block scales need a Blackwell accumulator (blackwell, blackwell_split)")
-        instr = "blackwell_mxf4nvf4" if layout == "nvfp4" else "blackwell_mxf8f6f4"
+        instr = _block_instruction(acc, layout)
         return _tensor_core(ac, bc, fa, fb, acc, sa.astype(np.int64), sb.astype(np.int64), instr)
     k = ac.shape[1]
     sva = np.repeat(decode(sa, sfmt).astype(np.float64), block, axis=1)[:, :k]
