@@ -330,3 +330,82 @@ def test_full_tiles_use_every_drawn_word_once(ty, tx, columnwise, kernel, seed):
     drawn = np.concatenate([te_philox_block_words(seed, b, threads).reshape(-1) for b in range(blocks)])
     used = np.concatenate([rw.reshape(-1)] + ([cw.reshape(-1)] if columnwise else []))
     assert used.size == drawn.size and np.array_equal(np.sort(used), np.sort(drawn))
+
+
+_TE_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)  # nvfp4_tensor.py get_wgrad_sign_vector
+
+
+def _rht_bf16_ref(x32: np.ndarray, signs: bool) -> np.ndarray:
+    """``x.reshape(-1, 16) @ (diag(s) H / 4)`` (TE ``pytorch/tensor/nvfp4_tensor.py`` lines 49-104: the Sylvester
+    Hadamard ``H[i, j] = (-1)^popcount(i & j)``), summed exactly in float64 (16 products of bf16 values by
+    ±1/4 on normal inputs) and rounded once to bfloat16 by ml_dtypes, as the unfused ``nvte_hadamard_transform``
+    stores it (``mma_m16_n16_k16_b16_b16_b16_noacc``: float32 accumulators written as bf16)."""
+    i = np.arange(16)
+    h = np.where(np.array([[bin(a & b).count("1") % 2 for b in i] for a in i]) == 1, -1.0, 1.0)
+    s = np.asarray(_TE_SIGNS if signs else (1,) * 16, np.float64)[:, None]
+    out = x32.astype(np.float64).reshape(-1, 16) @ (s * h / 4)
+    return out.reshape(x32.shape).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "rows,cols,signs,usage",
+    [(96, 160, True, "both"), (80, 48, False, "both"), (96, 64, True, "columnwise")],
+)
+def test_unfused_rht_sr_equals_two_launch_reference(rows, cols, signs, usage):
+    """``NVFP4Quantizer(with_rht=True, stochastic_rounding=True)`` on shapes TE keeps off the fused kernel
+    (``pytorch/csrc/quantizer.cpp`` ``is_eligible_for_rht_cast_fusion``: rows % 64, cols % 128, lines 1934-1940):
+    ``quantize_with_rht_unfused_helper`` (lines 2434-2505) casts ``x`` rowwise-only with the first
+    ``rng_state`` and ``RHT(x.T)`` (bf16) rowwise-only with a second one (``need_separate_columnwise_rng``,
+    lines 2600-2625), each on the 1x16 kernel the shape picks (tuned for bf16 with dims multiples of 32, else
+    the vector-blockwise one), walked here with its rowwise pass only.  Generator advances 2048 a cast."""
+    import torch
+
+    from fp8sim.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer
+    from fp8sim.scaling.nvfp4_te_sr import TEPhiloxGenerator
+    from fp8sim.scaling.packing import unpack_fp4
+
+    rng = np.random.default_rng(rows + cols)
+    xb = torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32)).to(torch.bfloat16)
+    x32 = xb.float().numpy()
+    q = NVFP4Quantizer(
+        with_rht=True,
+        with_post_rht_amax=True,
+        with_random_sign_mask=signs,
+        stochastic_rounding=True,
+        rowwise=usage == "both",
+    )
+    q.te_rng_generator = TEPhiloxGenerator(seed=77, offset=4096)
+    t = q(xb)
+    assert q.te_rng_generator.offset == 4096 + 2048
+    tuned = rows % 32 == 0 and cols % 32 == 0
+
+    def words(r, c, off):
+        return (_tuned_kernel_words(r, c, 77, off, False) if tuned else _kernel_words(r, c, 77, off, True, False))[0]
+
+    if usage == "both":
+        want_r = _e2m1_rs(x32 * _scales_ref(x32, np.float32(np.abs(x32).max()), False), words(rows, cols, 4096))
+        got_r = unpack_fp4(t._rowwise_data.reshape(rows, cols // 2)).numpy()
+        assert np.array_equal(got_r, want_r), _first_diff(got_r, want_r)
+    ht = _rht_bf16_ref(np.ascontiguousarray(x32.T), signs)
+    want_c = _e2m1_rs(ht * _scales_ref(ht, np.float32(np.abs(ht).max()), False), words(cols, rows, 5120))
+    got_c = unpack_fp4(t._columnwise_data.reshape(cols, rows // 2)).numpy()
+    assert np.array_equal(got_c, want_c), _first_diff(got_c, want_c)
+    assert float(t._amax_columnwise) == float(np.abs(ht).max())
+
+
+def test_fused_rht_sr_is_refused_on_blackwell_shapes():
+    """bf16 with rows % 64 == 0 and cols % 128 == 0 on sm_arch 100..110 goes to the fused
+    ``nvte_quantize_with_hadamard_transform`` (not modelled): refused, and no rng_state drawn."""
+    import torch
+
+    from fp8sim.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer
+    from fp8sim.scaling.nvfp4_te_sr import TEPhiloxGenerator
+
+    q = NVFP4Quantizer(with_rht=True, with_post_rht_amax=True, stochastic_rounding=True)
+    q.te_rng_generator = TEPhiloxGenerator(seed=1)
+    with pytest.raises(NotImplementedError, match="nvte_quantize_with_hadamard_transform"):
+        q(torch.zeros(64, 128, dtype=torch.bfloat16))
+    assert q.te_rng_generator.offset == 0
+    q.te_sm_arch = 120  # e.g. sm_120: TE takes the unfused path
+    q(torch.zeros(64, 128, dtype=torch.bfloat16))
+    assert q.te_rng_generator.offset == 2048

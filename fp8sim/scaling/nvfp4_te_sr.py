@@ -23,7 +23,14 @@ from ..formats import E2M1, E4M3
 from .nvfp4 import quantize_nvfp4
 from .quantized import QuantizedTensor, expand_blocks
 
-__all__ = ["TEPhiloxGenerator", "TESRCopies", "te_sr_kernel", "quantize_nvfp4_te_sr"]
+__all__ = [
+    "TEPhiloxGenerator",
+    "TESRCopies",
+    "te_sr_kernel",
+    "quantize_nvfp4_te_sr",
+    "te_rht_cast_fusion_eligible",
+    "quantize_nvfp4_te_sr_rht",
+]
 
 TE_RNG_ELTS_PER_THREAD = 1024  # quantizer.cpp: the offset increment TE asks the generator for per cast
 
@@ -129,4 +136,58 @@ def quantize_nvfp4_te_sr(
     if columnwise:
         q = quantize_nvfp4(xt, flavor="te", block_2d=block_2d, global_amax=global_amax)
         qc = _recode(q, np.ascontiguousarray(x32.T), col_words)
+    return TESRCopies(qr, qc)
+
+
+TE_RHT_FUSION_SM_ARCHS = (100, 110)  # quantizer.cpp is_eligible_for_rht_cast_fusion: sm_arch in [100, 110]
+
+
+def te_rht_cast_fusion_eligible(dtype: str, rows: int, cols: int, sm_arch: int) -> bool:
+    """Whether TE sends an RHT cast to the fused kernel ``nvte_quantize_with_hadamard_transform``
+    (``pytorch/csrc/quantizer.cpp``: bfloat16, ``rows % 64 == 0``, ``cols % 128 == 0`` and
+    ``100 <= sm_arch <= 110``); otherwise to the unfused path (:func:`quantize_nvfp4_te_sr_rht`)."""
+    lo, hi = TE_RHT_FUSION_SM_ARCHS
+    return dtype == "bfloat16" and rows % 64 == 0 and cols % 128 == 0 and lo <= int(sm_arch) <= hi
+
+
+def quantize_nvfp4_te_sr_rht(
+    x: Any,
+    rht_xt: Any,
+    rng_state: tuple[int, int],
+    rng_state_columnwise: tuple[int, int] | None,
+    *,
+    rowwise: bool = True,
+    columnwise: bool = True,
+    block_2d: bool = False,
+    global_amax: Any = None,
+    global_amax_columnwise: Any = None,
+    rounds: int = 10,
+) -> TESRCopies:
+    """TE's unfused RHT cast with stochastic rounding (``quantizer.cpp`` ``quantize_with_rht_unfused_helper``).
+
+    The rowwise copy is a rowwise-only ``nvte_quantize_v2`` of ``x`` with ``rng_state``; the columnwise copy
+    a rowwise-only ``nvte_quantize_v2`` of ``rht_xt`` (``(K, M)``: ``nvte_hadamard_transform`` of ``x.T``,
+    stored in ``x``'s dtype, bfloat16) with ``rng_state_columnwise``, the second state TE draws
+    (``need_separate_columnwise_rng``).  Both launches take the 1x16 kernels' word maps (the shape picks
+    the kernel, :func:`te_sr_kernel`).  ``global_amax_columnwise``: the post-RHT amax, default
+    ``max |rht_xt|``."""
+    if not (rowwise or columnwise):
+        raise ValueError("at least one of rowwise or columnwise must be True")
+    qr = qc = None
+    if rowwise:
+        qr = quantize_nvfp4_te_sr(
+            x, *rng_state, rowwise=True, columnwise=False, block_2d=block_2d, global_amax=global_amax, rounds=rounds
+        ).rowwise
+    if columnwise:
+        if rng_state_columnwise is None:
+            raise ValueError("rng_state_columnwise is required for the columnwise copy (TE draws a second state)")
+        qc = quantize_nvfp4_te_sr(
+            rht_xt,
+            *rng_state_columnwise,
+            rowwise=True,
+            columnwise=False,
+            block_2d=block_2d,
+            global_amax=global_amax_columnwise,
+            rounds=rounds,
+        ).rowwise
     return TESRCopies(qr, qc)
