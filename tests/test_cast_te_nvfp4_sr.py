@@ -180,14 +180,13 @@ def test_codes_equal_kernel_reference(dtype, block_2d):
 
 
 def test_other_kernels_and_bad_arguments_are_refused():
-    import torch
 
-    with pytest.raises(NotImplementedError, match="quantize_transpose_nvfp4_2D_kernel"):
-        quantize_nvfp4_te_sr(torch.zeros(64, 64, dtype=torch.bfloat16), 1, 0, block_2d=True)
-    with pytest.raises(ValueError, match="unknown kernel 'tma_2d'; known: vector_blockwise, tuned_1d"):
+    with pytest.raises(ValueError, match="unknown kernel 'tma_2d'; known: vector_blockwise, tuned_1d, nvfp4_2d"):
         te_nvfp4_sr_words(32, 32, 1, 0, kernel="tma_2d")
     with pytest.raises(ValueError, match="multiples of 32"):
         te_nvfp4_sr_words(48, 32, 1, 0, kernel="tuned_1d")
+    with pytest.raises(ValueError, match="multiples of 32"):
+        te_nvfp4_sr_words(32, 48, 1, 0, kernel="nvfp4_2d")
     with pytest.raises(ValueError, match="offset must be an int"):
         te_nvfp4_sr_words(16, 16, 1, -4)
     with pytest.raises(ValueError, match="at least one of rowwise or columnwise"):
@@ -314,7 +313,7 @@ def test_bf16_codes_use_the_tuned_kernel_map():
     st.integers(1, 2),
     st.integers(1, 3),
     st.booleans(),
-    st.sampled_from(["vector_blockwise", "tuned_1d"]),
+    st.sampled_from(["vector_blockwise", "tuned_1d", "nvfp4_2d"]),
     st.integers(0, 2**64 - 1),
 )
 def test_full_tiles_use_every_drawn_word_once(ty, tx, columnwise, kernel, seed):
@@ -326,7 +325,7 @@ def test_full_tiles_use_every_drawn_word_once(ty, tx, columnwise, kernel, seed):
     rows, cols = 128 * ty, 128 * tx
     rw, cw = te_nvfp4_sr_words(rows, cols, seed, 0, columnwise=columnwise, kernel=kernel)
     threads = ty * tx * (256 if kernel == "vector_blockwise" else 128)
-    blocks = (8 if kernel == "tuned_1d" else 4) * (1 + columnwise)
+    blocks = (4 if kernel == "vector_blockwise" else 8) * (1 + columnwise)
     drawn = np.concatenate([te_philox_block_words(seed, b, threads).reshape(-1) for b in range(blocks)])
     used = np.concatenate([rw.reshape(-1)] + ([cw.reshape(-1)] if columnwise else []))
     assert used.size == drawn.size and np.array_equal(np.sort(used), np.sort(drawn))
@@ -409,3 +408,74 @@ def test_fused_rht_sr_is_refused_on_blackwell_shapes():
     q.te_sm_arch = 120  # e.g. sm_120: TE takes the unfused path
     q(torch.zeros(64, 128, dtype=torch.bfloat16))
     assert q.te_rng_generator.offset == 2048
+
+
+def _kernel_2d_words(rows, cols, seed, offset, rowwise, columnwise):
+    """``quantize_transpose_nvfp4_2D_kernel`` walked thread by thread (``cast/nvfp4/quantize_transpose_nvfp4.cuh``,
+    TE mirror d0067d0): ``CHUNK_DIM = 128``, ``THREADS_NUM = 128``, 32x128 tiles, ``STAGES = 4`` (lines 241-262);
+    ``rng_sequence`` and the first ``generate4`` (lines 876-882); per stage the colwise pass then the rowwise one
+    (lines 1097-1337).  Colwise: ``tid_X_colwise = t`` takes column ``t``, ``ITERATIONS_TRANSPOSE = 2`` blocks of
+    16 rows, ``e`` in 0..3 one ``get_rbits`` for rows ``4 e`` .. ``+3`` (lines 1100-1171).  Rowwise:
+    ``ITERATIONS_NORMAL = 2``, row ``t / 8 + 16 it``, columns ``16 (t % 8)``, waves ``w`` at
+    ``((w + bank_group) * 8) % 16`` with ``bank_group = lane / 8`` (lines 928-929, 1305-1332), 2 words a wave."""
+    gx, gy = -(-cols // 128), -(-rows // 128)
+    rw = np.zeros((rows, cols // 4), np.uint32) if rowwise else None
+    cw = np.zeros((cols, rows // 4), np.uint32) if columnwise else None
+    for by in range(gy):
+        for bx in range(gx):
+            for t in range(128):
+                th = _Thread(seed, t + bx * 128 + by * gx * 128, offset)
+                bank_group = (t % 32) // 8
+                for stage in range(4):
+                    y0 = by * 128 + stage * 32
+                    if columnwise:
+                        for it in range(2):
+                            for e in range(4):
+                                word = th.rbits()
+                                c, r = bx * 128 + t, y0 + 16 * it + 4 * e
+                                if c < cols and r < rows:
+                                    cw[c, r // 4] = word
+                    if rowwise:
+                        for it in range(2):
+                            r = y0 + t // 8 + 16 * it
+                            for w in range(2):
+                                c = bx * 128 + (t % 8) * 16 + ((w + bank_group) * 8) % 16
+                                for e in range(2):
+                                    word = th.rbits()
+                                    if r < rows and c + 4 * e < cols:
+                                        rw[r, (c + 4 * e) // 4] = word
+    return rw, cw
+
+
+@pytest.mark.parametrize(
+    "rows,cols,rowwise,columnwise", [(160, 288, True, True), (96, 160, False, True), (64, 160, True, False)]
+)
+def test_nvfp4_2d_word_map_equals_kernel_walk(rows, cols, rowwise, columnwise):
+    """Partial chunks in both dims, all 4 bank groups, both directions on one stream, columnwise-only too."""
+    seed, offset = 0x0F1E2D3C4B5A6978, 5120
+    got = te_nvfp4_sr_words(rows, cols, seed, offset, rowwise=rowwise, columnwise=columnwise, kernel="nvfp4_2d")
+    want = _kernel_2d_words(rows, cols, seed, offset, rowwise, columnwise)
+    for g, w in zip(got, want, strict=True):
+        assert (g is None) == (w is None)
+        if g is not None:
+            assert g.shape == w.shape and np.array_equal(g, w), _first_diff(g, w)
+
+
+def test_bf16_16x16_codes_use_the_2d_kernel_map():
+    """TE's dispatch (``cast/dispatch/quantize.cuh`` lines 132-147): bfloat16 16x16 tiles with both dims multiples
+    of 32 go to ``quantize_transpose_nvfp4_2D_kernel``; the element math is ``mul_cvt_bf16_to_fp4_4x`` (the same
+    ``cvt.rs`` on ``{v3, v2, v1, v0}``, ``util/ptx_arch_spec.cuh`` lines 120-152) with the 16x16 tile's scale."""
+    import torch
+
+    rng = np.random.default_rng(13)
+    x32 = (rng.standard_normal((64, 160)) * np.exp2(rng.integers(-3, 4, (64, 160)))).astype(np.float32)
+    xb = torch.from_numpy(x32).to(torch.bfloat16)
+    x32 = xb.float().numpy()
+    amax = np.float32(np.abs(x32).max())
+    q = quantize_nvfp4_te_sr(xb, 9, 2048, block_2d=True)
+    rw, cw = _kernel_2d_words(64, 160, 9, 2048, True, True)
+    want_r = _e2m1_rs(x32 * _scales_ref(x32, amax, True), rw)
+    xt = np.ascontiguousarray(x32.T)
+    want_c = _e2m1_rs(xt * _scales_ref(xt, amax, True), cw)
+    assert np.array_equal(q.rowwise.codes, want_r), _first_diff(q.rowwise.codes, want_r)
+    assert np.array_equal(q.columnwise.codes, want_c), _first_diff(q.columnwise.codes, want_c)

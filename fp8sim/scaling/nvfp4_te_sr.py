@@ -1,5 +1,5 @@
-"""TE's NVFP4 cast with stochastic rounding, bit for bit given TE's ``rng_state`` ``(seed, offset)``, on the two
-kernels TE uses for 1x16 casts (and for 16x16 tiles off bfloat16); the word maps are
+"""TE's NVFP4 cast with stochastic rounding, bit for bit given TE's ``rng_state`` ``(seed, offset)``, on the
+kernels TE uses for 1x16 and 16x16 casts and on its unfused RHT path; the word maps are
 :mod:`fp8sim.cast.te_nvfp4_sr`, the kernel choice :func:`te_sr_kernel`.
 
 The scales are those of the round-to-nearest cast (rounding does not enter them); each element is
@@ -63,15 +63,15 @@ class TESRCopies(NamedTuple):
     columnwise: QuantizedTensor | None
 
 
-def te_sr_kernel(dtype: str, rows: int, cols: int, rowwise: bool, block_2d: bool) -> str | None:
+def te_sr_kernel(dtype: str, rows: int, cols: int, rowwise: bool, block_2d: bool) -> str:
     """The kernel TE's dispatch picks for a 1x16 or 16x16 cast (``common/cast/dispatch/quantize.cuh``:
     ``use_optimized_kernel`` is bfloat16 with ``rows % 32 == cols % 32 == 0`` and a rowwise output or 2-D
-    tiles; ``quantize_transpose`` sends its 1-D bfloat16 casts to the tuned kernel): a name of
-    :data:`fp8sim.cast.te_nvfp4_sr.TE_SR_KERNELS`, or None for the 16x16 TMA kernel (not modelled)."""
+    tiles; ``quantize_transpose`` sends its 1-D bfloat16 casts to the tuned kernel, its 16x16 ones to
+    ``quantize_transpose_nvfp4_2D_kernel``): a name of :data:`fp8sim.cast.te_nvfp4_sr.TE_SR_KERNELS`."""
     optimized = dtype == "bfloat16" and rows % 32 == 0 and cols % 32 == 0 and (rowwise or block_2d)
     if not optimized:
         return "vector_blockwise"
-    return None if block_2d else "tuned_1d"
+    return "nvfp4_2d" if block_2d else "tuned_1d"
 
 
 def _recode(q: QuantizedTensor, x32: np.ndarray, words: np.ndarray) -> QuantizedTensor:
@@ -106,18 +106,12 @@ def quantize_nvfp4_te_sr(
 ) -> TESRCopies:
     """One TE NVFP4 stochastic-rounding cast of the 2-D ``x`` (``(M, K)``, float32/bfloat16/float16 numpy or
     torch) with ``rng_state = (seed, offset)``.  ``global_amax``: the amax both copies use (TE computes one
-    amax and copies it to both); default ``max |x|``.  Refuses the shapes and dtypes TE sends to another
-    kernel (``NotImplementedError``)."""
+    amax and copies it to both); default ``max |x|``."""
     if len(x.shape) != 2:
         raise ValueError(f"x must be 2-D (M, K), the flattened view TE quantizes; got shape {tuple(x.shape)}")
     m, k = (int(n) for n in x.shape)
     name = str(x.dtype).replace("torch.", "")
     kernel = te_sr_kernel(name, m, k, rowwise, block_2d)
-    if kernel is None:
-        raise NotImplementedError(
-            "TE sends 16x16-tile bfloat16 casts with both dims multiples of 32 to quantize_transpose_nvfp4_2D_kernel, "
-            f"whose Philox word map fp8sim does not model; got bfloat16 ({m}, {k})"
-        )
     row_words, col_words = te_nvfp4_sr_words(
         m, k, seed, offset, rowwise=rowwise, columnwise=columnwise, kernel=kernel, rounds=rounds
     )
