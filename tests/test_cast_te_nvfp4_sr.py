@@ -392,22 +392,94 @@ def test_unfused_rht_sr_equals_two_launch_reference(rows, cols, signs, usage):
     assert float(t._amax_columnwise) == float(np.abs(ht).max())
 
 
-def test_fused_rht_sr_is_refused_on_blackwell_shapes():
-    """bf16 with rows % 64 == 0 and cols % 128 == 0 on sm_arch 100..110 goes to the fused
-    ``nvte_quantize_with_hadamard_transform`` (not modelled): refused, and no rng_state drawn."""
+def _fused_rht_kernel_words(rows, cols, seed, offset):
+    """``row_col_rht_gemm_device`` walked tile by tile and thread by thread
+    (``hadamard_transform/row_cast_col_hadamard_transform_cast_fusion.cu``, TE mirror d0067d0): grid
+    ``(ceil(cols / 128), ceil(rows / 1024))`` of 512 threads (lines 1166-1172, ``k_tile_size = 1024`` line 1313);
+    ``K_TILE_MAX = ceil(min(N, K) / 128)`` (line 247); ``get_linear_tile_idx = m_idx + n_idx * tiles_in_m``
+    (line 318; work stealing keeps each tile's own ``(m_idx, n_idx)``, so the order of tiles does not matter).
+    Columnwise epilogue, warps 4-7 (lines 650-850): ``rng.init(seed, t + k_tile * 512 + lin * K_TILE_MAX * 512,
+    offset)`` per 128-row slab, thread ``t`` loads TMEM lane ``t % 128`` (``SM100_TMEM_LOAD_32dp32b64x``: tile column
+    ``t - 128``, its 128 accumulator columns = the slab's rows, the MMA writing k-block ``i`` to columns ``16 i``,
+    lines 609-618), 8 vectors of 16, one ``generate4`` each; ``StochasticNumericConverter`` (lines 60-100) feeds
+    ``rbits[j]`` to values ``4 j`` .. ``+3``.  Rowwise epilogue, warps 8-15 (lines 858-1000): ``++k_tile`` before
+    ``rng.init`` (lines 946-947), the S2R thread layout ``blocked_product((2, 16), (1, 8))`` with 64 values a
+    thread along the tile's columns: slab row ``(t - 256) // 2``, columns ``64 (t % 2)`` .. ``+64``, 4 vectors."""
+    tiles_m, k_max = -(-cols // 128), -(-min(rows, 1024) // 128)
+    slabs = -(-rows // 128)
+    rw = np.zeros((rows, cols // 4), np.uint32)
+    cw = np.zeros((cols, rows // 4), np.uint32)
+    for n_idx in range(-(-rows // 1024)):
+        for m_idx in range(tiles_m):
+            lin = m_idx + n_idx * tiles_m
+            for k_tile in range(k_max):
+                slab = n_idx * k_max + k_tile
+                if slab >= slabs:
+                    break
+                for t in range(128, 256):
+                    th = _Thread(seed, t + k_tile * 512 + lin * k_max * 512, offset)
+                    for v in range(8):
+                        for j in range(4):
+                            word = th.rbits()
+                            r = slab * 128 + 16 * v + 4 * j
+                            if r < rows:
+                                cw[m_idx * 128 + t - 128, r // 4] = word
+                for t in range(256, 512):
+                    th = _Thread(seed, t + (k_tile + 1) * 512 + lin * k_max * 512, offset)
+                    r = slab * 128 + (t - 256) // 2
+                    for v in range(4):
+                        for j in range(4):
+                            word = th.rbits()
+                            if r < rows:
+                                rw[r, (m_idx * 128 + 64 * (t % 2) + 16 * v + 4 * j) // 4] = word
+    return rw, cw
+
+
+@pytest.mark.parametrize("rows,cols", [(1088, 256), (192, 128)])
+def test_rht_cast_fusion_word_map_equals_kernel_walk(rows, cols):
+    """Two 1024-row grid rows (a partial 64-row slab), two column tiles; and K_TILE_MAX < 8."""
+    seed, offset = 0xA5A5A5A5DEADBEEF, 6144
+    got = te_nvfp4_sr_words(rows, cols, seed, offset, kernel="rht_cast_fusion")
+    want = _fused_rht_kernel_words(rows, cols, seed, offset)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and np.array_equal(g, w), _first_diff(g, w)
+
+
+def test_fused_rht_sr_equals_kernel_reference():
+    """``NVFP4Quantizer(with_rht=True, stochastic_rounding=True)`` on a shape TE sends to the fused kernel
+    (bf16, rows % 64, cols % 128, sm_arch 100): one ``rng_state`` for both copies (no second draw,
+    ``quantizer.cpp`` lines 2600-2602); rowwise codes of ``x`` and columnwise codes of ``RHT(x.T)`` rounded to
+    bf16 (the kernel's non-fast-math downcast, lines 780-791) with the fused kernel's words; 2D refused."""
     import torch
 
     from fp8sim.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer
     from fp8sim.scaling.nvfp4_te_sr import TEPhiloxGenerator
+    from fp8sim.scaling.packing import unpack_fp4
 
+    rows, cols = 64, 256
+    rng = np.random.default_rng(17)
+    xb = torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32)).to(torch.bfloat16)
+    x32 = xb.float().numpy()
     q = NVFP4Quantizer(with_rht=True, with_post_rht_amax=True, stochastic_rounding=True)
-    q.te_rng_generator = TEPhiloxGenerator(seed=1)
-    with pytest.raises(NotImplementedError, match="nvte_quantize_with_hadamard_transform"):
-        q(torch.zeros(64, 128, dtype=torch.bfloat16))
-    assert q.te_rng_generator.offset == 0
-    q.te_sm_arch = 120  # e.g. sm_120: TE takes the unfused path
-    q(torch.zeros(64, 128, dtype=torch.bfloat16))
+    q.te_rng_generator = TEPhiloxGenerator(seed=123, offset=1024)
+    t = q(xb)
     assert q.te_rng_generator.offset == 2048
+    rw, cw = _fused_rht_kernel_words(rows, cols, 123, 1024)
+    want_r = _e2m1_rs(x32 * _scales_ref(x32, np.float32(np.abs(x32).max()), False), rw)
+    got_r = unpack_fp4(t._rowwise_data.reshape(rows, cols // 2)).numpy()
+    assert np.array_equal(got_r, want_r), _first_diff(got_r, want_r)
+    ht = _rht_bf16_ref(np.ascontiguousarray(x32.T), True)
+    want_c = _e2m1_rs(ht * _scales_ref(ht, np.float32(np.abs(ht).max()), False), cw)
+    got_c = unpack_fp4(t._columnwise_data.reshape(cols, rows // 2)).numpy()
+    assert np.array_equal(got_c, want_c), _first_diff(got_c, want_c)
+    q2 = NVFP4Quantizer(with_rht=True, with_post_rht_amax=True, stochastic_rounding=True, with_2d_quantization=True)
+    q2.te_rng_generator = TEPhiloxGenerator(seed=1)
+    with pytest.raises(NotImplementedError, match="fused RHT cast"):
+        q2(xb)
+    assert q2.te_rng_generator.offset == 0
+    q.te_sm_arch = 120  # e.g. sm_120: TE takes the unfused path, two rng_states
+    q(xb)
+    assert q.te_rng_generator.offset == 4096
 
 
 def _kernel_2d_words(rows, cols, seed, offset, rowwise, columnwise):

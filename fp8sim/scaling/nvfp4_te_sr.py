@@ -144,12 +144,21 @@ def te_rht_cast_fusion_eligible(dtype: str, rows: int, cols: int, sm_arch: int) 
     return dtype == "bfloat16" and rows % 64 == 0 and cols % 128 == 0 and lo <= int(sm_arch) <= hi
 
 
+def _cast_with_words(x: Any, words: np.ndarray, global_amax: Any) -> QuantizedTensor:
+    """The 1x16 round-to-nearest scales of the 2-D ``x`` and its values rounded with ``words`` (one per 4)."""
+    x32 = x.detach().to("cpu").float().numpy() if is_torch_tensor(x) else np.asarray(x).astype(np.float32)
+    if global_amax is None:
+        global_amax = np.fmax.reduce(np.abs(x32).reshape(-1), initial=_F32(0))
+    return _recode(quantize_nvfp4(x, flavor="te", global_amax=global_amax), x32, words)
+
+
 def quantize_nvfp4_te_sr_rht(
     x: Any,
     rht_xt: Any,
     rng_state: tuple[int, int],
-    rng_state_columnwise: tuple[int, int] | None,
+    rng_state_columnwise: tuple[int, int] | None = None,
     *,
+    fused: bool = False,
     rowwise: bool = True,
     columnwise: bool = True,
     block_2d: bool = False,
@@ -157,16 +166,35 @@ def quantize_nvfp4_te_sr_rht(
     global_amax_columnwise: Any = None,
     rounds: int = 10,
 ) -> TESRCopies:
-    """TE's unfused RHT cast with stochastic rounding (``quantizer.cpp`` ``quantize_with_rht_unfused_helper``).
+    """TE's RHT cast with stochastic rounding: the rowwise copy of ``x`` (``(M, K)``) and the columnwise copy of
+    ``rht_xt`` (``(K, M)``: ``RHT(x.T)`` in bfloat16, as TE rounds it on both paths: the unfused
+    ``nvte_hadamard_transform`` stores bf16, the fused kernel downcasts its float32 accumulators to bf16 "for
+    bit-wise compatibility with unfused kernels" unless ``NVTE_USE_FAST_MATH``).
 
-    The rowwise copy is a rowwise-only ``nvte_quantize_v2`` of ``x`` with ``rng_state``; the columnwise copy
-    a rowwise-only ``nvte_quantize_v2`` of ``rht_xt`` (``(K, M)``: ``nvte_hadamard_transform`` of ``x.T``,
-    stored in ``x``'s dtype, bfloat16) with ``rng_state_columnwise``, the second state TE draws
-    (``need_separate_columnwise_rng``).  Both launches take the 1x16 kernels' word maps (the shape picks
-    the kernel, :func:`te_sr_kernel`).  ``global_amax_columnwise``: the post-RHT amax, default
-    ``max |rht_xt|``."""
+    ``fused=False`` (``quantizer.cpp`` ``quantize_with_rht_unfused_helper``): a rowwise-only ``nvte_quantize_v2``
+    of ``x`` with ``rng_state`` and one of ``rht_xt`` with ``rng_state_columnwise`` (TE's second draw,
+    ``need_separate_columnwise_rng``), each on the 1x16 or 16x16 kernel the shape picks (:func:`te_sr_kernel`).
+    ``fused=True`` (``nvte_quantize_with_hadamard_transform``, :func:`te_rht_cast_fusion_eligible`): one launch,
+    one ``rng_state``, the ``"rht_cast_fusion"`` word map, 1x16 scales (the fused kernel has no 2-D mode:
+    refused).  ``global_amax_columnwise``: the post-RHT amax, default ``max |rht_xt|``."""
     if not (rowwise or columnwise):
         raise ValueError("at least one of rowwise or columnwise must be True")
+    if columnwise and rht_xt is None:
+        raise ValueError("rht_xt (RHT(x.T), shape (K, M)) is required for the columnwise copy")
+    if fused:
+        if block_2d:
+            raise NotImplementedError(
+                "TE's fused RHT cast (row_cast_col_hadamard_transform_cast_fusion.cu) reads no 2-D quantization "
+                "flag and writes 1x16 scales; fp8sim does not model 16x16 tiles with it"
+            )
+        m, k = (int(n) for n in x.shape)
+        rw, cw = te_nvfp4_sr_words(
+            m, k, *rng_state, rowwise=rowwise, columnwise=columnwise, kernel="rht_cast_fusion", rounds=rounds
+        )
+        return TESRCopies(
+            _cast_with_words(x, rw, global_amax) if rowwise else None,
+            _cast_with_words(rht_xt, cw, global_amax_columnwise) if columnwise else None,
+        )
     qr = qc = None
     if rowwise:
         qr = quantize_nvfp4_te_sr(

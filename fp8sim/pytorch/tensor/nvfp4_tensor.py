@@ -9,8 +9,8 @@ block scales (uint8) of shape ``(round_up(M, 128), round_up(ceil(K/16), 4))`` an
 ``(round_up(K, 128), round_up(ceil(M/16), 4))``; ``_amax_rowwise`` / ``_amax_columnwise`` float32
 (one per row for ``row_scaled_nvfp4``).  Dequantization is TE's (``dequantize_nvfp4.cuh``, via
 ``fp8sim.scaling.dequantize_nvfp4``).  Stochastic rounding uses fp8sim's seeded generator, or TE's
-Philox bits when ``te_rng_generator`` is set (``fp8sim.scaling.nvfp4_te_sr``: TE's 1x16 kernels and its
-unfused RHT path; not its bfloat16 16x16 kernel or the fused RHT cast, chosen by ``te_sm_arch``);
+Philox bits when ``te_rng_generator`` is set (``fp8sim.scaling.nvfp4_te_sr``: TE's 1x16 and 16x16 kernels, its
+fused and unfused RHT casts, chosen as TE's dispatch does, the fused one by shape and ``te_sm_arch``);
 ``with_random_sign_mask=False`` transforms with the unsigned Hadamard matrix; ``with_post_rht_amax``
 without RHT changes nothing (TE ignores it there); what TE's ``quantize_impl`` refuses raises its
 ``RuntimeError``; 4over6 is not emulated.
@@ -199,19 +199,19 @@ class NVFP4Quantizer(Quantizer):
     def _te_sr_copies(self, x: torch.Tensor) -> TESRCopies:
         """TE's SR bits (``fp8sim.scaling.nvfp4_te_sr``): one ``rng_state`` per cast from ``te_rng_generator``,
         as ``NVFP4Quantizer::quantize_impl`` takes it from torch's CUDA generator (offset += 1024); with RHT
-        off the fused kernel a second one for the columnwise launch (``need_separate_columnwise_rng``)."""
+        off the fused kernel (``te_sm_arch``, shape) a second one for the columnwise launch
+        (``need_separate_columnwise_rng``)."""
         if self.row_scaled_nvfp4:
             raise NotImplementedError(
                 "NVFP4Quantizer: TE's Philox SR bits are not modelled with row scaling "
                 "(TE refuses SR with row-scaled NVFP4)"
             )
         m, k = x.shape
-        if self.with_rht and te_rht_cast_fusion_eligible(str(x.dtype).replace("torch.", ""), m, k, self.te_sm_arch):
+        fused = self.with_rht and te_rht_cast_fusion_eligible(str(x.dtype).replace("torch.", ""), m, k, self.te_sm_arch)
+        if fused and self.with_2d_quantization:  # refused before TE would draw an rng_state
             raise NotImplementedError(
-                "NVFP4Quantizer: TE sends this RHT cast (bfloat16, rows % 64 == 0, cols % 128 == 0, "
-                f"sm_arch {self.te_sm_arch} in [100, 110]) to nvte_quantize_with_hadamard_transform "
-                "(row_cast_col_hadamard_transform_cast_fusion.cu), whose Philox word map fp8sim does not model; "
-                f"got ({m}, {k}). The unfused path (another shape, or te_sm_arch outside [100, 110]) is modelled."
+                "NVFP4Quantizer: TE's fused RHT cast writes 1x16 scales whatever with_2d_quantization says; "
+                "fp8sim does not model 2D quantization with it"
             )
         amax = self._reduced(x.abs().float().nan_to_num(0.0).amax()) if self.with_amax_reduction else None
         state = self.te_rng_generator.philox_cuda_state(TE_RNG_ELTS_PER_THREAD)
@@ -224,7 +224,9 @@ class NVFP4Quantizer(Quantizer):
                 block_2d=self.with_2d_quantization,
                 global_amax=amax,
             )
-        state_t = self.te_rng_generator.philox_cuda_state(TE_RNG_ELTS_PER_THREAD) if self.columnwise_usage else None
+        # the unfused path launches the columnwise cast separately, with its own rng_state
+        separate = self.columnwise_usage and not fused
+        state_t = self.te_rng_generator.philox_cuda_state(TE_RNG_ELTS_PER_THREAD) if separate else None
         rht_xt = amax_t = None
         if self.columnwise_usage:  # nvte_hadamard_transform(x.T), stored in bf16; the RN path's transform
             xt = x.t().contiguous()
@@ -236,6 +238,7 @@ class NVFP4Quantizer(Quantizer):
             rht_xt,
             state,
             state_t,
+            fused=fused,
             rowwise=self.rowwise_usage,
             columnwise=self.columnwise_usage,
             block_2d=self.with_2d_quantization,
