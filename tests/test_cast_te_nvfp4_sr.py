@@ -551,3 +551,26 @@ def test_bf16_16x16_codes_use_the_2d_kernel_map():
     want_c = _e2m1_rs(xt * _scales_ref(xt, amax, True), cw)
     assert np.array_equal(q.rowwise.codes, want_r), _first_diff(q.rowwise.codes, want_r)
     assert np.array_equal(q.columnwise.codes, want_c), _first_diff(q.columnwise.codes, want_c)
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 2), st.integers(0, 2**64 - 1))
+def test_rht_cast_fusion_uses_every_drawn_word_once(ty, tx, seed):
+    """The fused RHT cast on whole tiles: the columnwise threads (128..255) draw 32 words a slab, the rowwise
+    threads (256..511) 16 words from the next slab's subsequence; each such word feeds exactly one group of four."""
+    from fp8sim.cast.te_nvfp4_sr import te_philox_block_words
+
+    rows, cols = 128 * ty, 128 * tx
+    rw, cw = te_nvfp4_sr_words(rows, cols, seed, 0, kernel="rht_cast_fusion")
+    lin_stride = 512 * ty  # K_TILE_MAX = ty slabs (rows < 1024), one grid row
+    n = lin_stride * tx + 512
+    blocks = [te_philox_block_words(seed, b, n) for b in range(8)]
+    drawn = []
+    for lin in range(tx):
+        for k in range(ty):
+            col = np.arange(128, 256) + 512 * k + lin_stride * lin
+            row = np.arange(256, 512) + 512 * (k + 1) + lin_stride * lin
+            drawn += [blocks[b][col].reshape(-1) for b in range(8)] + [blocks[b][row].reshape(-1) for b in range(4)]
+    drawn = np.concatenate(drawn)
+    used = np.concatenate([rw.reshape(-1), cw.reshape(-1)])
+    assert used.size == drawn.size and np.array_equal(np.sort(used), np.sort(drawn))
