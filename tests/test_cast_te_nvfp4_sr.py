@@ -395,7 +395,7 @@ def test_unfused_rht_sr_equals_two_launch_reference(rows, cols, signs, usage):
 def _fused_rht_kernel_words(rows, cols, seed, offset):
     """``row_col_rht_gemm_device`` walked tile by tile and thread by thread
     (``hadamard_transform/row_cast_col_hadamard_transform_cast_fusion.cu``, TE mirror d0067d0): grid
-    ``(ceil(cols / 128), ceil(rows / 1024))`` of 512 threads (lines 1166-1172, ``k_tile_size = 1024`` line 1313);
+    ``(ceil(cols / 128), ceil(rows / 1024))`` of 512 threads (lines 1166-1171, ``k_tile_size = 1024`` line 1315);
     ``K_TILE_MAX = ceil(min(N, K) / 128)`` (line 247); ``get_linear_tile_idx = m_idx + n_idx * tiles_in_m``
     (line 318; work stealing keeps each tile's own ``(m_idx, n_idx)``, so the order of tiles does not matter).
     Columnwise epilogue, warps 4-7 (lines 650-850): ``rng.init(seed, t + k_tile * 512 + lin * K_TILE_MAX * 512,
@@ -449,7 +449,7 @@ def test_fused_rht_sr_equals_kernel_reference():
     """``NVFP4Quantizer(with_rht=True, stochastic_rounding=True)`` on a shape TE sends to the fused kernel
     (bf16, rows % 64, cols % 128, sm_arch 100): one ``rng_state`` for both copies (no second draw,
     ``quantizer.cpp`` lines 2600-2602); rowwise codes of ``x`` and columnwise codes of ``RHT(x.T)`` rounded to
-    bf16 (the kernel's non-fast-math downcast, lines 780-791) with the fused kernel's words; 2D refused."""
+    bf16 (the kernel's non-fast-math downcast, lines 774-786) with the fused kernel's words; 2D refused."""
     import torch
 
     from fp8sim.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer
