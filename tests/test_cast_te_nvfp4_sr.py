@@ -180,14 +180,13 @@ def test_codes_equal_kernel_reference(dtype, block_2d):
 
 
 def test_other_kernels_and_bad_arguments_are_refused():
-    import torch
 
-    with pytest.raises(NotImplementedError, match="quantize_transpose_nvfp4_2D_kernel"):
-        quantize_nvfp4_te_sr(torch.zeros(64, 64, dtype=torch.bfloat16), 1, 0, block_2d=True)
-    with pytest.raises(ValueError, match="unknown kernel 'tma_2d'; known: vector_blockwise, tuned_1d"):
+    with pytest.raises(ValueError, match="unknown kernel 'tma_2d'; known: vector_blockwise, tuned_1d, nvfp4_2d"):
         te_nvfp4_sr_words(32, 32, 1, 0, kernel="tma_2d")
     with pytest.raises(ValueError, match="multiples of 32"):
         te_nvfp4_sr_words(48, 32, 1, 0, kernel="tuned_1d")
+    with pytest.raises(ValueError, match="multiples of 32"):
+        te_nvfp4_sr_words(32, 48, 1, 0, kernel="nvfp4_2d")
     with pytest.raises(ValueError, match="offset must be an int"):
         te_nvfp4_sr_words(16, 16, 1, -4)
     with pytest.raises(ValueError, match="at least one of rowwise or columnwise"):
@@ -314,7 +313,7 @@ def test_bf16_codes_use_the_tuned_kernel_map():
     st.integers(1, 2),
     st.integers(1, 3),
     st.booleans(),
-    st.sampled_from(["vector_blockwise", "tuned_1d"]),
+    st.sampled_from(["vector_blockwise", "tuned_1d", "nvfp4_2d"]),
     st.integers(0, 2**64 - 1),
 )
 def test_full_tiles_use_every_drawn_word_once(ty, tx, columnwise, kernel, seed):
@@ -326,7 +325,252 @@ def test_full_tiles_use_every_drawn_word_once(ty, tx, columnwise, kernel, seed):
     rows, cols = 128 * ty, 128 * tx
     rw, cw = te_nvfp4_sr_words(rows, cols, seed, 0, columnwise=columnwise, kernel=kernel)
     threads = ty * tx * (256 if kernel == "vector_blockwise" else 128)
-    blocks = (8 if kernel == "tuned_1d" else 4) * (1 + columnwise)
+    blocks = (4 if kernel == "vector_blockwise" else 8) * (1 + columnwise)
     drawn = np.concatenate([te_philox_block_words(seed, b, threads).reshape(-1) for b in range(blocks)])
     used = np.concatenate([rw.reshape(-1)] + ([cw.reshape(-1)] if columnwise else []))
+    assert used.size == drawn.size and np.array_equal(np.sort(used), np.sort(drawn))
+
+
+_TE_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)  # nvfp4_tensor.py get_wgrad_sign_vector
+
+
+def _rht_bf16_ref(x32: np.ndarray, signs: bool) -> np.ndarray:
+    """``x.reshape(-1, 16) @ (diag(s) H / 4)`` (TE ``pytorch/tensor/nvfp4_tensor.py`` lines 49-104: the Sylvester
+    Hadamard ``H[i, j] = (-1)^popcount(i & j)``), summed exactly in float64 (16 products of bf16 values by
+    ±1/4 on normal inputs) and rounded once to bfloat16 by ml_dtypes, as the unfused ``nvte_hadamard_transform``
+    stores it (``mma_m16_n16_k16_b16_b16_b16_noacc``: float32 accumulators written as bf16)."""
+    i = np.arange(16)
+    h = np.where(np.array([[bin(a & b).count("1") % 2 for b in i] for a in i]) == 1, -1.0, 1.0)
+    s = np.asarray(_TE_SIGNS if signs else (1,) * 16, np.float64)[:, None]
+    out = x32.astype(np.float64).reshape(-1, 16) @ (s * h / 4)
+    return out.reshape(x32.shape).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "rows,cols,signs,usage",
+    [(32, 160, True, "both"), (80, 48, False, "both"), (96, 64, True, "columnwise")],
+)
+def test_unfused_rht_sr_equals_two_launch_reference(rows, cols, signs, usage):
+    """``NVFP4Quantizer(with_rht=True, stochastic_rounding=True)`` on shapes TE keeps off the fused kernel
+    (``pytorch/csrc/quantizer.cpp`` ``is_eligible_for_rht_cast_fusion``: rows % 64, cols % 128, lines 1934-1940):
+    ``quantize_with_rht_unfused_helper`` (lines 2434-2505) casts ``x`` rowwise-only with the first
+    ``rng_state`` and ``RHT(x.T)`` (bf16) rowwise-only with a second one (``need_separate_columnwise_rng``,
+    lines 2600-2625), each on the 1x16 kernel the shape picks (tuned for bf16 with dims multiples of 32, else
+    the vector-blockwise one), walked here with its rowwise pass only.  Generator advances 2048 a cast."""
+    import torch
+
+    from fp8sim.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer
+    from fp8sim.scaling.nvfp4_te_sr import TEPhiloxGenerator
+    from fp8sim.scaling.packing import unpack_fp4
+
+    rng = np.random.default_rng(rows + cols)
+    xb = torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32)).to(torch.bfloat16)
+    x32 = xb.float().numpy()
+    q = NVFP4Quantizer(
+        with_rht=True,
+        with_post_rht_amax=True,
+        with_random_sign_mask=signs,
+        stochastic_rounding=True,
+        rowwise=usage == "both",
+    )
+    q.te_rng_generator = TEPhiloxGenerator(seed=77, offset=4096)
+    t = q(xb)
+    assert q.te_rng_generator.offset == 4096 + 2048
+    tuned = rows % 32 == 0 and cols % 32 == 0
+
+    def words(r, c, off):
+        return (_tuned_kernel_words(r, c, 77, off, False) if tuned else _kernel_words(r, c, 77, off, True, False))[0]
+
+    if usage == "both":
+        want_r = _e2m1_rs(x32 * _scales_ref(x32, np.float32(np.abs(x32).max()), False), words(rows, cols, 4096))
+        got_r = unpack_fp4(t._rowwise_data.reshape(rows, cols // 2)).numpy()
+        assert np.array_equal(got_r, want_r), _first_diff(got_r, want_r)
+    ht = _rht_bf16_ref(np.ascontiguousarray(x32.T), signs)
+    want_c = _e2m1_rs(ht * _scales_ref(ht, np.float32(np.abs(ht).max()), False), words(cols, rows, 5120))
+    got_c = unpack_fp4(t._columnwise_data.reshape(cols, rows // 2)).numpy()
+    assert np.array_equal(got_c, want_c), _first_diff(got_c, want_c)
+    assert float(t._amax_columnwise) == float(np.abs(ht).max())
+
+
+def _fused_rht_kernel_words(rows, cols, seed, offset):
+    """``row_col_rht_gemm_device`` walked tile by tile and thread by thread
+    (``hadamard_transform/row_cast_col_hadamard_transform_cast_fusion.cu``, TE mirror d0067d0): grid
+    ``(ceil(cols / 128), ceil(rows / 1024))`` of 512 threads (lines 1166-1171, ``k_tile_size = 1024`` line 1315);
+    ``K_TILE_MAX = ceil(min(N, K) / 128)`` (line 247); ``get_linear_tile_idx = m_idx + n_idx * tiles_in_m``
+    (line 318; work stealing keeps each tile's own ``(m_idx, n_idx)``, so the order of tiles does not matter).
+    Columnwise epilogue, warps 4-7 (lines 650-850): ``rng.init(seed, t + k_tile * 512 + lin * K_TILE_MAX * 512,
+    offset)`` per 128-row slab, thread ``t`` loads TMEM lane ``t % 128`` (``SM100_TMEM_LOAD_32dp32b64x``: tile column
+    ``t - 128``, its 128 accumulator columns = the slab's rows, the MMA writing k-block ``i`` to columns ``16 i``,
+    lines 609-618), 8 vectors of 16, one ``generate4`` each; ``StochasticNumericConverter`` (lines 60-100) feeds
+    ``rbits[j]`` to values ``4 j`` .. ``+3``.  Rowwise epilogue, warps 8-15 (lines 858-1000): ``++k_tile`` before
+    ``rng.init`` (lines 946-947), the S2R thread layout ``blocked_product((2, 16), (1, 8))`` with 64 values a
+    thread along the tile's columns: slab row ``(t - 256) // 2``, columns ``64 (t % 2)`` .. ``+64``, 4 vectors."""
+    tiles_m, k_max = -(-cols // 128), -(-min(rows, 1024) // 128)
+    slabs = -(-rows // 128)
+    rw = np.zeros((rows, cols // 4), np.uint32)
+    cw = np.zeros((cols, rows // 4), np.uint32)
+    for n_idx in range(-(-rows // 1024)):
+        for m_idx in range(tiles_m):
+            lin = m_idx + n_idx * tiles_m
+            for k_tile in range(k_max):
+                slab = n_idx * k_max + k_tile
+                if slab >= slabs:
+                    break
+                for t in range(128, 256):
+                    th = _Thread(seed, t + k_tile * 512 + lin * k_max * 512, offset)
+                    for v in range(8):
+                        for j in range(4):
+                            word = th.rbits()
+                            r = slab * 128 + 16 * v + 4 * j
+                            if r < rows:
+                                cw[m_idx * 128 + t - 128, r // 4] = word
+                for t in range(256, 512):
+                    th = _Thread(seed, t + (k_tile + 1) * 512 + lin * k_max * 512, offset)
+                    r = slab * 128 + (t - 256) // 2
+                    for v in range(4):
+                        for j in range(4):
+                            word = th.rbits()
+                            if r < rows:
+                                rw[r, (m_idx * 128 + 64 * (t % 2) + 16 * v + 4 * j) // 4] = word
+    return rw, cw
+
+
+@pytest.mark.parametrize("rows,cols", [(1088, 256), (192, 128)])
+def test_rht_cast_fusion_word_map_equals_kernel_walk(rows, cols):
+    """Two 1024-row grid rows (a partial 64-row slab), two column tiles; and K_TILE_MAX < 8."""
+    seed, offset = 0xA5A5A5A5DEADBEEF, 6144
+    got = te_nvfp4_sr_words(rows, cols, seed, offset, kernel="rht_cast_fusion")
+    want = _fused_rht_kernel_words(rows, cols, seed, offset)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and np.array_equal(g, w), _first_diff(g, w)
+
+
+def test_fused_rht_sr_equals_kernel_reference():
+    """``NVFP4Quantizer(with_rht=True, stochastic_rounding=True)`` on a shape TE sends to the fused kernel
+    (bf16, rows % 64, cols % 128, sm_arch 100): one ``rng_state`` for both copies (no second draw,
+    ``quantizer.cpp`` lines 2600-2602); rowwise codes of ``x`` and columnwise codes of ``RHT(x.T)`` rounded to
+    bf16 (the kernel's non-fast-math downcast, lines 774-786) with the fused kernel's words; 2D refused."""
+    import torch
+
+    from fp8sim.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer
+    from fp8sim.scaling.nvfp4_te_sr import TEPhiloxGenerator
+    from fp8sim.scaling.packing import unpack_fp4
+
+    rows, cols = 64, 256
+    rng = np.random.default_rng(17)
+    xb = torch.from_numpy(rng.standard_normal((rows, cols)).astype(np.float32)).to(torch.bfloat16)
+    x32 = xb.float().numpy()
+    q = NVFP4Quantizer(with_rht=True, with_post_rht_amax=True, stochastic_rounding=True)
+    q.te_rng_generator = TEPhiloxGenerator(seed=123, offset=1024)
+    t = q(xb)
+    assert q.te_rng_generator.offset == 2048
+    rw, cw = _fused_rht_kernel_words(rows, cols, 123, 1024)
+    want_r = _e2m1_rs(x32 * _scales_ref(x32, np.float32(np.abs(x32).max()), False), rw)
+    got_r = unpack_fp4(t._rowwise_data.reshape(rows, cols // 2)).numpy()
+    assert np.array_equal(got_r, want_r), _first_diff(got_r, want_r)
+    ht = _rht_bf16_ref(np.ascontiguousarray(x32.T), True)
+    want_c = _e2m1_rs(ht * _scales_ref(ht, np.float32(np.abs(ht).max()), False), cw)
+    got_c = unpack_fp4(t._columnwise_data.reshape(cols, rows // 2)).numpy()
+    assert np.array_equal(got_c, want_c), _first_diff(got_c, want_c)
+    q2 = NVFP4Quantizer(with_rht=True, with_post_rht_amax=True, stochastic_rounding=True, with_2d_quantization=True)
+    q2.te_rng_generator = TEPhiloxGenerator(seed=1)
+    with pytest.raises(NotImplementedError, match="fused RHT cast"):
+        q2(xb)
+    assert q2.te_rng_generator.offset == 0
+    q.te_sm_arch = 120  # e.g. sm_120: TE takes the unfused path, two rng_states
+    q(xb)
+    assert q.te_rng_generator.offset == 4096
+
+
+def _kernel_2d_words(rows, cols, seed, offset, rowwise, columnwise):
+    """``quantize_transpose_nvfp4_2D_kernel`` walked thread by thread (``cast/nvfp4/quantize_transpose_nvfp4.cuh``,
+    TE mirror d0067d0): ``CHUNK_DIM = 128``, ``THREADS_NUM = 128``, 32x128 tiles, ``STAGES = 4`` (lines 241-262);
+    ``rng_sequence`` and the first ``generate4`` (lines 876-882); per stage the colwise pass then the rowwise one
+    (lines 1097-1337).  Colwise: ``tid_X_colwise = t`` takes column ``t``, ``ITERATIONS_TRANSPOSE = 2`` blocks of
+    16 rows, ``e`` in 0..3 one ``get_rbits`` for rows ``4 e`` .. ``+3`` (lines 1100-1171).  Rowwise:
+    ``ITERATIONS_NORMAL = 2``, row ``t / 8 + 16 it``, columns ``16 (t % 8)``, waves ``w`` at
+    ``((w + bank_group) * 8) % 16`` with ``bank_group = lane / 8`` (lines 928-929, 1305-1332), 2 words a wave."""
+    gx, gy = -(-cols // 128), -(-rows // 128)
+    rw = np.zeros((rows, cols // 4), np.uint32) if rowwise else None
+    cw = np.zeros((cols, rows // 4), np.uint32) if columnwise else None
+    for by in range(gy):
+        for bx in range(gx):
+            for t in range(128):
+                th = _Thread(seed, t + bx * 128 + by * gx * 128, offset)
+                bank_group = (t % 32) // 8
+                for stage in range(4):
+                    y0 = by * 128 + stage * 32
+                    if columnwise:
+                        for it in range(2):
+                            for e in range(4):
+                                word = th.rbits()
+                                c, r = bx * 128 + t, y0 + 16 * it + 4 * e
+                                if c < cols and r < rows:
+                                    cw[c, r // 4] = word
+                    if rowwise:
+                        for it in range(2):
+                            r = y0 + t // 8 + 16 * it
+                            for w in range(2):
+                                c = bx * 128 + (t % 8) * 16 + ((w + bank_group) * 8) % 16
+                                for e in range(2):
+                                    word = th.rbits()
+                                    if r < rows and c + 4 * e < cols:
+                                        rw[r, (c + 4 * e) // 4] = word
+    return rw, cw
+
+
+@pytest.mark.parametrize(
+    "rows,cols,rowwise,columnwise", [(160, 288, True, True), (96, 160, False, True), (64, 160, True, False)]
+)
+def test_nvfp4_2d_word_map_equals_kernel_walk(rows, cols, rowwise, columnwise):
+    """Partial chunks in both dims, all 4 bank groups, both directions on one stream, columnwise-only too."""
+    seed, offset = 0x0F1E2D3C4B5A6978, 5120
+    got = te_nvfp4_sr_words(rows, cols, seed, offset, rowwise=rowwise, columnwise=columnwise, kernel="nvfp4_2d")
+    want = _kernel_2d_words(rows, cols, seed, offset, rowwise, columnwise)
+    for g, w in zip(got, want, strict=True):
+        assert (g is None) == (w is None)
+        if g is not None:
+            assert g.shape == w.shape and np.array_equal(g, w), _first_diff(g, w)
+
+
+def test_bf16_16x16_codes_use_the_2d_kernel_map():
+    """TE's dispatch (``cast/dispatch/quantize.cuh`` lines 132-147): bfloat16 16x16 tiles with both dims multiples
+    of 32 go to ``quantize_transpose_nvfp4_2D_kernel``; the element math is ``mul_cvt_bf16_to_fp4_4x`` (the same
+    ``cvt.rs`` on ``{v3, v2, v1, v0}``, ``util/ptx_arch_spec.cuh`` lines 120-152) with the 16x16 tile's scale."""
+    import torch
+
+    rng = np.random.default_rng(13)
+    x32 = (rng.standard_normal((64, 160)) * np.exp2(rng.integers(-3, 4, (64, 160)))).astype(np.float32)
+    xb = torch.from_numpy(x32).to(torch.bfloat16)
+    x32 = xb.float().numpy()
+    amax = np.float32(np.abs(x32).max())
+    q = quantize_nvfp4_te_sr(xb, 9, 2048, block_2d=True)
+    rw, cw = _kernel_2d_words(64, 160, 9, 2048, True, True)
+    want_r = _e2m1_rs(x32 * _scales_ref(x32, amax, True), rw)
+    xt = np.ascontiguousarray(x32.T)
+    want_c = _e2m1_rs(xt * _scales_ref(xt, amax, True), cw)
+    assert np.array_equal(q.rowwise.codes, want_r), _first_diff(q.rowwise.codes, want_r)
+    assert np.array_equal(q.columnwise.codes, want_c), _first_diff(q.columnwise.codes, want_c)
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 2), st.integers(0, 2**64 - 1))
+def test_rht_cast_fusion_uses_every_drawn_word_once(ty, tx, seed):
+    """The fused RHT cast on whole tiles: the columnwise threads (128..255) draw 32 words a slab, the rowwise
+    threads (256..511) 16 words from the next slab's subsequence; each such word feeds exactly one group of four."""
+    from fp8sim.cast.te_nvfp4_sr import te_philox_block_words
+
+    rows, cols = 128 * ty, 128 * tx
+    rw, cw = te_nvfp4_sr_words(rows, cols, seed, 0, kernel="rht_cast_fusion")
+    lin_stride = 512 * ty  # K_TILE_MAX = ty slabs (rows < 1024), one grid row
+    n = lin_stride * tx + 512
+    blocks = [te_philox_block_words(seed, b, n) for b in range(8)]
+    drawn = []
+    for lin in range(tx):
+        for k in range(ty):
+            col = np.arange(128, 256) + 512 * k + lin_stride * lin
+            row = np.arange(256, 512) + 512 * (k + 1) + lin_stride * lin
+            drawn += [blocks[b][col].reshape(-1) for b in range(8)] + [blocks[b][row].reshape(-1) for b in range(4)]
+    drawn = np.concatenate(drawn)
+    used = np.concatenate([rw.reshape(-1), cw.reshape(-1)])
     assert used.size == drawn.size and np.array_equal(np.sort(used), np.sort(drawn))

@@ -8,7 +8,15 @@ TE's dispatch (``common/cast/dispatch/quantize.cuh``, ``use_optimized_kernel``) 
   (``common/cast/nvfp4/specialized/quantize_transpose_nvfp4_tuned_1D.cuh``) for bfloat16 with both dims
   multiples of 32 and a rowwise output (TE's default, non-fast-math build: float32 scaling coefficient).
 
-Not modelled: the bfloat16 16x16-tile TMA kernel, the RHT cast fusions and 4over6 (no SR in TE).
+- ``"nvfp4_2d"``: ``quantize_transpose_nvfp4_2D_kernel`` (``common/cast/nvfp4/quantize_transpose_nvfp4.cuh``)
+  for bfloat16 16x16 tiles with both dims multiples of 32.
+
+- ``"rht_cast_fusion"``: ``row_col_rht_gemm_device``
+  (``common/hadamard_transform/row_cast_col_hadamard_transform_cast_fusion.cu``): TE's fused RHT cast (bfloat16,
+  rows % 64 == 0, cols % 128 == 0, sm_arch 100..110): rowwise copy of ``x`` and columnwise copy of ``RHT(x.T)``.
+
+TE's unfused RHT path runs the first three kernels (``fp8sim.scaling.nvfp4_te_sr.quantize_nvfp4_te_sr_rht``).
+Not modelled: 4over6 (no SR in TE).
 
 Both launches are fixed by the shape (no runtime device query): one 128x128 chunk per block, a grid of
 ``(ceil(cols/128), ceil(rows/128))``.  Each thread takes Philox subsequence ``t + T bx + T gridDim.x by``
@@ -30,6 +38,20 @@ iteration ``i`` tile row ``t // 4 + 32 i``, columns ``16 (t % 4)`` to ``+16`` as
 reading the 8 at ``8 ((w + (t % 32) // 16) % 2)`` (the shared-memory bank swizzle), 2 words a wave.
 Columnwise: lane ``l = t % 32`` and warp ``t // 32`` take tile columns ``2 l`` and ``2 l + 1`` and tile rows
 ``16 ((l // 2 + warp) % 4)`` to ``+16``, 4 words a column.  64 words a thread for both directions.
+``"nvfp4_2d"`` (``T = 128``): 4 stages over the chunk's 32-row slabs (``stage = chunk row // 32``), each a
+columnwise then a rowwise step on one stream, 8 words each.  Columnwise: thread ``t`` takes chunk column ``t``,
+2 iterations of 16 slab rows, 4 words each (rows ``4 e`` .. ``+3``).  Rowwise: 2 iterations; in iteration ``i``
+slab row ``t // 8 + 16 i``, columns ``16 (t % 8)`` to ``+16`` as 2 waves of 8, wave ``w`` reading the 8 at
+``8 ((w + (t % 32) // 8) % 2)``, 2 words a wave.  64 words a thread for both directions.
+``"rht_cast_fusion"`` (512 threads a CTA, a CTA per 128 columns x up to 1024 rows; the persistent scheduler's
+cluster-launch-control work stealing hands a CTA other CTAs' tiles, but each tile keeps its own coordinates, and
+the subsequence depends on those only, so the SM count does not enter): for column tile ``m`` and 128-row slab
+``s`` (``n = s // K``, ``k = s % K``, ``K = ceil(min(rows, 1024) / 128)``, ``lin = m + n ceil(cols / 128)``),
+every thread re-inits at block 0 of subsequence ``t + 512 k' + 512 K lin``.  Columnwise (threads 128..255, the
+TMEM lane = tile column ``t - 128``; ``k' = k``): 128 rows as 8 vectors of 16, one ``generate4`` each, word ``j``
+for rows ``4 j`` .. ``+3`` of the vector.  Rowwise (threads 256..511; ``k' = k + 1``: the kernel increments
+``k_tile`` before it seeds): slab row ``(t - 256) // 2``, tile columns ``64 (t % 2)`` to ``+64`` as 4 vectors of 16,
+likewise.
 TE advances the generator's offset by 1024 per cast (``pytorch/csrc/quantizer.cpp``, ``rng_elts_per_thread``).
 """
 
@@ -52,7 +74,9 @@ TE_SR_TILE = 128  # kTileDim
 TE_SR_THREADS = 256  # kThreadsPerBlock
 _WORDS_PER_PASS = 16
 _TUNED_THREADS = 128  # quantize_transpose_nvfp4_tuned_1D.cuh THREADS_NUM
-TE_SR_KERNELS = ("vector_blockwise", "tuned_1d")
+TE_SR_KERNELS = ("vector_blockwise", "tuned_1d", "nvfp4_2d", "rht_cast_fusion")
+_RHT_K_TILE = 1024  # hadamard_transform_cast_fusion: k_tile_size
+_RHT_THREADS = 512  # row_col_rht_gemm_ntt_w_sfc: dimBlock
 
 
 def te_fallback_launch(rows: int, cols: int) -> tuple[int, int]:
@@ -119,6 +143,80 @@ def _tuned_1d_words(
     return row_words, words[seq, k]
 
 
+def _nvfp4_2d_words(
+    rows: int, cols: int, seed: int, offset: int, rowwise: bool, columnwise: bool, rounds: int
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The word map of ``quantize_transpose_nvfp4_2D_kernel`` (module docstring)."""
+    gx, gy = te_fallback_launch(rows, cols)
+    per_stage = 8 * (bool(rowwise) + bool(columnwise))
+    words = _thread_words(seed, offset, gx * gy * _TUNED_THREADS, 4 * per_stage, rounds)
+    row_words = col_words = None
+    if rowwise:
+        r = np.arange(rows)[:, None]
+        c = 4 * np.arange(cols // 4)[None, :]
+        rr, cc = r % TE_SR_TILE, c % TE_SR_TILE
+        tr = rr % 32
+        t = (tr % 16) * 8 + cc // 16
+        wave = ((cc % 16) // 8 - (t % 32) // 8) % 2  # wave w reads 8-pack (w + bank_group) % 2
+        k = (rr // 32) * per_stage + 8 * bool(columnwise) + (tr // 16) * 4 + wave * 2 + (cc % 8) // 4
+        seq = t + _TUNED_THREADS * (c // TE_SR_TILE) + _TUNED_THREADS * gx * (r // TE_SR_TILE)
+        row_words = words[seq, k]
+    if columnwise:
+        c = np.arange(cols)[:, None]
+        r = 4 * np.arange(rows // 4)[None, :]
+        rr, cc = r % TE_SR_TILE, c % TE_SR_TILE
+        k = (rr // 32) * per_stage + ((rr % 32) // 16) * 4 + (rr % 16) // 4
+        seq = cc + _TUNED_THREADS * (c // TE_SR_TILE) + _TUNED_THREADS * gx * (r // TE_SR_TILE)
+        col_words = words[seq, k]
+    return row_words, col_words
+
+
+def _seq_words(seed: int, offset: int, seq: np.ndarray, k: np.ndarray, n_words: int, rounds: int) -> np.ndarray:
+    """uint32 of ``seq``'s shape: word ``k`` (``< n_words``) of each subsequence in ``seq``, from block 0."""
+    flat = np.asarray(seq, np.uint64).reshape(-1)
+    uniq, inv = np.unique(flat, return_inverse=True)
+    blocks = -(-n_words // 4)
+    ctr = np.zeros((uniq.size, blocks, 4), np.uint64)
+    for b in range(blocks):
+        ctr[:, b, 0] = np.uint64((offset + b) & 0xFFFFFFFF)
+        ctr[:, b, 1] = np.uint64((offset + b) >> 32)
+    ctr[:, :, 2] = (uniq & np.uint64(0xFFFFFFFF))[:, None]
+    ctr[:, :, 3] = (uniq >> np.uint64(32))[:, None]
+    key = np.array([seed & 0xFFFFFFFF, seed >> 32], np.uint64)
+    words = philox4x32(ctr, key, rounds).reshape(uniq.size, -1)
+    return words[inv.reshape(np.shape(seq)), k]
+
+
+def _rht_fusion_words(
+    rows: int, cols: int, seed: int, offset: int, rowwise: bool, columnwise: bool, rounds: int
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The word map of ``row_col_rht_gemm_device`` (module docstring)."""
+    k_max = -(-min(rows, _RHT_K_TILE) // TE_SR_TILE)
+    tiles_m = -(-cols // TE_SR_TILE)
+
+    def base(r: np.ndarray, c: np.ndarray, shift: int) -> np.ndarray:
+        slab = r // TE_SR_TILE
+        lin = c // TE_SR_TILE + (slab // k_max) * tiles_m
+        return _RHT_THREADS * (slab % k_max + shift) + _RHT_THREADS * k_max * lin
+
+    row_words = col_words = None
+    if rowwise:
+        r = np.arange(rows)[:, None]
+        c = 4 * np.arange(cols // 4)[None, :]
+        rr, cc = r % TE_SR_TILE, c % TE_SR_TILE
+        seq = 256 + 2 * rr + cc // 64 + base(r, c, 1)
+        k = ((cc % 64) // 16) * 4 + (cc % 16) // 4
+        row_words = _seq_words(seed, offset, seq, k, 16, rounds)
+    if columnwise:
+        c = np.arange(cols)[:, None]
+        r = 4 * np.arange(rows // 4)[None, :]
+        rr, cc = r % TE_SR_TILE, c % TE_SR_TILE
+        seq = 128 + cc + base(r, c, 0)
+        k = (rr // 16) * 4 + (rr % 16) // 4
+        col_words = _seq_words(seed, offset, seq, k, 32, rounds)
+    return row_words, col_words
+
+
 def te_nvfp4_sr_words(
     rows: int,
     cols: int,
@@ -155,6 +253,14 @@ def te_nvfp4_sr_words(
                 f"rowwise={rowwise}"
             )
         return _tuned_1d_words(rows, cols, seed, offset, columnwise, rounds)
+    if kernel == "nvfp4_2d":
+        if rows % 32 or cols % 32:
+            raise ValueError(f"kernel='nvfp4_2d' takes dims that are multiples of 32; got ({rows}, {cols})")
+        return _nvfp4_2d_words(rows, cols, seed, offset, rowwise, columnwise, rounds)
+    if kernel == "rht_cast_fusion":
+        if rows % 64 or cols % 128:
+            raise ValueError(f"kernel='rht_cast_fusion' takes rows % 64 == 0 and cols % 128 == 0; got ({rows}, {cols})")
+        return _rht_fusion_words(rows, cols, seed, offset, rowwise, columnwise, rounds)
     gx, gy = te_fallback_launch(rows, cols)
     n_words = _WORDS_PER_PASS * (bool(rowwise) + bool(columnwise))
     words = _thread_words(seed, offset, gx * gy * TE_SR_THREADS, n_words, rounds) if rows and cols else None

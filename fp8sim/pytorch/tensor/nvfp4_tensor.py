@@ -9,10 +9,11 @@ block scales (uint8) of shape ``(round_up(M, 128), round_up(ceil(K/16), 4))`` an
 ``(round_up(K, 128), round_up(ceil(M/16), 4))``; ``_amax_rowwise`` / ``_amax_columnwise`` float32
 (one per row for ``row_scaled_nvfp4``).  Dequantization is TE's (``dequantize_nvfp4.cuh``, via
 ``fp8sim.scaling.dequantize_nvfp4``).  Stochastic rounding uses fp8sim's seeded generator, or TE's
-Philox bits when ``te_rng_generator`` is set (``fp8sim.scaling.nvfp4_te_sr``: TE's 1x16 kernels, not its
-bfloat16 16x16 or RHT kernels); ``with_random_sign_mask=False`` transforms with the unsigned Hadamard
-matrix; ``with_post_rht_amax`` without RHT changes nothing (TE ignores it there); what TE's
-``quantize_impl`` refuses raises its ``RuntimeError``; 4over6 is not emulated.
+Philox bits when ``te_rng_generator`` is set (``fp8sim.scaling.nvfp4_te_sr``: TE's 1x16 and 16x16 kernels, its
+fused and unfused RHT casts, chosen as TE's dispatch does, the fused one by shape and ``te_sm_arch``);
+``with_random_sign_mask=False`` transforms with the unsigned Hadamard matrix; ``with_post_rht_amax``
+without RHT changes nothing (TE ignores it there); what TE's ``quantize_impl`` refuses raises its
+``RuntimeError``; 4over6 is not emulated.
 """
 
 from __future__ import annotations
@@ -24,8 +25,15 @@ import numpy as np
 import torch
 
 from ...formats import get_format
-from ...scaling.nvfp4 import RHT_SIGNS, dequantize_nvfp4, quantize_nvfp4, rht_matrix
-from ...scaling.nvfp4_te_sr import TE_RNG_ELTS_PER_THREAD, TEPhiloxGenerator, TESRCopies, quantize_nvfp4_te_sr
+from ...scaling.nvfp4 import RHT_SIGNS, apply_rht, dequantize_nvfp4, quantize_nvfp4, rht_matrix
+from ...scaling.nvfp4_te_sr import (
+    TE_RNG_ELTS_PER_THREAD,
+    TEPhiloxGenerator,
+    TESRCopies,
+    quantize_nvfp4_te_sr,
+    quantize_nvfp4_te_sr_rht,
+    te_rht_cast_fusion_eligible,
+)
 from ...scaling.packing import pack_fp4, unpack_fp4
 from ...scaling.quantized import QuantizedTensor as _SimQT
 from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType, TE_DType
@@ -186,25 +194,56 @@ class NVFP4Quantizer(Quantizer):
         )
 
     te_rng_generator: TEPhiloxGenerator | None = None  # set: TE's Philox SR bits; None: fp8sim's own SR
+    te_sm_arch: int = 100  # the compute capability TE's RHT dispatch reads (sm_arch()): 100 = B200/GB200
 
     def _te_sr_copies(self, x: torch.Tensor) -> TESRCopies:
         """TE's SR bits (``fp8sim.scaling.nvfp4_te_sr``): one ``rng_state`` per cast from ``te_rng_generator``,
-        as ``NVFP4Quantizer::quantize_impl`` takes it from torch's CUDA generator (offset += 1024)."""
-        if self.with_rht or self.row_scaled_nvfp4:
+        as ``NVFP4Quantizer::quantize_impl`` takes it from torch's CUDA generator (offset += 1024); with RHT
+        off the fused kernel (``te_sm_arch``, shape) a second one for the columnwise launch
+        (``need_separate_columnwise_rng``)."""
+        if self.row_scaled_nvfp4:
             raise NotImplementedError(
-                "NVFP4Quantizer: TE's Philox SR bits are modelled without RHT and row scaling only "
-                "(TE refuses SR with row-scaled NVFP4; RHT goes through the Hadamard cast kernels)"
+                "NVFP4Quantizer: TE's Philox SR bits are not modelled with row scaling "
+                "(TE refuses SR with row-scaled NVFP4)"
+            )
+        m, k = x.shape
+        fused = self.with_rht and te_rht_cast_fusion_eligible(str(x.dtype).replace("torch.", ""), m, k, self.te_sm_arch)
+        if fused and self.with_2d_quantization:  # refused before TE would draw an rng_state
+            raise NotImplementedError(
+                "NVFP4Quantizer: TE's fused RHT cast writes 1x16 scales whatever with_2d_quantization says; "
+                "fp8sim does not model 2D quantization with it"
             )
         amax = self._reduced(x.abs().float().nan_to_num(0.0).amax()) if self.with_amax_reduction else None
-        seed, offset = self.te_rng_generator.philox_cuda_state(TE_RNG_ELTS_PER_THREAD)
-        return quantize_nvfp4_te_sr(
+        state = self.te_rng_generator.philox_cuda_state(TE_RNG_ELTS_PER_THREAD)
+        if not self.with_rht:
+            return quantize_nvfp4_te_sr(
+                x,
+                *state,
+                rowwise=self.rowwise_usage,
+                columnwise=self.columnwise_usage,
+                block_2d=self.with_2d_quantization,
+                global_amax=amax,
+            )
+        # the unfused path launches the columnwise cast separately, with its own rng_state
+        separate = self.columnwise_usage and not fused
+        state_t = self.te_rng_generator.philox_cuda_state(TE_RNG_ELTS_PER_THREAD) if separate else None
+        rht_xt = amax_t = None
+        if self.columnwise_usage:  # nvte_hadamard_transform(x.T), stored in bf16; the RN path's transform
+            xt = x.t().contiguous()
+            rht_xt = apply_rht(xt) if self.with_random_sign_mask else _hadamard_bf16(xt)
+            if self.with_amax_reduction:
+                amax_t = self._reduced(rht_xt.abs().float().nan_to_num(0.0).amax())
+        return quantize_nvfp4_te_sr_rht(
             x,
-            seed,
-            offset,
+            rht_xt,
+            state,
+            state_t,
+            fused=fused,
             rowwise=self.rowwise_usage,
             columnwise=self.columnwise_usage,
             block_2d=self.with_2d_quantization,
             global_amax=amax,
+            global_amax_columnwise=amax_t,
         )
 
     def _per_row(self, scales: np.ndarray) -> np.ndarray:
