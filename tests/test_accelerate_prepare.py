@@ -346,3 +346,39 @@ def test_ao_backend_converts_the_model_in_place() -> None:
         warnings.simplefilter("ignore", fa.UpstreamQuirkWarning)
         fa.prepare_fp8(model, opt, kwargs_handlers=[fa.AORecipeKwargs()])
     assert fa.has_ao_layers(model) and not fa.has_ao_layers(twin)
+
+
+def _converted_weights(model: nn.Module) -> list[torch.Tensor]:
+    return [m.weight.detach().clone() for m in model.modules() if fa.has_ao_layers(m) and hasattr(m, "weight")]
+
+
+def test_default_ao_recipe_leaves_the_converted_weights_out_of_the_optimizer_as_accelerate_does(
+    upstream: Callable[..., Any],
+) -> None:
+    """Quirk ``ao-converted-weights-not-in-optimizer``: accelerate 1.15 ``Accelerator._prepare_ao``
+    (accelerator.py:2077-2103) re-points the optimizer only under FSDP2, and torchao 0.18
+    ``Float8Linear.from_float`` (float8_linear.py:326) wraps the weight in a new Parameter when
+    ``enable_fsdp_float8_all_gather`` (AORecipeKwargs' default): the real Accelerator never updates
+    the converted weights.  fp8sim reproduces that with a warning; ``documented=True`` trains them."""
+    warnings.simplefilter("ignore", FutureWarning)
+    model, opt = _model()
+    acc = upstream(mixed_precision="fp8", kwargs_handlers=_upstream_handlers([fa.AORecipeKwargs()]))
+    ref_model, ref_opt = acc.prepare(model, opt)
+    start = _converted_weights(ref_model)
+    _run(ref_model, ref_opt, acc.backward)
+    assert start and all(torch.equal(a, b) for a, b in zip(start, _converted_weights(ref_model), strict=True))
+
+    model, opt = _model()
+    with pytest.warns(fa.UpstreamQuirkWarning, match="ao-converted-weights-not-in-optimizer"):
+        fa.prepare_fp8(model, opt, kwargs_handlers=[fa.AORecipeKwargs()])
+    start = _converted_weights(model)
+    _run(model, opt, lambda loss: loss.backward())
+    assert all(torch.equal(a, b) for a, b in zip(start, _converted_weights(model), strict=True))
+
+    model, opt = _model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fa.UpstreamQuirkWarning)
+        fa.prepare_fp8(model, opt, kwargs_handlers=[fa.AORecipeKwargs()], documented=True)
+    start = _converted_weights(model)
+    _run(model, opt, lambda loss: loss.backward())
+    assert not any(torch.equal(a, b) for a, b in zip(start, _converted_weights(model), strict=True))

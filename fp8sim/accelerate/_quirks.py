@@ -38,6 +38,12 @@ QUIRKS: dict[str, str] = {
         "apply_fp8_autowrap assigns the wrapper as a plain function when model.forward has no __func__, so the first "
         "positional argument is taken as `self`; documented: bind the wrapper to the model."
     ),
+    "ao-converted-weights-not-in-optimizer": (
+        "with enable_fsdp_float8_all_gather=True (AORecipeKwargs' default) torchao's Float8Linear.from_float wraps "
+        "each weight in a new Parameter, and Accelerator._prepare_ao re-points the optimizer only under FSDP2, so "
+        "an optimizer built before prepare() never updates the converted layers' weights; documented: the "
+        "optimizer holds the converted weights."
+    ),
     "convert_model-reverse-params_dtype": (
         "convert_model(to_transformer_engine=False) passes params_dtype= to nn.Linear / nn.LayerNorm, which raises "
         "TypeError; documented: convert back with dtype=."

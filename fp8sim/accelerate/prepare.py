@@ -21,6 +21,7 @@ import torch
 
 from . import _available
 from ._env import parse_choice_from_env
+from ._quirks import use_documented, warn_quirk
 from .ao import convert_model_to_fp8_ao
 from .handlers import (
     AutocastKwargs,
@@ -227,6 +228,33 @@ def _wrap_mixed_precision(model: torch.nn.Module, setup: FP8Setup) -> None:
         model.forward = MethodType(convert_outputs_to_fp32(model.forward.__func__), model)
 
 
+def _converted_weights_and_the_optimizer(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, before: dict[str, Any], documented: bool | None
+) -> None:
+    """Quirk ``ao-converted-weights-not-in-optimizer`` (accelerator.py ``_prepare_ao``: no re-pointing
+    outside FSDP2): warn, or with ``documented`` hand the optimizer the converted Parameters."""
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    swaps = {
+        id(old): new
+        for name, new in model.named_parameters()
+        if (old := before.get(name)) is not None and old is not new and id(old) in held
+    }
+    if not swaps:
+        return
+    if not use_documented(documented):
+        warn_quirk(
+            "ao-converted-weights-not-in-optimizer",
+            f"{len(swaps)} converted weight(s) are Parameters the optimizer does not hold and stay at their initial "
+            "values",
+            stacklevel=4,
+        )
+        return
+    for group in optimizer.param_groups:
+        group["params"] = [swaps.get(id(p), p) for p in group["params"]]
+    for p in [p for p in optimizer.state if id(p) in swaps]:
+        optimizer.state[swaps[id(p)]] = optimizer.state.pop(p)
+
+
 def prepare_fp8(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
@@ -266,9 +294,12 @@ def prepare_fp8(
         _prepare_te(model, optimizer, documented)
     elif backend == FP8BackendType.AO:
         ao = setup.ao_recipe_handler
+        before = dict(model.named_parameters())
         convert_model_to_fp8_ao(
             model, config=ao.config, module_filter_func=ao.module_filter_func, documented=documented
         )
+        if optimizer is not None:
+            _converted_weights_and_the_optimizer(model, optimizer, before, documented)
 
     if dist_type != "NO" and amax_reduction_group is None:
         amax_reduction_group = torch.distributed.group.WORLD
