@@ -232,9 +232,31 @@ def test_quantize_master_weights_block_scaling_casts_the_shard_per_128x128_tile(
     assert torch.equal(w._columnwise_data, w._rowwise_data.t()) and torch.equal(
         w._columnwise_scale_inv[:2, :2], w._rowwise_scale_inv[:2, :2].t()
     )
-    with pytest.raises(NotImplementedError, match="Float8BlockQuantizer with 1x128 blocks"):
-        w1 = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=True, block_scaling_dim=1)(_x())
-        quantize_master_weights([w1], [_x().reshape(-1)], [0], group=None)
+
+
+def test_quantize_master_weights_1x128_runs_tes_128x128_tile_kernels_into_the_1x128_layout() -> None:
+    """TE ``tensor/utils.py`` lines 293-330 route every ``Float8BlockQuantizer`` to the blockwise cast
+    (lines 593-749), whose kernels (``fp8_partial_cast.cpp`` 11-45, block_len 128) compute 128x128-tile amaxes
+    into ``amax[tile_h * stride_h + tile_w]`` of the ``get_scale_shape`` buffer, which for 1x128 is
+    ``(ceil(K/128), round_up(M, 4))``; ``scale_inv`` is that buffer's reciprocal scale."""
+    from fp8sim._upstream_quirk import UpstreamQuirkWarning
+
+    q = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=True, block_scaling_dim=1)
+    w = q(torch.zeros(256, 384, dtype=torch.bfloat16))
+    master = torch.randn(256 * 384, generator=torch.Generator().manual_seed(7)) * 2
+    with pytest.warns(UpstreamQuirkWarning, match="1x128"):
+        quantize_master_weights([w], [master], [0], group=None)
+    mb = master.to(torch.bfloat16).float()
+    idx = torch.arange(256 * 384)
+    flat = ((idx // 384) // 128) * 256 + (idx % 384) // 128  # tile (i, j) at [i, j] of the (3, 256) buffer
+    amax = torch.zeros(3 * 256).scatter_reduce(0, flat, mb.abs(), reduce="amax")
+    scale = torch.where(amax > 0, torch.exp2(torch.floor(torch.log2(448.0 / amax))), torch.ones(()))
+    assert torch.equal(w._rowwise_scale_inv, (1 / scale).reshape(3, 256))
+    want = (mb * scale[flat]).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert torch.equal(w._rowwise_data.reshape(-1), want)
+    tall = q(torch.zeros(512, 128, dtype=torch.bfloat16))  # 4 x 1 tiles, a (1, 512) buffer: TE writes past it
+    with pytest.warns(UpstreamQuirkWarning), pytest.raises(ValueError, match="do not fit"):
+        quantize_master_weights([tall], [torch.ones(512 * 128)], [0], group=None)
 
 
 def _ref_e8m0(amax: torch.Tensor) -> torch.Tensor:

@@ -6,17 +6,20 @@
   weights (or a flat ``start_offset`` fragment of each, a data-parallel shard) into FP8 primary
   weights.  Emulated for per-tensor FP8 (delayed and current scaling) and 128x128 block scaling; the
   amax all-reduce over ``group`` runs when ``torch.distributed`` is initialized with more than one rank.
-  MXFP8 (bf16 weights, both copies) and NVFP4 2D (16x16 tiles, the rowwise copy) too; 1x128 blocks (TE runs
-  its 128x128-tile kernels on them) and ``fsdp_shard_model_weights`` raise ``NotImplementedError``.
+  MXFP8 (bf16 weights, both copies) and NVFP4 2D (16x16 tiles, the rowwise copy) too; 1x128 blocks as TE
+  treats them (its 128x128-tile kernels, an ``UpstreamQuirkWarning``); ``fsdp_shard_model_weights`` raises
+  ``NotImplementedError``.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..._upstream_quirk import UpstreamQuirkWarning
 from ...scaling.current import compute_scale_from_amax
 from ..constants import DType
 from .float8_blockwise_tensor import Float8BlockQuantizer, Float8BlockwiseQTensor
@@ -183,8 +186,14 @@ def _blockwise(params: list, group: Any, manual: bool) -> None:
         if master is None:
             continue
         rows, cols = _tile_index(model_weight, master, start_offset, b)
+        flat = rows * amax.shape[1] + cols  # the kernel's amax[tile_h * stride_h + tile_w]
+        if flat.numel() and int(flat.max()) >= amax.numel():  # 1x128 layouts narrower than the tile grid
+            raise ValueError(
+                f"quantize_master_weights: the 128x128 tiles of a {tuple(model_weight.shape)} weight do not fit "
+                f"its {tuple(amax.shape)} scale buffer (TE's kernel would write past it)"
+            )
         mag = master.detach().float().reshape(-1).abs().nan_to_num(nan=0.0)
-        amax.view(-1).scatter_reduce_(0, rows * amax.shape[1] + cols, mag, reduce="amax")
+        amax.view(-1).scatter_reduce_(0, flat, mag, reduce="amax")
     packed = torch.cat([a.reshape(-1) for a in amaxes])
     _all_reduce_max(packed, group)
     offset = 0
@@ -204,7 +213,7 @@ def _blockwise(params: list, group: Any, manual: bool) -> None:
         if master is None:
             continue
         rows, cols = _tile_index(model_weight, master, start_offset, b)
-        scaled = master.detach().float().reshape(-1) * scale[rows, cols]
+        scaled = master.detach().float().reshape(-1) * scale.reshape(-1)[rows * scale.shape[1] + cols]
         fp8 = torch.float8_e4m3fn if first.dtype == DType.kFloat8E4M3 else torch.float8_e5m2
         fmax = _FP8_MAX[first.dtype]
         codes = scaled.clamp(-fmax, fmax).to(fp8).view(torch.uint8)  # the cast is satfinite; NaN stays NaN
@@ -371,20 +380,21 @@ def quantize_master_weights(
             buckets["delayed"].append((model_weight, master, start_offset))
         elif isinstance(quantizer, Float8CurrentScalingQuantizer):
             buckets["current"].append((model_weight, master, start_offset))
-        elif isinstance(quantizer, Float8BlockQuantizer) and quantizer.block_scaling_dim == 2:
+        elif isinstance(quantizer, Float8BlockQuantizer) and quantizer.block_scaling_dim == 2:  # 1x128: below
             buckets["blockwise"].append((model_weight, master, start_offset))
         elif isinstance(quantizer, MXFP8Quantizer):
             buckets["mxfp8"].append((model_weight, master, start_offset))
         elif isinstance(quantizer, NVFP4Quantizer):
             buckets["nvfp4"].append((model_weight, master, start_offset))
-        elif isinstance(quantizer, Float8BlockQuantizer):
-            # TE sends 1x128 weights through the same 128x128-tile amax and cast kernels, whose scale
-            # layout is not the 1x128 one (no refusal in TE: tensor/utils.py); fp8sim does not copy that
-            raise NotImplementedError(
-                "quantize_master_weights for Float8BlockQuantizer with 1x128 blocks is not emulated by fp8sim: "
-                "TE applies its 128x128-tile partial-cast kernels to it; per-tensor FP8, 128x128 block scaling, "
-                "MXFP8 and NVFP4 2D are emulated"
+        elif isinstance(quantizer, Float8BlockQuantizer):  # 1x128: TE runs the same 128x128-tile kernels
+            warnings.warn(
+                "quantize_master_weights with 1x128 block scaling: TE computes 128x128-tile amaxes and scales "
+                "and writes tile (i, j) at [i, j] of the 1x128 scale_inv layout (blocks along K, rows); "
+                "fp8sim reproduces that",
+                UpstreamQuirkWarning,
+                stacklevel=2,
             )
+            buckets["blockwise"].append((model_weight, master, start_offset))
         else:
             raise ValueError(f"quantize_master_weights for {type(quantizer)} is not supported yet")
     with torch.no_grad():
