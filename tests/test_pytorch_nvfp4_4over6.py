@@ -174,9 +174,11 @@ def test_nvfp4_4over6_in_modules_equals_the_quantizer_reference(scope: str) -> N
     recipe = NVFP4BlockScaling(nvfp4_4over6=scope, disable_rht=True, disable_stochastic_rounding=True)
     torch.manual_seed(0)
     layer = te.Linear(32, 32, bias=False, params_dtype=torch.float32)
-    x = _x((16, 32), seed=9, dtype=torch.float32)
+    x = _x((16, 32), seed=9, dtype=torch.float32).requires_grad_(True)
     with te.autocast(enabled=True, recipe=recipe):
         y = layer(x)
+    dy = _x((16, 32), seed=10, dtype=torch.float32)
+    y.backward(dy)
 
     def operand(v: np.ndarray, in_scope: bool, tile2d: bool) -> torch.Tensor:
         g = _amax(v)
@@ -191,6 +193,10 @@ def test_nvfp4_4over6_in_modules_equals_the_quantizer_reference(scope: str) -> N
         sv = np.repeat(s.view(ml_dtypes.float8_e4m3fn).astype(np.float64), 16, axis=1)
         return torch.from_numpy((vals * sv * np.float64(F(F(1) / s_enc))).astype(np.float32))
 
-    xq = operand(x.numpy(), scope in ("activations", "all"), False)
-    wq = operand(layer.weight.detach().numpy(), scope in ("weights", "all"), True)
+    xq = operand(x.detach().numpy(), scope in ("activations", "all"), False)
+    w = layer.weight.detach().numpy()
+    wq = operand(w, scope in ("weights", "all"), True)
     assert torch.equal(y.detach(), xq @ wq.t())
+    # dgrad: the weight's columnwise copy (the kernel on W^T, quantize_stage_colwise) and a plain 1x16 dy
+    wq_col = operand(np.ascontiguousarray(w.T), scope in ("weights", "all"), True).t()
+    assert torch.equal(x.grad, operand(dy.numpy(), False, False) @ wq_col)
