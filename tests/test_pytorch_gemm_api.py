@@ -185,8 +185,8 @@ def test_refusals_in_te_words() -> None:
     with pytest.raises(RuntimeError, match="FP4 GEMM does not support FP16 output!"):  # cublaslt_gemm.cu:430
         general_gemm(nvfp4(_hp(32, 32, seed=17)), nvfp4(_hp(32, 32, seed=18)), out_dtype=torch.float16)
     row_scaled = te.NVFP4Quantizer(row_scaled_nvfp4=True, columnwise=False)(_hp(32, 32, seed=17))
-    with pytest.raises(NotImplementedError, match="row-scaled NVFP4"):
-        general_gemm(nvfp4(_hp(32, 32, seed=18)), row_scaled)
+    with pytest.raises(AssertionError, match="Row-scaled NVFP4 GEMM currently does not support fused GELU."):
+        general_gemm(nvfp4(_hp(32, 32, seed=18)), row_scaled, gelu=True)  # gemm.py:302
     rowwise_only = te.MXFP8Quantizer(_E4M3, columnwise=False)(_hp(32, 32, seed=17))
     with pytest.raises(RuntimeError, match="GEMM requested the columnwise representation, but it is unavailable"):
         general_gemm(rowwise_only, te.MXFP8Quantizer(_E4M3)(_hp(32, 32, seed=18)), layout="NN")
@@ -246,3 +246,24 @@ def test_nvfp4_layouts_and_global_scales_follow_te_cublas(layout, a_shape, b_sha
     dflt = general_gemm(a, b, out_dtype=torch.bfloat16, layout=layout)[0]  # NVFP4 runs on Blackwell only
     blackwell = general_gemm(a, b, out_dtype=torch.bfloat16, layout=layout, accumulator="blackwell")[0]
     assert torch.equal(dflt, blackwell)
+
+
+def test_nvfp4_row_scaled_operand_takes_tes_python_epilogue() -> None:
+    """TE ``cpp_extensions/gemm.py`` lines 299-371 (``_nvfp4_row_scaled_gemm_inputs`` 84-116): the GEMM with both
+    amaxes replaced by 1 into float32 (``alpha * fl32(1 / (36 * 448 * 448))``), then ``out *= row_amax(B) *
+    amax(A)`` (one per-row product, the weight's amax being one value), ``+ bias``, then the output dtype;
+    ``accumulate`` adds the converted result to ``out``."""
+    x = _hp(32, 64, seed=41)
+    xq = te.NVFP4Quantizer(row_scaled_nvfp4=True, columnwise=False)(x)  # fprop input, one amax per row
+    wq = te.NVFP4Quantizer()(_hp(16, 64, seed=42))
+    bias = _hp(16, seed=43)
+    got = general_gemm(wq, xq, out_dtype=torch.bfloat16, layout="TN", alpha=0.5, bias=bias, accumulator="exact")[0]
+    ia, ib = _nvfp4_scaled_ints(wq, "rowwise"), _nvfp4_scaled_ints(xq, "rowwise")
+    acc = (np.array([[int(np.dot(r, c)) for c in ia] for r in ib], np.float64) * 2.0**-20).astype(np.float32)
+    alpha = np.float32(0.5) * (np.float32(1) / np.float32(36 * 448 * 448))
+    scales = (xq._amax_rowwise.numpy() * np.float32(wq._amax_rowwise.item())).astype(np.float32)
+    want = (acc * alpha).astype(np.float32) * scales[:, None] + bias.float().numpy()[None, :]
+    assert torch.equal(got, torch.from_numpy(want.astype(np.float32)).to(torch.bfloat16))
+    out = _hp(32, 16, seed=44)
+    res = general_gemm(wq, xq, layout="TN", alpha=0.5, bias=bias, out=out.clone(), accumulate=True, accumulator="exact")
+    assert torch.equal(res[0], out + torch.from_numpy(want.astype(np.float32)).to(torch.bfloat16))

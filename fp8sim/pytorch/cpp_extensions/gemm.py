@@ -13,7 +13,9 @@ instruction, Blackwell's accumulators; ``common/gemm/cublaslt_gemm.cu`` ``cublas
 representations read, ``A``'s rowwise one for "T?" and ``B``'s rowwise one for "?N", fold into
 ``alpha = fl32(fl32(fl32(alpha * amax_A) * amax_B) * fl32(1 / (36 * E_A * E_B)))`` with each tensor's E4M3
 max ``E`` (``recipe/nvfp4.cu`` ``compute_nvfp4_per_tensor_scale_kernel``); FP16 output refused as TE does;
-row-scaled NVFP4 operands, which TE routes through a Python epilogue, are not emulated).
+row-scaled NVFP4 operands through TE's Python epilogue: amaxes 1 in the GEMM, a float32 result scaled by
+``B``'s per-row and ``A``'s per-column amaxes (their product first when one side is one value), the bias added,
+then cast or added to ``out``).
 Quantized GEMMs read the representation TE's GEMM reads (``A``
 rowwise for "T?", columnwise for "N?"; ``B`` rowwise for "?N", columnwise for "?T") and run the
 emulated tensor-core GEMM of ``fp8sim.gemm.scaled_mm`` with the accumulator of the emulated device
@@ -113,19 +115,24 @@ def _nvfp4_parts(t: Any, usage: str, m: int, k: int) -> tuple[np.ndarray, np.nda
     return codes, scale[:rows, : -(-cols // 16)].cpu().numpy(), "e2m1"
 
 
-def _nvfp4_alpha(A: Any, B: Any, layout: str, alpha: float) -> np.float32:
-    """cuBLAS's alpha for an NVFP4 GEMM (``compute_nvfp4_per_tensor_scale_kernel``):
-    ``alpha * amax_A * amax_B * fl32(1 / (6 * 6 * E_A * E_B))``, left to right in float32."""
-    amaxes, emax = [], []
+def _nvfp4_amaxes(A: Any, B: Any, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The amaxes cuBLAS reads: ``A``'s rowwise one for "T?", ``B``'s rowwise one for "?N"."""
+    out = []
     for t, rowwise in ((A, layout[0] == "T"), (B, layout[1] == "N")):
         amax = t._amax_rowwise if rowwise else t._amax_columnwise
         if amax is None:
             raise RuntimeError("amax_A_ptr is null" if t is A else "amax_B_ptr is null")
-        if amax.numel() != 1:
-            raise NotImplementedError(
-                "general_gemm: row-scaled NVFP4 operands (TE's per-row output scaling in Python) are not emulated"
-            )
-        amaxes.append(np.float32(amax.reshape(-1)[0].item()))
+        out.append(amax.reshape(-1).float().cpu())
+    return out[0], out[1]
+
+
+def _nvfp4_alpha(A: Any, B: Any, layout: str, alpha: float, ones: bool = False) -> np.float32:
+    """cuBLAS's alpha for an NVFP4 GEMM (``compute_nvfp4_per_tensor_scale_kernel``):
+    ``alpha * amax_A * amax_B * fl32(1 / (6 * 6 * E_A * E_B))``, left to right in float32 (amaxes 1:
+    ``ones``, TE's row-scaled path)."""
+    amaxes, emax = [], []
+    for t, amax in zip((A, B), _nvfp4_amaxes(A, B, layout), strict=True):
+        amaxes.append(np.float32(1) if ones else np.float32(amax[0].item()))
         emax.append(float(t._nvfp4_e4m3_max) if getattr(t, "_nvfp4_use_4over6", False) else 448.0)
     factor_inv = np.float32(1) / np.float32(6.0 * 6.0 * emax[0] * emax[1])  # the product is exact in float32
     return np.float32(np.float32(np.float32(np.float32(alpha) * amaxes[0]) * amaxes[1]) * factor_inv)
@@ -177,6 +184,49 @@ def _gemm32(A: Any, B: Any, layout: str, kind: str, preset: str) -> torch.Tensor
     right = a2.t() if layout[0] == "T" else a2
     left = b2.t() if layout[1] == "T" else b2
     return torch.matmul(left, right)
+
+
+def _row_scaled(
+    A: Any,
+    B: Any,
+    acc: torch.Tensor,
+    layout: str,
+    alpha: float,
+    out_dtype: torch.dtype | None,
+    out: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    accumulate: bool,
+    gelu: bool,
+    grad: bool,
+    quantization_params: Any,
+) -> tuple[torch.Tensor, None, None, None]:
+    """TE ``general_gemm`` with a row-scaled NVFP4 operand (``cpp_extensions/gemm.py``): the per-tensor GEMM
+    with both amaxes 1 into float32, times ``B``'s amaxes per row and ``A``'s per column, plus the bias."""
+    assert not gelu, "Row-scaled NVFP4 GEMM currently does not support fused GELU."
+    assert quantization_params is None, "Row-scaled NVFP4 GEMM currently does not support output quantization."
+    col, row = _nvfp4_amaxes(A, B, layout)
+    out2 = acc * torch.tensor(_nvfp4_alpha(A, B, layout, alpha, ones=True))
+    row, col = row.view(-1, 1), col.view(1, -1)
+    if col.numel() == 1:
+        out2 = out2 * (row * col)
+    elif row.numel() == 1:
+        out2 = out2 * (col * row)
+    else:
+        out2 = out2 * row * col
+    if bias is not None:
+        assert not grad, "Row-scaled NVFP4 backward does not support fused bias gradient."
+        out2 = out2 + bias.to(dtype=torch.float32)
+    lead = tuple(B.shape[:-1]) if layout[1] == "N" else (B.shape[-1],)
+    result = out2.reshape(*lead, out2.shape[-1])
+    if out is not None:
+        if accumulate:  # added in the output's dtype, as TE's requested_out.add_
+            out.add_(result.to(dtype=out.dtype))
+        else:
+            out.copy_(result.to(dtype=out.dtype))
+        return out, None, None, None
+    if out_dtype is not None and out_dtype != torch.float32:
+        result = result.to(dtype=out_dtype)
+    return result, None, None, None
 
 
 def _gelu(x: torch.Tensor) -> torch.Tensor:
@@ -268,11 +318,14 @@ def _general_gemm(
     if kinds[0] == "block":  # TE: "FP8 block-scaling requires split accumulator"
         use_split_accumulator = True
     nvfp4 = kinds[0] == "nvfp4"
+    row_scaled = nvfp4 and any(a.numel() > 1 for a in _nvfp4_amaxes(A, B, layout))
     dtype = out_dtype or (out.dtype if out is not None else A.dtype)
-    if nvfp4 and dtype == torch.float16:
+    if nvfp4 and not row_scaled and dtype == torch.float16:  # the row-scaled path's GEMM writes float32
         raise RuntimeError("FP4 GEMM does not support FP16 output!")
     preset = accumulator if accumulator is not None else _preset(use_split_accumulator, kinds[0] in ("mxfp8", "nvfp4"))
     acc = _gemm32(A, B, layout, kinds[0], preset)
+    if row_scaled:
+        return _row_scaled(A, B, acc, layout, alpha, out_dtype, out, bias, accumulate, gelu, grad, quantization_params)
     if nvfp4:  # cuBLAS multiplies by the alpha the amaxes give, 1 or not
         acc = acc * torch.tensor(_nvfp4_alpha(A, B, layout, alpha))
     elif alpha != 1.0:
