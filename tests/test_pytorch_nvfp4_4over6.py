@@ -165,6 +165,16 @@ def test_nvfp4_quantizer_4over6_refuses_what_te_refuses(kw: dict, shape: tuple, 
         te.NVFP4Quantizer(nvfp4_use_4over6=True, **kw)(torch.randn(shape))
 
 
+def test_nvfp4_4over6_err_fast_math_env_is_refused_not_ignored(monkeypatch) -> None:
+    """``csrc/quantizer.cpp`` lines 2692-2696: ``NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH`` switches TE to the f16
+    error path, which fp8sim does not emulate; "0" keeps the exact path."""
+    monkeypatch.setenv("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH", "1")
+    with pytest.raises(NotImplementedError, match="NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH"):
+        te.NVFP4Quantizer(nvfp4_use_4over6=True)(torch.randn(16, 16))
+    monkeypatch.setenv("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH", "0")
+    te.NVFP4Quantizer(nvfp4_use_4over6=True)(torch.randn(16, 16))
+
+
 @pytest.mark.parametrize("scope", ["weights", "activations", "all"])
 def test_nvfp4_4over6_in_modules_equals_the_quantizer_reference(scope: str) -> None:
     """NVFP4BlockScaling(nvfp4_4over6=scope) (TE ``quantization.py`` NVFP4BlockScalingRecipeState: forward

@@ -20,11 +20,13 @@ With ``E = e4m3_max`` (TE's default for 4over6 tensors: 256; else 448), all floa
 amax per row (``ROW_SCALED_NVFP4``).  TE's columnwise copy (``quantize_stage_colwise``) is this same
 computation on the transposed 2-D tensor with the same global amax (:func:`quantize_nvfp4_4over6` of
 ``x.T``).  :func:`dequantize_nvfp4_te` is TE's ``dequantize_fp4_kernel`` for either E4M3 max.  TE's
-``fast_math`` error path (f16 arithmetic) is not emulated.
+``fast_math`` error path (f16 arithmetic) is not emulated: :func:`check_no_err_fast_math` refuses
+``NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH``.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -34,7 +36,7 @@ from ..formats import E2M1, E4M3
 from .amax import dtype_name
 from .quantized import QuantizedTensor, expand_blocks
 
-__all__ = ["ERR_MODES", "quantize_nvfp4_4over6", "dequantize_nvfp4_te"]
+__all__ = ["ERR_MODES", "quantize_nvfp4_4over6", "dequantize_nvfp4_te", "check_no_err_fast_math"]
 
 ERR_MODES = ("MAE", "MSE")
 _F32 = np.float32
@@ -159,3 +161,17 @@ def dequantize_nvfp4_te(codes: np.ndarray, scales: np.ndarray, amax: Any, e4m3_m
     with np.errstate(over="ignore", invalid="ignore"):
         final = (decode(scales, E4M3) * a) * factor_inv
         return decode(codes, E2M1) * expand_blocks(final.astype(np.float32), (1, 16))
+
+
+def check_no_err_fast_math() -> None:
+    """Refuse ``NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH`` set true (TE ``getenv<bool>``: an integer, nonzero is
+    true), whose f16 error path fp8sim does not emulate, rather than silently compute the exact one."""
+    value = os.environ.get("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH", "")
+    try:
+        on = bool(value) and int(value) != 0
+    except ValueError:
+        raise ValueError(f"NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH: Invalid environment variable value {value!r}") from None
+    if on:
+        raise NotImplementedError(
+            "NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH=1 (TE's f16 4over6 candidate error) is not emulated by fp8sim"
+        )

@@ -233,8 +233,9 @@ def _nvfp4_4over6(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, qp: Any
     role's QParams; RHT and stochastic rounding refused as TE refuses them); the columnwise copy is the
     kernel on the transposed operand with the same global amax."""
     from ...formats import E2M1
-    from ...scaling.nvfp4_4over6 import quantize_nvfp4_4over6
+    from ...scaling.nvfp4_4over6 import check_no_err_fast_math, quantize_nvfp4_4over6
 
+    check_no_err_fast_math()
     if qp.random_hadamard_transform:
         raise ValueError("NVFP4 4over6 quantization does not support RHT.")
     if qp.stochastic_rounding:

@@ -28,7 +28,7 @@ import torch
 
 from ...formats import get_format
 from ...scaling.nvfp4 import RHT_SIGNS, dequantize_nvfp4, quantize_nvfp4, rht_matrix
-from ...scaling.nvfp4_4over6 import dequantize_nvfp4_te, quantize_nvfp4_4over6
+from ...scaling.nvfp4_4over6 import check_no_err_fast_math, dequantize_nvfp4_te, quantize_nvfp4_4over6
 from ...scaling.nvfp4_te_sr import TE_RNG_ELTS_PER_THREAD, TEPhiloxGenerator, TESRCopies, quantize_nvfp4_te_sr
 from ...scaling.packing import pack_fp4, unpack_fp4
 from ...scaling.quantized import QuantizedTensor as _SimQT
@@ -130,6 +130,7 @@ class NVFP4Quantizer(Quantizer):
 
     def _check_4over6(self, tensor: torch.Tensor) -> None:
         """TE's 4over6 refusals (``dispatch/quantize.cuh`` and ``quantize_4over6_nvfp4.cuh`` ``quantize_4over6``)."""
+        check_no_err_fast_math()
         rows, cols = flatten_2d(tuple(tensor.shape))
         if self.row_scaled_nvfp4 and self.columnwise_usage:
             raise RuntimeError(
