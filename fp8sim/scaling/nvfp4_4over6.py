@@ -36,7 +36,13 @@ from ..formats import E2M1, E4M3
 from .amax import dtype_name
 from .quantized import QuantizedTensor, expand_blocks
 
-__all__ = ["ERR_MODES", "quantize_nvfp4_4over6", "dequantize_nvfp4_te", "check_no_err_fast_math"]
+__all__ = [
+    "ERR_MODES",
+    "quantize_nvfp4_4over6",
+    "quantize_nvfp4_4over6_columnwise",
+    "dequantize_nvfp4_te",
+    "check_no_err_fast_math",
+]
 
 ERR_MODES = ("MAE", "MSE")
 _F32 = np.float32
@@ -147,6 +153,25 @@ def quantize_nvfp4_4over6(
         glob, amax_kept = float(s_dec.reshape(-1)[0]), float(amax.reshape(-1)[0])
     return QuantizedTensor(
         codes, scales, E2M1, block, shape, dtype, scale_format=E4M3, global_scale=glob, global_amax=amax_kept
+    )
+
+
+def quantize_nvfp4_4over6_columnwise(
+    x: Any, *, err_mode: str = "MAE", e4m3_max: int = 256, global_amax: Any = None, block_2d: bool = False
+) -> QuantizedTensor:
+    """TE's columnwise 4over6 copy (``quantize_stage_colwise``): the 2-D view ``(M, K)`` transposed to
+    ``(K, M)``, blocks of 16 along ``M`` (a multiple of 16), with ``x``'s global amax (the kernel reads the
+    columnwise amax, which ``NVFP4Quantizer`` sets to the rowwise one); row-scaled tensors have none in TE."""
+    x32, _ = _as_f32(x)
+    x2 = x32.reshape(-1, x32.shape[-1]) if x32.ndim else x32.reshape(1, 1)
+    if x2.shape[0] % 16:
+        raise ValueError(
+            f"x: NVFP4 4over6 columnwise or 2D quantization requires rows divisible by 16; got shape {x32.shape}"
+        )
+    if global_amax is None:
+        global_amax = np.fmax.reduce(np.abs(x2).reshape(-1), initial=_F32(0))
+    return quantize_nvfp4_4over6(
+        np.ascontiguousarray(x2.T), err_mode=err_mode, e4m3_max=e4m3_max, global_amax=global_amax, block_2d=block_2d
     )
 
 

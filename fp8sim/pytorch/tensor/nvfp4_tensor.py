@@ -28,7 +28,12 @@ import torch
 
 from ...formats import get_format
 from ...scaling.nvfp4 import RHT_SIGNS, dequantize_nvfp4, quantize_nvfp4, rht_matrix
-from ...scaling.nvfp4_4over6 import check_no_err_fast_math, dequantize_nvfp4_te, quantize_nvfp4_4over6
+from ...scaling.nvfp4_4over6 import (
+    check_no_err_fast_math,
+    dequantize_nvfp4_te,
+    quantize_nvfp4_4over6,
+    quantize_nvfp4_4over6_columnwise,
+)
 from ...scaling.nvfp4_te_sr import TE_RNG_ELTS_PER_THREAD, TEPhiloxGenerator, TESRCopies, quantize_nvfp4_te_sr
 from ...scaling.packing import pack_fp4, unpack_fp4
 from ...scaling.quantized import QuantizedTensor as _SimQT
@@ -180,7 +185,13 @@ class NVFP4Quantizer(Quantizer):
             s2 = None if seed is None else seed + 2**32
             if self.nvfp4_use_4over6:  # quantize_stage_colwise: the transposed tensor, the same global amax
                 amax = self._reduced(x.abs().float().nan_to_num(0.0).amax()) if self.with_amax_reduction else None
-                q = self._4over6(xt, amax)
+                q = quantize_nvfp4_4over6_columnwise(
+                    x,
+                    err_mode=self.nvfp4_4over6_err_mode,
+                    e4m3_max=self.nvfp4_e4m3_max,
+                    global_amax=amax,
+                    block_2d=self.with_2d_quantization,
+                )
             elif te_sr:
                 q = te_sr.columnwise
             else:
