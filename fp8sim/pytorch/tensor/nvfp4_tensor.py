@@ -284,6 +284,12 @@ class NVFP4Tensor(NVFP4TensorStorage, BlockScaledTensor):
     _extra_fields = ("amax_rowwise", "amax_columnwise", "with_2d_quantization", "nvfp4_use_4over6", "nvfp4_e4m3_max")
     _saved_fields = (*BlockScaledTensor._saved_fields, "_amax_rowwise", "_amax_columnwise")
 
+    def _init(self, **kwargs: Any) -> None:
+        """TE ``NVFP4TensorStorage.__new__``: ``_nvfp4_e4m3_max`` is 448 unless the tensor is 4over6."""
+        super()._init(**kwargs)
+        self._nvfp4_use_4over6 = bool(self._nvfp4_use_4over6)
+        self._nvfp4_e4m3_max = (self._nvfp4_e4m3_max or 448) if self._nvfp4_use_4over6 else 448
+
     def _create_columnwise(self) -> None:
         """TE ``storage/nvfp4_tensor_storage.py`` ``_create_columnwise`` (2D quantization only): the E2M1
         codes transposed (nibbles repacked), each 16x16 tile's scale written on the rows of the transposed
