@@ -120,6 +120,8 @@ def test_nvfp4_quantizer_4over6_both_copies_and_dequantize_equal_te_kernel(emax:
     xf = x.float().numpy()
     g = _amax(xf)
     assert (t._nvfp4_use_4over6, t._nvfp4_e4m3_max) == (True, emax)
+    plain = te.NVFP4Quantizer(nvfp4_e4m3_max=256)(x)  # nvfp4_tensor.py line 169: 448 unless 4over6
+    assert (plain._nvfp4_use_4over6, plain._nvfp4_e4m3_max) == (False, 448)
     assert t._amax_rowwise.tolist() == [float(g)] and t._amax_columnwise.tolist() == [float(g)]
     for data, scale, src in (
         (t._rowwise_data, t._rowwise_scale_inv, xf),
