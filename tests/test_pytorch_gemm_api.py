@@ -182,8 +182,11 @@ def test_refusals_in_te_words() -> None:
     with pytest.raises(TypeError, match="A is fp8 and B is hp; both must be"):
         general_gemm(_fp8(a), b)
     nvfp4 = te.NVFP4Quantizer()
-    with pytest.raises(NotImplementedError, match="NVFP4Tensor"):
-        general_gemm(nvfp4(_hp(32, 32, seed=17)), nvfp4(_hp(32, 32, seed=18)))
+    with pytest.raises(RuntimeError, match="FP4 GEMM does not support FP16 output!"):  # cublaslt_gemm.cu:430
+        general_gemm(nvfp4(_hp(32, 32, seed=17)), nvfp4(_hp(32, 32, seed=18)), out_dtype=torch.float16)
+    row_scaled = te.NVFP4Quantizer(row_scaled_nvfp4=True, columnwise=False)(_hp(32, 32, seed=17))
+    with pytest.raises(AssertionError, match="Row-scaled NVFP4 GEMM currently does not support fused GELU."):
+        general_gemm(nvfp4(_hp(32, 32, seed=18)), row_scaled, gelu=True)  # gemm.py:302
     rowwise_only = te.MXFP8Quantizer(_E4M3, columnwise=False)(_hp(32, 32, seed=17))
     with pytest.raises(RuntimeError, match="GEMM requested the columnwise representation, but it is unavailable"):
         general_gemm(rowwise_only, te.MXFP8Quantizer(_E4M3)(_hp(32, 32, seed=18)), layout="NN")
@@ -194,3 +197,73 @@ def test_earlier_signature_with_a_workspace_argument() -> None:
     a, b = _hp(8, 16, seed=19), _hp(4, 16, seed=20)
     got = general_gemm(a, b, torch.empty(1024, dtype=torch.uint8), out_dtype=torch.float32)[0]
     assert torch.equal(got, general_gemm(a, b, out_dtype=torch.float32)[0])
+
+
+_E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _nvfp4_scaled_ints(t, usage: str) -> np.ndarray:
+    """An NVFP4Tensor's representation from its raw bytes (TE nvfp4_tensor.py layout: element 2i in the low
+    nibble; rowwise ``(m, k)``, columnwise ``(k, m)``; uint8 UE4M3 scales per 16 along the rows) as
+    ``code * scale * 2**10`` integers (E2M1 values are multiples of 1/2, E4M3 ones of 2**-9: exact)."""
+    m, k = int(np.prod(t.shape[:-1])), t.shape[-1]
+    rows, cols = (m, k) if usage == "rowwise" else (k, m)
+    data = (t._rowwise_data if usage == "rowwise" else t._columnwise_data).reshape(rows, cols // 2).numpy()
+    nib = np.stack([data & 0xF, data >> 4], axis=-1).reshape(rows, cols).astype(np.int64)
+    vals = np.array([v * 2 for v in _E2M1_VALUES] + [-v * 2 for v in _E2M1_VALUES], np.int64)[nib]
+    s = (t._rowwise_scale_inv if usage == "rowwise" else t._columnwise_scale_inv)[:rows, : cols // 16]
+    e4m3 = s.contiguous().view(torch.float8_e4m3fn).double().numpy() * 2**9
+    return vals * np.repeat(e4m3.astype(np.int64), 16, axis=1)  # times 2**10
+
+
+@pytest.mark.parametrize(
+    ("layout", "a_shape", "b_shape", "a_usage", "b_usage"),
+    [
+        ("TN", (32, 64), (16, 64), "rowwise", "rowwise"),  # fprop: x @ W.T
+        ("NN", (32, 64), (16, 32), "columnwise", "rowwise"),  # dgrad: dy @ W
+        ("NT", (32, 64), (32, 48), "columnwise", "columnwise"),  # wgrad: dy.T @ x
+    ],
+)
+@pytest.mark.parametrize("emax", [448, 256])
+def test_nvfp4_layouts_and_global_scales_follow_te_cublas(layout, a_shape, b_shape, a_usage, b_usage, emax) -> None:
+    """cublaslt_gemm.cu ``CanonicalizeGemmInput`` lines 164-178 / 255-266 (``A`` rowwise for "T?", else
+    columnwise; ``B`` columnwise for "?T", else rowwise) and lines 364-385 + ``recipe/nvfp4.cu`` lines 72-78
+    (``alpha * amax_A * amax_B * fl32(1 / (36 * E_A * E_B))``, rowwise amax of ``A`` when transposed, of ``B``
+    when not; ``E`` the tensor's E4M3 max, 256 for such 4over6 tensors).  With the exact accumulator:
+    ``fl32(fl32(exact integer sum) * alpha)``, here from the raw codes and scales."""
+    q = te.NVFP4Quantizer(nvfp4_use_4over6=emax == 256, nvfp4_e4m3_max=emax)
+    a, b = q(_hp(*a_shape, seed=31)), q(_hp(*b_shape, seed=32))
+    got = general_gemm(a, b, out_dtype=torch.float32, layout=layout, alpha=0.75, accumulator="exact")[0]
+    ia, ib = _nvfp4_scaled_ints(a, a_usage), _nvfp4_scaled_ints(b, b_usage)
+    acc = [[sum(int(x) * int(y) for x, y in zip(row, col, strict=True)) for col in ia] for row in ib]  # B-side rows
+    assert max(abs(v) for r in acc for v in r) < 2**53  # exact in float64, so one rounding to float32
+    acc32 = (np.array(acc, np.float64) * 2.0**-20).astype(np.float32)
+    amax_a = np.float32((a._amax_rowwise if layout[0] == "T" else a._amax_columnwise).item())
+    amax_b = np.float32((b._amax_rowwise if layout[1] == "N" else b._amax_columnwise).item())
+    alpha = np.float32(np.float32(np.float32(0.75) * amax_a) * amax_b) * (np.float32(1) / np.float32(36 * emax * emax))
+    want = torch.from_numpy((acc32 * np.float32(alpha)).astype(np.float32))
+    assert torch.equal(got, want)
+    dflt = general_gemm(a, b, out_dtype=torch.bfloat16, layout=layout)[0]  # NVFP4 runs on Blackwell only
+    blackwell = general_gemm(a, b, out_dtype=torch.bfloat16, layout=layout, accumulator="blackwell")[0]
+    assert torch.equal(dflt, blackwell)
+
+
+def test_nvfp4_row_scaled_operand_takes_tes_python_epilogue() -> None:
+    """TE ``cpp_extensions/gemm.py`` lines 299-371 (``_nvfp4_row_scaled_gemm_inputs`` 84-116): the GEMM with both
+    amaxes replaced by 1 into float32 (``alpha * fl32(1 / (36 * 448 * 448))``), then ``out *= row_amax(B) *
+    amax(A)`` (one per-row product, the weight's amax being one value), ``+ bias``, then the output dtype;
+    ``accumulate`` adds the converted result to ``out``."""
+    x = _hp(32, 64, seed=41)
+    xq = te.NVFP4Quantizer(row_scaled_nvfp4=True, columnwise=False)(x)  # fprop input, one amax per row
+    wq = te.NVFP4Quantizer()(_hp(16, 64, seed=42))
+    bias = _hp(16, seed=43)
+    got = general_gemm(wq, xq, out_dtype=torch.bfloat16, layout="TN", alpha=0.5, bias=bias, accumulator="exact")[0]
+    ia, ib = _nvfp4_scaled_ints(wq, "rowwise"), _nvfp4_scaled_ints(xq, "rowwise")
+    acc = (np.array([[int(np.dot(r, c)) for c in ia] for r in ib], np.float64) * 2.0**-20).astype(np.float32)
+    alpha = np.float32(0.5) * (np.float32(1) / np.float32(36 * 448 * 448))
+    scales = (xq._amax_rowwise.numpy() * np.float32(wq._amax_rowwise.item())).astype(np.float32)
+    want = (acc * alpha).astype(np.float32) * scales[:, None] + bias.float().numpy()[None, :]
+    assert torch.equal(got, torch.from_numpy(want.astype(np.float32)).to(torch.bfloat16))
+    out = _hp(32, 16, seed=44)
+    res = general_gemm(wq, xq, layout="TN", alpha=0.5, bias=bias, out=out.clone(), accumulate=True, accumulator="exact")
+    assert torch.equal(res[0], out + torch.from_numpy(want.astype(np.float32)).to(torch.bfloat16))

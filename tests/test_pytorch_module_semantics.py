@@ -422,13 +422,3 @@ def test_nvte_backward_override_env_sets_the_recipe_default_and_the_module_honou
     env = {**os.environ, "NVTE_BACKWARD_OVERRIDE": "high_precision", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
-
-
-@pytest.mark.parametrize("scope", ["weights", "activations", "all"])
-def test_nvfp4_4over6_in_modules_is_refused_not_silently_dropped(scope: str) -> None:
-    """NVFP4BlockScaling(nvfp4_4over6=...) changes TE's forward quantizers (quantization.py
-    ``NVFP4BlockScalingRecipeState``); fp8sim's module path does not emulate 4over6, so it must say so."""
-    recipe = NVFP4BlockScaling(nvfp4_4over6=scope, disable_rht=True, disable_stochastic_rounding=True)
-    layer = te.Linear(32, 32, params_dtype=torch.float32)
-    with pytest.raises(NotImplementedError, match="4over6"), te.autocast(enabled=True, recipe=recipe):
-        layer(torch.randn(16, 32))

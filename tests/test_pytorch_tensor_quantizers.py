@@ -179,8 +179,6 @@ def test_nvfp4_quantizer_rht_options_follow_tes_quantize_impl() -> None:
             te.NVFP4Quantizer(**kw)(x)
     with pytest.raises(RuntimeError, match="RHT is only supported for bfloat16 input, got dtype enum value 4"):
         te.NVFP4Quantizer(with_rht=True, with_post_rht_amax=True)(x.float())
-    with pytest.raises(NotImplementedError, match="nvfp4_use_4over6=True"):
-        te.NVFP4Quantizer(nvfp4_use_4over6=True)(x)
     t = te.NVFP4Quantizer(with_rht=True, with_post_rht_amax=True, with_random_sign_mask=False)(x)
     packed, scales, amax = quantize_1x16(apply_rht(x.t().contiguous(), random_sign_mask=False))
     assert torch.equal(t._columnwise_data, packed) and torch.equal(t._columnwise_scale_inv[:64, :2], scales)

@@ -184,7 +184,7 @@ def test_quantize_master_weights_current_scaling_takes_the_scale_from_the_master
     with pytest.raises(ValueError, match="All model weights must have the same force_pow_2_scales"):
         w3 = Float8CurrentScalingQuantizer(E4M3, force_pow_2_scales=True)(_x((8, 32)))
         quantize_master_weights([w1, w3], [m1, None], [0, None], group=None)
-    with pytest.raises(NotImplementedError, match="NVFP4Quantizer"):
+    with pytest.raises(ValueError, match="NVFP4 2D quantization must be enabled."):  # TE utils.py line 779
         quantize_master_weights([NVFP4Quantizer()(_x())], [_x().reshape(-1)], [0], group=None)
 
 
@@ -232,9 +232,31 @@ def test_quantize_master_weights_block_scaling_casts_the_shard_per_128x128_tile(
     assert torch.equal(w._columnwise_data, w._rowwise_data.t()) and torch.equal(
         w._columnwise_scale_inv[:2, :2], w._rowwise_scale_inv[:2, :2].t()
     )
-    with pytest.raises(NotImplementedError, match="Float8BlockQuantizer with 1x128 blocks"):
-        w1 = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=True, block_scaling_dim=1)(_x())
-        quantize_master_weights([w1], [_x().reshape(-1)], [0], group=None)
+
+
+def test_quantize_master_weights_1x128_runs_tes_128x128_tile_kernels_into_the_1x128_layout() -> None:
+    """TE ``tensor/utils.py`` lines 293-330 route every ``Float8BlockQuantizer`` to the blockwise cast
+    (lines 593-749), whose kernels (``fp8_partial_cast.cpp`` 11-45, block_len 128) compute 128x128-tile amaxes
+    into ``amax[tile_h * stride_h + tile_w]`` of the ``get_scale_shape`` buffer, which for 1x128 is
+    ``(ceil(K/128), round_up(M, 4))``; ``scale_inv`` is that buffer's reciprocal scale."""
+    from fp8sim._upstream_quirk import UpstreamQuirkWarning
+
+    q = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=True, block_scaling_dim=1)
+    w = q(torch.zeros(256, 384, dtype=torch.bfloat16))
+    master = torch.randn(256 * 384, generator=torch.Generator().manual_seed(7)) * 2
+    with pytest.warns(UpstreamQuirkWarning, match="1x128"):
+        quantize_master_weights([w], [master], [0], group=None)
+    mb = master.to(torch.bfloat16).float()
+    idx = torch.arange(256 * 384)
+    flat = ((idx // 384) // 128) * 256 + (idx % 384) // 128  # tile (i, j) at [i, j] of the (3, 256) buffer
+    amax = torch.zeros(3 * 256).scatter_reduce(0, flat, mb.abs(), reduce="amax")
+    scale = torch.where(amax > 0, torch.exp2(torch.floor(torch.log2(448.0 / amax))), torch.ones(()))
+    assert torch.equal(w._rowwise_scale_inv, (1 / scale).reshape(3, 256))
+    want = (mb * scale[flat]).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert torch.equal(w._rowwise_data.reshape(-1), want)
+    tall = q(torch.zeros(512, 128, dtype=torch.bfloat16))  # 4 x 1 tiles, a (1, 512) buffer: TE writes past it
+    with pytest.warns(UpstreamQuirkWarning), pytest.raises(ValueError, match="do not fit"):
+        quantize_master_weights([tall], [torch.ones(512 * 128)], [0], group=None)
 
 
 def _ref_e8m0(amax: torch.Tensor) -> torch.Tensor:
@@ -271,3 +293,42 @@ def test_quantize_master_weights_mxfp8_casts_both_copies_of_the_shard() -> None:
         assert torch.equal(got[:start], old[:start]) and torch.equal(got[start + n :], old[start + n :])
     with pytest.raises(RuntimeError, match="amax should be bf16"):
         quantize_master_weights([q(_x((64, 96)))], [master], [0], group=None)
+
+
+def test_quantize_master_weights_nvfp4_2d_casts_the_shard_per_16x16_tile() -> None:
+    """TE ``tensor/utils.py`` ``_cast_master_weights_to_nvfp4_2d`` (lines 752-965) with ``common/recipe/nvfp4.cu``:
+    tile amax of the shard (``nvfp4_2d_compute_partial_amax_kernel``, 81-128) and its global amax
+    (``nvte_compute_amax``); ``S_enc = fmin(2688 / amax, FLT_MAX)`` (``nvfp4_compute_global_scale_kernel``,
+    661-676); tile scale ``fmin(tile_amax * fl32(S_enc * fl32(1/6)), FLT_MAX)`` as E4M3 on each row of the tile
+    (``nvfp4_fused_scale_kernel``, 735-790), ``_amax_rowwise`` = amax; ``e2m1(x * fl32(1 / fl32(e4m3 *
+    fl32(1 / S_enc))))`` into the shard's nibbles (``nvfp4_2d_partial_cast_kernel``, 130-260); ml_dtypes casts."""
+    import ml_dtypes
+    import numpy as np
+
+    q = NVFP4Quantizer(with_2d_quantization=True)
+    w = q(torch.zeros(32, 64, dtype=torch.bfloat16))
+    old = w._rowwise_data.clone().reshape(-1)
+    start, n = 37, 1500  # odd start: the first element shares its byte with one the shard does not own
+    master = torch.randn(n, generator=torch.Generator().manual_seed(9)) * 3
+    quantize_master_weights([w], [master], [start], group=None)
+    mb = master.to(torch.bfloat16).float().numpy()
+    idx = np.arange(start, start + n)
+    tile = (idx // 64) // 16 * 4 + (idx % 64) // 16  # 2 x 4 tiles
+    tamax = np.zeros(8, np.float32)
+    np.maximum.at(tamax, tile, np.abs(mb))
+    g = np.float32(np.abs(mb).max())
+    s_enc = np.float32(np.float32(2688) / g)
+    sv = (tamax * np.float32(s_enc * (np.float32(1) / np.float32(6)))).astype(np.float32)
+    e4m3 = sv.astype(ml_dtypes.float8_e4m3fn)
+    assert torch.equal(w._amax_rowwise, torch.tensor([g]))
+    want_s = np.repeat(e4m3.view(np.uint8).reshape(2, 4), 16, axis=0)
+    assert np.array_equal(w._rowwise_scale_inv[:32, :4].numpy(), want_s)
+    assert torch.all(w._rowwise_scale_inv[32:] == 0)
+    enc = (np.float32(1) / (e4m3.astype(np.float32) * (np.float32(1) / s_enc))).astype(np.float32)
+    codes = (mb * enc[tile]).astype(np.float32).astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0xF
+    got = w._rowwise_data.reshape(-1).numpy()
+    nib = np.stack([got & 0xF, got >> 4], axis=-1).reshape(-1)
+    old_nib = np.stack([old.numpy() & 0xF, old.numpy() >> 4], axis=-1).reshape(-1)
+    assert np.array_equal(nib[start : start + n], codes)
+    assert np.array_equal(nib[:start], old_nib[:start]) and np.array_equal(nib[start + n :], old_nib[start + n :])
+    assert w._columnwise_data is None  # dropped until the next all-gather makes it again

@@ -7,8 +7,16 @@ terms the result is ``op_B(B) @ op_A(A)`` with ``op_A(A) = A.T`` for "T?" and ``
 result keeps ``B``'s leading shape.
 
 Operands are both high precision (float32 products summed in float32, one rounding) or both quantized
-alike: per-tensor ``Float8Tensor``, ``MXFP8Tensor`` or ``Float8BlockwiseQTensor`` (1x128 / 128x128,
-split accumulator forced as TE does).  Quantized GEMMs read the representation TE's GEMM reads (``A``
+alike: per-tensor ``Float8Tensor``, ``MXFP8Tensor``, ``Float8BlockwiseQTensor`` (1x128 / 128x128,
+split accumulator forced as TE does) or ``NVFP4Tensor`` (E2M1 codes with their UE4M3 1x16 scales in the
+instruction, Blackwell's accumulators; ``common/gemm/cublaslt_gemm.cu`` ``cublas_gemm``: the amaxes of the
+representations read, ``A``'s rowwise one for "T?" and ``B``'s rowwise one for "?N", fold into
+``alpha = fl32(fl32(fl32(alpha * amax_A) * amax_B) * fl32(1 / (36 * E_A * E_B)))`` with each tensor's E4M3
+max ``E`` (``recipe/nvfp4.cu`` ``compute_nvfp4_per_tensor_scale_kernel``); FP16 output refused as TE does;
+row-scaled NVFP4 operands through TE's Python epilogue: amaxes 1 in the GEMM, a float32 result scaled by
+``B``'s per-row and ``A``'s per-column amaxes (their product first when one side is one value), the bias added,
+then cast or added to ``out``).
+Quantized GEMMs read the representation TE's GEMM reads (``A``
 rowwise for "T?", columnwise for "N?"; ``B`` rowwise for "?N", columnwise for "?T") and run the
 emulated tensor-core GEMM of ``fp8sim.gemm.scaled_mm`` with the accumulator of the emulated device
 that ``use_split_accumulator`` selects (MXFP8: Blackwell's; ``accumulator=`` overrides, e.g. ``"exact"``).
@@ -69,9 +77,11 @@ def _quantized_parts(t: Any, usage: str) -> tuple[np.ndarray, Any, str]:
     columnwise ``(k, m)``: TE's transposed columnwise data) with its scales in ``scaled_mm``'s
     left-operand layout (one per block along the matrix's rows: ``(rows, cols/block)``, or
     ``(rows/128, cols/128)`` for 128x128 blocks; a scalar for per-tensor FP8), and its format."""
-    from ..tensor import Float8Tensor, MXFP8Tensor
+    from ..tensor import Float8Tensor, MXFP8Tensor, NVFP4Tensor
 
     m, k = math.prod(t.shape[:-1]), t.shape[-1]
+    if isinstance(t, NVFP4Tensor):
+        return _nvfp4_parts(t, usage, m, k)
     if isinstance(t, Float8Tensor):  # one scale: either representation holds the same values
         codes = (t._data if t._data is not None else t._transpose.movedim(0, -1)).reshape(m, k).numpy()
         return (codes if usage == "rowwise" else codes.T), np.float32(t._scale_inv.reshape(-1)[0].item()), _fmt(t)
@@ -91,8 +101,45 @@ def _quantized_parts(t: Any, usage: str) -> tuple[np.ndarray, Any, str]:
     return data.reshape(rows, cols).numpy(), scale, _fmt(t)
 
 
+def _nvfp4_parts(t: Any, usage: str, m: int, k: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """NVFP4: unpacked E2M1 codes, rowwise ``(m, k)`` or columnwise ``(k, m)``, and their uint8 UE4M3 scales
+    ``(rows, cols/16)`` (16x16 tile scales sit on every row of their tile)."""
+    from ...scaling.packing import unpack_fp4
+
+    data = t._rowwise_data if usage == "rowwise" else t._columnwise_data
+    if data is None:
+        raise _missing(usage)
+    rows, cols = (m, k) if usage == "rowwise" else (k, m)
+    scale = t._rowwise_scale_inv if usage == "rowwise" else t._columnwise_scale_inv
+    codes = unpack_fp4(data.reshape(rows, cols // 2).cpu()).numpy()
+    return codes, scale[:rows, : -(-cols // 16)].cpu().numpy(), "e2m1"
+
+
+def _nvfp4_amaxes(A: Any, B: Any, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The amaxes cuBLAS reads: ``A``'s rowwise one for "T?", ``B``'s rowwise one for "?N"."""
+    out = []
+    for t, rowwise in ((A, layout[0] == "T"), (B, layout[1] == "N")):
+        amax = t._amax_rowwise if rowwise else t._amax_columnwise
+        if amax is None:
+            raise RuntimeError("amax_A_ptr is null" if t is A else "amax_B_ptr is null")
+        out.append(amax.reshape(-1).float().cpu())
+    return out[0], out[1]
+
+
+def _nvfp4_alpha(A: Any, B: Any, layout: str, alpha: float, ones: bool = False) -> np.float32:
+    """cuBLAS's alpha for an NVFP4 GEMM (``compute_nvfp4_per_tensor_scale_kernel``):
+    ``alpha * amax_A * amax_B * fl32(1 / (6 * 6 * E_A * E_B))``, left to right in float32 (amaxes 1:
+    ``ones``, TE's row-scaled path)."""
+    amaxes, emax = [], []
+    for t, amax in zip((A, B), _nvfp4_amaxes(A, B, layout), strict=True):
+        amaxes.append(np.float32(1) if ones else np.float32(amax[0].item()))
+        emax.append(float(t._nvfp4_e4m3_max) if getattr(t, "_nvfp4_use_4over6", False) else 448.0)
+    factor_inv = np.float32(1) / np.float32(6.0 * 6.0 * emax[0] * emax[1])  # the product is exact in float32
+    return np.float32(np.float32(np.float32(np.float32(alpha) * amaxes[0]) * amaxes[1]) * factor_inv)
+
+
 def _kind(t: Any, name: str) -> str:
-    from ..tensor import Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, QuantizedTensor
+    from ..tensor import Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, NVFP4Tensor, QuantizedTensor
 
     if isinstance(t, Float8Tensor):
         return "fp8"
@@ -100,10 +147,12 @@ def _kind(t: Any, name: str) -> str:
         return "mxfp8"
     if isinstance(t, Float8BlockwiseQTensor):
         return "block"
+    if isinstance(t, NVFP4Tensor):
+        return "nvfp4"
     if isinstance(t, QuantizedTensor):
         raise NotImplementedError(
             f"general_gemm: {name} is a {type(t).__name__}; fp8sim emulates general_gemm on Float8Tensor, "
-            "MXFP8Tensor, Float8BlockwiseQTensor and high-precision operands (NVFP4 GEMMs run inside the modules)"
+            "MXFP8Tensor, Float8BlockwiseQTensor, NVFP4Tensor and high-precision operands"
         )
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"general_gemm: {name} must be a torch.Tensor or a quantized tensor, got {type(t).__name__}")
@@ -135,6 +184,49 @@ def _gemm32(A: Any, B: Any, layout: str, kind: str, preset: str) -> torch.Tensor
     right = a2.t() if layout[0] == "T" else a2
     left = b2.t() if layout[1] == "T" else b2
     return torch.matmul(left, right)
+
+
+def _row_scaled(
+    A: Any,
+    B: Any,
+    acc: torch.Tensor,
+    layout: str,
+    alpha: float,
+    out_dtype: torch.dtype | None,
+    out: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    accumulate: bool,
+    gelu: bool,
+    grad: bool,
+    quantization_params: Any,
+) -> tuple[torch.Tensor, None, None, None]:
+    """TE ``general_gemm`` with a row-scaled NVFP4 operand (``cpp_extensions/gemm.py``): the per-tensor GEMM
+    with both amaxes 1 into float32, times ``B``'s amaxes per row and ``A``'s per column, plus the bias."""
+    assert not gelu, "Row-scaled NVFP4 GEMM currently does not support fused GELU."
+    assert quantization_params is None, "Row-scaled NVFP4 GEMM currently does not support output quantization."
+    col, row = _nvfp4_amaxes(A, B, layout)
+    out2 = acc * torch.tensor(_nvfp4_alpha(A, B, layout, alpha, ones=True))
+    row, col = row.view(-1, 1), col.view(1, -1)
+    if col.numel() == 1:
+        out2 = out2 * (row * col)
+    elif row.numel() == 1:
+        out2 = out2 * (col * row)
+    else:
+        out2 = out2 * row * col
+    if bias is not None:
+        assert not grad, "Row-scaled NVFP4 backward does not support fused bias gradient."
+        out2 = out2 + bias.to(dtype=torch.float32)
+    lead = tuple(B.shape[:-1]) if layout[1] == "N" else (B.shape[-1],)
+    result = out2.reshape(*lead, out2.shape[-1])
+    if out is not None:
+        if accumulate:  # added in the output's dtype, as TE's requested_out.add_
+            out.add_(result.to(dtype=out.dtype))
+        else:
+            out.copy_(result.to(dtype=out.dtype))
+        return out, None, None, None
+    if out_dtype is not None and out_dtype != torch.float32:
+        result = result.to(dtype=out_dtype)
+    return result, None, None, None
 
 
 def _gelu(x: torch.Tensor) -> torch.Tensor:
@@ -225,11 +317,19 @@ def _general_gemm(
             )
     if kinds[0] == "block":  # TE: "FP8 block-scaling requires split accumulator"
         use_split_accumulator = True
-    preset = accumulator if accumulator is not None else _preset(use_split_accumulator, kinds[0] == "mxfp8")
-    acc = _gemm32(A, B, layout, kinds[0], preset)
-    if alpha != 1.0:
-        acc = acc * np.float32(alpha)
+    nvfp4 = kinds[0] == "nvfp4"
+    row_scaled = nvfp4 and any(a.numel() > 1 for a in _nvfp4_amaxes(A, B, layout))
     dtype = out_dtype or (out.dtype if out is not None else A.dtype)
+    if nvfp4 and not row_scaled and dtype == torch.float16:  # the row-scaled path's GEMM writes float32
+        raise RuntimeError("FP4 GEMM does not support FP16 output!")
+    preset = accumulator if accumulator is not None else _preset(use_split_accumulator, kinds[0] in ("mxfp8", "nvfp4"))
+    acc = _gemm32(A, B, layout, kinds[0], preset)
+    if row_scaled:
+        return _row_scaled(A, B, acc, layout, alpha, out_dtype, out, bias, accumulate, gelu, grad, quantization_params)
+    if nvfp4:  # cuBLAS multiplies by the alpha the amaxes give, 1 or not
+        acc = acc * torch.tensor(_nvfp4_alpha(A, B, layout, alpha))
+    elif alpha != 1.0:
+        acc = acc * np.float32(alpha)
     bias_grad = gelu_input = None
     if grad:
         if bias is not None:  # the dbias epilogue: sum of B's rows, float32, in the bias dtype

@@ -120,11 +120,6 @@ def quantize_operand(
     ``k_axis``; delayed scaling reads ``scaler.scale[index]`` and folds the amax into its staging row."""
     forward = kind != "grad"
     if isinstance(recipe, NVFP4BlockScaling):
-        if forward and _4over6_scope(recipe.nvfp4_4over6, kind):  # rather than silently run without it
-            raise NotImplementedError(
-                f"fp8sim's modules do not emulate NVFP4 4over6 (nvfp4_4over6={recipe.nvfp4_4over6!r} covers the "
-                f"{kind}); fp8sim.scaling.quantize_nvfp4_4over6 has TE's rowwise kernel"
-            )
         return _nvfp4(x, recipe, kind, k_axis, seed)
     fmt = tensor_format(recipe.fp8_format, forward)
     if isinstance(recipe, DelayedScaling):
@@ -210,6 +205,8 @@ def _nvfp4(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, k_axis: int, s
 
     qp = {"input": recipe.fp4_quant_fwd_inp, "weight": recipe.fp4_quant_fwd_weight}.get(kind, recipe.fp4_quant_bwd_grad)
     columnwise = k_axis == 0
+    if kind != "grad" and _4over6_scope(recipe.nvfp4_4over6, kind):
+        return _nvfp4_4over6(x, recipe, kind, qp, columnwise)
     rht = qp.random_hadamard_transform and columnwise  # RHT: wgrad (columnwise) operands only
     xt = x.detach()
     if rht and xt.dtype != torch.bfloat16:
@@ -226,5 +223,29 @@ def _nvfp4(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, k_axis: int, s
         seed=seed if qp.stochastic_rounding else None,
         block_2d=qp.fp4_2d_quantization,
     )
+    dq = torch.from_numpy(q.dequantize())
+    return Operand(dq.t() if columnwise else dq, E2M1, qt=q, transposed=columnwise)
+
+
+def _nvfp4_4over6(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, qp: Any, columnwise: bool) -> Operand:
+    """A forward operand in the ``nvfp4_4over6`` scope, as TE's quantizer for it (``_quantizers._nvfp4``:
+    E4M3 max 256 in the ``nvfp4_4over6_e4m3_use_256`` scope, the recipe's error mode, 2D tiles from the
+    role's QParams; RHT and stochastic rounding refused as TE refuses them); the columnwise copy is the
+    kernel on the transposed operand with the same global amax."""
+    from ...formats import E2M1
+    from ...scaling.nvfp4_4over6 import check_no_err_fast_math, quantize_nvfp4_4over6, quantize_nvfp4_4over6_columnwise
+
+    check_no_err_fast_math()
+    if qp.random_hadamard_transform:
+        raise ValueError("NVFP4 4over6 quantization does not support RHT.")
+    if qp.stochastic_rounding:
+        raise ValueError("NVFP4 4over6 quantization does not support stochastic rounding.")
+    kw = dict(
+        err_mode=recipe.nvfp4_4over6_err_mode,
+        e4m3_max=256 if _4over6_scope(recipe.nvfp4_4over6_e4m3_use_256, kind) else 448,
+        block_2d=qp.fp4_2d_quantization,
+    )
+    xf = x.detach().float()
+    q = quantize_nvfp4_4over6_columnwise(xf, **kw) if columnwise else quantize_nvfp4_4over6(xf.contiguous(), **kw)
     dq = torch.from_numpy(q.dequantize())
     return Operand(dq.t() if columnwise else dq, E2M1, qt=q, transposed=columnwise)

@@ -13,7 +13,10 @@ Philox bits when ``te_rng_generator`` is set (``fp8sim.scaling.nvfp4_te_sr``: TE
 fused and unfused RHT casts, chosen as TE's dispatch does, the fused one by shape and ``te_sm_arch``);
 ``with_random_sign_mask=False`` transforms with the unsigned Hadamard matrix; ``with_post_rht_amax``
 without RHT changes nothing (TE ignores it there); what TE's ``quantize_impl`` refuses raises its
-``RuntimeError``; 4over6 is not emulated.
+``RuntimeError``.  ``nvfp4_use_4over6``: TE's 4over6 kernel
+(``fp8sim.scaling.quantize_nvfp4_4over6``; ``quantize_4over6_nvfp4.cuh``) for both copies, the columnwise one
+on the transposed tensor with the same global amax (1x16 blocks or 16x16 tiles, row-scaled rowwise), and
+dequantization with the tensor's ``_nvfp4_e4m3_max`` (``dequantize_nvfp4.cuh``: ``1 / (6 * E4M3_MAX)``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ import torch
 
 from ...formats import get_format
 from ...scaling.nvfp4 import RHT_SIGNS, apply_rht, dequantize_nvfp4, quantize_nvfp4, rht_matrix
+from ...scaling.nvfp4_4over6 import (
+    check_no_err_fast_math,
+    dequantize_nvfp4_te,
+    quantize_nvfp4_4over6,
+    quantize_nvfp4_4over6_columnwise,
+)
 from ...scaling.nvfp4_te_sr import (
     TE_RNG_ELTS_PER_THREAD,
     TEPhiloxGenerator,
@@ -107,17 +116,13 @@ class NVFP4Quantizer(Quantizer):
         return round_up(m, 128), round_up(-(-k // _B), 4)
 
     def _check(self, tensor: torch.Tensor) -> None:
-        """TE's refusals (``csrc/quantizer.cpp`` ``NVFP4Quantizer::quantize_impl``), in its order; 4over6
-        block selection is TE's but not emulated here (``fp8sim.scaling.quantize_nvfp4_4over6`` has the
-        rowwise 1x16 kernel)."""
+        """TE's refusals (``csrc/quantizer.cpp`` ``NVFP4Quantizer::quantize_impl``, then ``dispatch/quantize.cuh``
+        and ``quantize_4over6``), in its order."""
         if self.nvfp4_use_4over6:
             if self.with_rht:
                 raise RuntimeError("NVFP4 4over6 quantization does not support RHT.")
             if self.stochastic_rounding:
                 raise RuntimeError("NVFP4 4over6 quantization does not support stochastic rounding.")
-            raise NotImplementedError(
-                "NVFP4Quantizer: nvfp4_use_4over6=True (4over6 block selection) is not emulated by fp8sim"
-            )
         if self.row_scaled_nvfp4:
             for flag, what in (
                 (self.with_rht, "RHT"),
@@ -133,6 +138,25 @@ class NVFP4Quantizer(Quantizer):
                 raise RuntimeError(f"RHT is only supported for bfloat16 input, got dtype enum value {dt}")
             if not self.with_post_rht_amax:
                 raise RuntimeError("Pre-RHT amax is not supported yet. Use with_post_rht_amax=true instead.")
+        if self.nvfp4_use_4over6 and tensor.numel():
+            self._check_4over6(tensor)
+
+    def _check_4over6(self, tensor: torch.Tensor) -> None:
+        """TE's 4over6 refusals (``dispatch/quantize.cuh`` and ``quantize_4over6_nvfp4.cuh`` ``quantize_4over6``)."""
+        check_no_err_fast_math()
+        rows, cols = flatten_2d(tuple(tensor.shape))
+        if self.row_scaled_nvfp4 and self.columnwise_usage:
+            raise RuntimeError(
+                "Row-scaled NVFP4 transpose quantization is not supported with 4over6 mode. The 4over6 "
+                "kernel does not consume the per-row/per-column amaxes, so the columnwise output would "
+                "be incorrect."
+            )
+        if cols % _B:
+            raise RuntimeError(f"NVFP4 4over6 quantization requires columns divisible by {_B}.")
+        if (self.columnwise_usage or self.with_2d_quantization) and rows % _B:
+            raise RuntimeError(f"NVFP4 4over6 columnwise or 2D quantization requires rows divisible by {_B}.")
+        if self.with_2d_quantization and not self.rowwise_usage:
+            raise RuntimeError("NVFP4 4over6 2D quantization requires rowwise output.")
 
     def quantize_impl(self, tensor: torch.Tensor) -> NVFP4Tensor:
         _check_high_precision(tensor, type(self).__name__)
@@ -151,11 +175,14 @@ class NVFP4Quantizer(Quantizer):
         out: dict[str, Any] = {}
         if self.rowwise_usage:
             amax = self._reduced(x.abs().float().nan_to_num(0.0).amax()) if self.with_amax_reduction else None
-            q = (
-                te_sr.rowwise
-                if te_sr
-                else quantize_nvfp4(x, **common, seed=seed, row_scaled=self.row_scaled_nvfp4, global_amax=amax)
-            )
+            if self.nvfp4_use_4over6:
+                q = self._4over6(x, amax)
+            else:
+                q = (
+                    te_sr.rowwise
+                    if te_sr
+                    else quantize_nvfp4(x, **common, seed=seed, row_scaled=self.row_scaled_nvfp4, global_amax=amax)
+                )
             out.update(
                 rowwise_data=pack_fp4(torch.from_numpy(q.codes[:m, :k])).reshape(*shape[:-1], k // 2),
                 rowwise_scale_inv=padded(self._per_row(q.scales), self.get_scale_shape(shape, False), torch.uint8),
@@ -164,7 +191,16 @@ class NVFP4Quantizer(Quantizer):
         if self.columnwise_usage:
             xt = x.t().contiguous()
             s2 = None if seed is None else seed + 2**32
-            if te_sr:
+            if self.nvfp4_use_4over6:  # quantize_stage_colwise: the transposed tensor, the same global amax
+                amax = self._reduced(x.abs().float().nan_to_num(0.0).amax()) if self.with_amax_reduction else None
+                q = quantize_nvfp4_4over6_columnwise(
+                    x,
+                    err_mode=self.nvfp4_4over6_err_mode,
+                    e4m3_max=self.nvfp4_e4m3_max,
+                    global_amax=amax,
+                    block_2d=self.with_2d_quantization,
+                )
+            elif te_sr:
                 q = te_sr.columnwise
             else:
                 if self.with_rht and not self.with_random_sign_mask:  # TE's sign mask 0: the plain Hadamard/4
@@ -191,6 +227,19 @@ class NVFP4Quantizer(Quantizer):
             fp4_dtype=self.dtype,
             quantizer=self,
             with_2d_quantization=self.with_2d_quantization,
+            nvfp4_use_4over6=self.nvfp4_use_4over6,
+            nvfp4_e4m3_max=self.nvfp4_e4m3_max,
+        )
+
+    def _4over6(self, x: torch.Tensor, amax: float | None) -> _SimQT:
+        """TE's 4over6 kernel on the 2-D ``x`` (rows blocked along its last dim)."""
+        return quantize_nvfp4_4over6(
+            x,
+            err_mode=self.nvfp4_4over6_err_mode,
+            e4m3_max=self.nvfp4_e4m3_max,
+            global_amax=amax,
+            block_2d=self.with_2d_quantization,
+            row_scaled=self.row_scaled_nvfp4,
         )
 
     te_rng_generator: TEPhiloxGenerator | None = None  # set: TE's Philox SR bits; None: fp8sim's own SR
@@ -271,8 +320,14 @@ class NVFP4Tensor(NVFP4TensorStorage, BlockScaledTensor):
     ``_rowwise_scale_inv`` / ``_columnwise_scale_inv``, float32 ``_amax_rowwise`` /
     ``_amax_columnwise``, ``_fp4_dtype``."""
 
-    _extra_fields = ("amax_rowwise", "amax_columnwise", "with_2d_quantization")
+    _extra_fields = ("amax_rowwise", "amax_columnwise", "with_2d_quantization", "nvfp4_use_4over6", "nvfp4_e4m3_max")
     _saved_fields = (*BlockScaledTensor._saved_fields, "_amax_rowwise", "_amax_columnwise")
+
+    def _init(self, **kwargs: Any) -> None:
+        """TE ``NVFP4TensorStorage.__new__``: ``_nvfp4_e4m3_max`` is 448 unless the tensor is 4over6."""
+        super()._init(**kwargs)
+        self._nvfp4_use_4over6 = bool(self._nvfp4_use_4over6)
+        self._nvfp4_e4m3_max = (self._nvfp4_e4m3_max or 448) if self._nvfp4_use_4over6 else 448
 
     def _create_columnwise(self) -> None:
         """TE ``storage/nvfp4_tensor_storage.py`` ``_create_columnwise`` (2D quantization only): the E2M1
@@ -313,6 +368,9 @@ class NVFP4Tensor(NVFP4TensorStorage, BlockScaledTensor):
 
     def _copy(self, data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, rows: int, cols: int) -> np.ndarray:
         codes = unpack_fp4(data.reshape(rows, cols // 2).cpu()).numpy()
+        if self._nvfp4_use_4over6 and self._nvfp4_e4m3_max == 256:  # TE's kernel with E4M3_MAX = 256
+            per_row = scale[:rows, : cols // _B].cpu().numpy()  # 16x16 tile scales sit on every row
+            return dequantize_nvfp4_te(codes, per_row, amax.cpu().numpy(), 256)
         tiles = bool(self._with_2d_quantization)
         block = (_B, _B) if tiles else (1, _B)
         # the 2-D tile scale is repeated on each row of its tile in TE's (rows, cols/16) layout

@@ -6,17 +6,20 @@
   weights (or a flat ``start_offset`` fragment of each, a data-parallel shard) into FP8 primary
   weights.  Emulated for per-tensor FP8 (delayed and current scaling) and 128x128 block scaling; the
   amax all-reduce over ``group`` runs when ``torch.distributed`` is initialized with more than one rank.
-  MXFP8 (bf16 weights, both copies) too; 1x128 blocks, NVFP4 2D and ``fsdp_shard_model_weights`` raise
+  MXFP8 (bf16 weights, both copies) and NVFP4 2D (16x16 tiles, the rowwise copy) too; 1x128 blocks as TE
+  treats them (its 128x128-tile kernels, an ``UpstreamQuirkWarning``); ``fsdp_shard_model_weights`` raises
   ``NotImplementedError``.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..._upstream_quirk import UpstreamQuirkWarning
 from ...scaling.current import compute_scale_from_amax
 from ..constants import DType
 from .float8_blockwise_tensor import Float8BlockQuantizer, Float8BlockwiseQTensor
@@ -183,8 +186,14 @@ def _blockwise(params: list, group: Any, manual: bool) -> None:
         if master is None:
             continue
         rows, cols = _tile_index(model_weight, master, start_offset, b)
+        flat = rows * amax.shape[1] + cols  # the kernel's amax[tile_h * stride_h + tile_w]
+        if flat.numel() and int(flat.max()) >= amax.numel():  # 1x128 layouts narrower than the tile grid
+            raise ValueError(
+                f"quantize_master_weights: the 128x128 tiles of a {tuple(model_weight.shape)} weight do not fit "
+                f"its {tuple(amax.shape)} scale buffer (TE's kernel would write past it)"
+            )
         mag = master.detach().float().reshape(-1).abs().nan_to_num(nan=0.0)
-        amax.view(-1).scatter_reduce_(0, rows * amax.shape[1] + cols, mag, reduce="amax")
+        amax.view(-1).scatter_reduce_(0, flat, mag, reduce="amax")
     packed = torch.cat([a.reshape(-1) for a in amaxes])
     _all_reduce_max(packed, group)
     offset = 0
@@ -204,7 +213,7 @@ def _blockwise(params: list, group: Any, manual: bool) -> None:
         if master is None:
             continue
         rows, cols = _tile_index(model_weight, master, start_offset, b)
-        scaled = master.detach().float().reshape(-1) * scale[rows, cols]
+        scaled = master.detach().float().reshape(-1) * scale.reshape(-1)[rows * scale.shape[1] + cols]
         fp8 = torch.float8_e4m3fn if first.dtype == DType.kFloat8E4M3 else torch.float8_e5m2
         fmax = _FP8_MAX[first.dtype]
         codes = scaled.clamp(-fmax, fmax).to(fp8).view(torch.uint8)  # the cast is satfinite; NaN stays NaN
@@ -272,6 +281,70 @@ def _mxfp8(params: list, group: Any) -> None:
             data.view(-1)[start_offset:end] = (x * mult).clamp(-fmax, fmax).to(fp8).view(torch.uint8)
 
 
+def _nvfp4_2d(params: list, group: Any, manual: bool) -> None:
+    """TE ``_cast_master_weights_to_nvfp4_2d`` (kernels in ``common/recipe/nvfp4.cu``): per 16x16 tile the
+    amax of the shard's elements (NaN skipped) and per weight the shard's amax, both all-reduced (MAX);
+    ``S_enc = fmin(2688 / amax, FLT_MAX)`` (1 for amax <= 0), tile scale ``fmin(tile_amax * fl32(S_enc *
+    fl32(1/6)), FLT_MAX)`` written as E4M3 on every row of the tile (``nvfp4_fused_scale_kernel``: rows past
+    the tiles get 0, at a row stride of the tile count, as TE writes them), ``_amax_rowwise`` = the amax;
+    each shard element cast to E2M1 (RN, satfinite) times ``fl32(1 / fl32(e4m3(scale) / S_enc))`` into its
+    nibble of ``_rowwise_data``; the columnwise copy is dropped (``update_usage``) unless ``manual``."""
+    from ...cast import decode, encode
+    from ...formats import E2M1, E4M3
+
+    for model_weight, _, _ in params:
+        if not model_weight._get_quantizer().with_2d_quantization:
+            raise ValueError("NVFP4 2D quantization must be enabled.")
+        if model_weight.dim() != 2:
+            raise ValueError(f"Expected 2D model weight, got {model_weight.dim()}D")
+    tiles = [torch.zeros(-(-w.shape[0] // 16), -(-w.shape[1] // 16)) for w, _, _ in params]
+    amaxes = torch.zeros(len(params))
+    for i, ((model_weight, master, start_offset), t) in enumerate(zip(params, tiles, strict=True)):
+        if master is not None and master.numel():
+            r, c = _tile_index(model_weight, master, start_offset, 16)
+            mag = master.detach().reshape(-1).float().abs().nan_to_num(nan=0.0)
+            t.view(-1).scatter_reduce_(0, r * t.shape[1] + c, mag, reduce="amax")
+            amaxes[i] = mag.max()
+    packed = torch.cat([t.reshape(-1) for t in tiles])
+    _all_reduce_max(packed, group)
+    _all_reduce_max(amaxes, group)
+    f32, flt_max = np.float32, np.float32(np.finfo(np.float32).max)
+    offset = 0
+    for i, (model_weight, master, start_offset) in enumerate(params):
+        t = packed[offset : offset + tiles[i].numel()].view(tiles[i].shape).numpy()
+        offset += tiles[i].numel()
+        g = f32(amaxes[i].item())
+        s_enc = f32(min(f32(f32(2688) / max(g, f32(np.finfo(np.float32).tiny))), flt_max)) if g > 0 else f32(1)
+        scale_val = np.fmin(t * f32(s_enc * (f32(1) / f32(6))), flt_max).astype(np.float32)
+        e4m3 = encode(scale_val, E4M3, saturate=True)
+        target = model_weight._rowwise_scale_inv
+        rows_padded, tile_cols = target.shape[0], t.shape[1]
+        full = np.zeros((rows_padded, tile_cols), np.uint8)
+        n = min(rows_padded, 16 * t.shape[0])
+        full[:n] = np.repeat(e4m3, 16, axis=0)[:n]
+        target.view(-1)[: rows_padded * tile_cols] = torch.from_numpy(full.reshape(-1)).to(target.device)
+        model_weight._amax_rowwise.copy_(torch.tensor([g]))
+        if not manual:
+            model_weight.update_usage(rowwise_usage=True, columnwise_usage=False)
+        if master is None or not master.numel():
+            continue
+        s_enc = s_enc if s_enc > 0 else f32(1)
+        s_dec = f32(1) / s_enc
+        dec = decode(e4m3, E4M3)
+        with np.errstate(divide="ignore", over="ignore"):
+            enc = np.where(dec > 0, f32(1) / (dec * s_dec), flt_max)
+        enc = np.fmin(enc, flt_max).astype(np.float32)
+        r, c = _tile_index(model_weight, master, start_offset, 16)
+        x = master.detach().reshape(-1).float().numpy()
+        with np.errstate(over="ignore", invalid="ignore"):
+            codes = torch.from_numpy(encode(x * enc[r.numpy(), c.numpy()], E2M1, saturate=True).astype(np.uint8))
+        idx = torch.arange(start_offset, start_offset + master.numel())
+        data = model_weight._rowwise_data.view(-1)
+        lo, hi = idx % 2 == 0, idx % 2 == 1
+        data[idx[lo] // 2] = (data[idx[lo] // 2] & 0xF0) | codes[lo]
+        data[idx[hi] // 2] = (data[idx[hi] // 2] & 0x0F) | (codes[hi] << 4)
+
+
 def _tile_index(model_weight: Any, master: torch.Tensor, start_offset: int | None, b: int) -> tuple:
     if start_offset is None or start_offset < 0 or start_offset + master.numel() > model_weight.numel():
         raise ValueError(
@@ -296,7 +369,7 @@ def quantize_master_weights(
     a None master weight is a shard held by another rank.  Clears ``_high_precision_init_val``."""
     if fsdp_shard_model_weights is not None:
         raise NotImplementedError("quantize_master_weights with fsdp_shard_model_weights is not emulated by fp8sim")
-    buckets: dict[str, list] = {"delayed": [], "current": [], "blockwise": [], "mxfp8": []}
+    buckets: dict[str, list] = {"delayed": [], "current": [], "blockwise": [], "mxfp8": [], "nvfp4": []}
     for model_weight, master, start_offset in zip(model_weights, master_weights, start_offsets, strict=True):
         if hasattr(model_weight, "clear_high_precision_init_val"):
             model_weight.clear_high_precision_init_val()
@@ -307,18 +380,21 @@ def quantize_master_weights(
             buckets["delayed"].append((model_weight, master, start_offset))
         elif isinstance(quantizer, Float8CurrentScalingQuantizer):
             buckets["current"].append((model_weight, master, start_offset))
-        elif isinstance(quantizer, Float8BlockQuantizer) and quantizer.block_scaling_dim == 2:
+        elif isinstance(quantizer, Float8BlockQuantizer) and quantizer.block_scaling_dim == 2:  # 1x128: below
             buckets["blockwise"].append((model_weight, master, start_offset))
         elif isinstance(quantizer, MXFP8Quantizer):
             buckets["mxfp8"].append((model_weight, master, start_offset))
-        elif isinstance(quantizer, Float8BlockQuantizer | NVFP4Quantizer):
-            what = type(quantizer).__name__ + (
-                " with 1x128 blocks" if isinstance(quantizer, Float8BlockQuantizer) else ""
+        elif isinstance(quantizer, NVFP4Quantizer):
+            buckets["nvfp4"].append((model_weight, master, start_offset))
+        elif isinstance(quantizer, Float8BlockQuantizer):  # 1x128: TE runs the same 128x128-tile kernels
+            warnings.warn(
+                "quantize_master_weights with 1x128 block scaling: TE computes 128x128-tile amaxes and scales "
+                "and writes tile (i, j) at [i, j] of the 1x128 scale_inv layout (blocks along K, rows); "
+                "fp8sim reproduces that",
+                UpstreamQuirkWarning,
+                stacklevel=2,
             )
-            raise NotImplementedError(
-                f"quantize_master_weights for {what} (TE's partial-cast kernels) is not emulated by fp8sim; "
-                "per-tensor FP8, 128x128 block scaling and MXFP8 are"
-            )
+            buckets["blockwise"].append((model_weight, master, start_offset))
         else:
             raise ValueError(f"quantize_master_weights for {type(quantizer)} is not supported yet")
     with torch.no_grad():
@@ -330,6 +406,8 @@ def quantize_master_weights(
             _blockwise(buckets["blockwise"], group, manual_post_all_gather_processing)
         if buckets["mxfp8"]:
             _mxfp8(buckets["mxfp8"], group)
+        if buckets["nvfp4"]:
+            _nvfp4_2d(buckets["nvfp4"], group, manual_post_all_gather_processing)
 
 
 def cast_master_weights_to_fp8(
