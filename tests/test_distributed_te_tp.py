@@ -434,7 +434,7 @@ def test_tp_arguments_follow_te() -> None:
         te.Linear(32, 64, tp_size=4, parallel_mode="column", parameters_split={"a": 30, "b": 34})
     with pytest.raises(NotImplementedError, match="needs set_parallel_mode=True"):
         te.LayerNormMLP(32, 64, tp_size=2)
-    with pytest.raises(NotImplementedError, match="does not emulate tensor or sequence parallelism"):
+    with pytest.raises(NotImplementedError, match="MultiheadAttention with tp_size > 1 needs set_parallel_mode=True"):
         te.MultiheadAttention(32, 2, tp_size=2)
 
 
