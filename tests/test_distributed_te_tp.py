@@ -311,6 +311,167 @@ def _run_hp(rank: int, sp: bool, tp_group: object) -> dict:
     return {k: int((got[k].detach() != want[k].detach()).sum()) for k in got}
 
 
+# -- MultiheadAttention and TransformerLayer --------------------------------------------------------
+AS, AB, HEADS, GROUPS, KV = 16, 2, 4, 2, 8  # sbhd [16, 2, 32]; 4 heads in 2 GQA groups, 2 heads / 1 group a rank
+ATT_CASES = [(m, r, sp) for m in ("mha", "layer") for r in ("hp", "delayed", "current") for sp in (False, True)]
+
+
+def _attn_weights(layer: bool) -> dict:
+    torch.manual_seed(3)
+    w = {n: torch.randn(*shape) * 0.2 for n, shape in (("query_weight", (H, H)), ("key_weight", (16, H)))}
+    w.update(value_weight=torch.randn(16, H) * 0.2, proj_weight=torch.randn(H, H) * 0.2)
+    w.update({n: torch.randn(k) * 0.1 for n, k in (("query_bias", H), ("key_bias", 16), ("value_bias", 16))})
+    w["proj_bias"] = torch.randn(H) * 0.1
+    if layer:
+        w.update(fc1_weight=torch.randn(F, H) * 0.1, fc1_bias=torch.randn(F) * 0.1, fc2_weight=torch.randn(H, F) * 0.1)
+        w.update(fc2_bias=torch.randn(H) * 0.1)
+        w.update({n: (1 if n.endswith("w") else 0) + torch.randn(H) * 0.1 for n in ("ln1w", "ln1b", "ln2w", "ln2b")})
+    return w
+
+
+def _shard(w: dict, name: str, r: int) -> torch.Tensor:
+    """TE's shard of rank ``r``: rows of the column-parallel QKV and fc1 weights and biases (each of query, key,
+    value divided on its own: heads ``2r, 2r+1`` and GQA group ``r``), columns of proj and fc2."""
+    return w[name].chunk(2, 1 if name in ("proj_weight", "fc2_weight") else 0)[r]
+
+
+def _ref_attention(w: dict, s: int) -> object:
+    """Shard ``s`` as one process computes it: a 2-head, 1-group MultiheadAttention (tp_size=1) holding the
+    shard, its proj bias zero (TE adds the row-parallel bias after the reduction)."""
+    import fp8sim.pytorch as te
+
+    m = te.MultiheadAttention(H, 2, kv_channels=KV, num_gqa_groups=1, attention_dropout=0.0)
+    with torch.no_grad():
+        for n in ("query", "key", "value"):
+            getattr(m.qkv, f"{n}_weight").copy_(_shard(w, f"{n}_weight", s))
+            getattr(m.qkv, f"{n}_bias").copy_(_shard(w, f"{n}_bias", s))
+        m.proj.weight.copy_(_shard(w, "proj_weight", s))
+        m.proj.bias.zero_()
+    return m
+
+
+def _ref_mlp(w: dict, s: int) -> tuple:
+    import fp8sim.pytorch as te
+
+    fc1, fc2 = te.Linear(H, F // 2), te.Linear(F // 2, H)
+    with torch.no_grad():
+        fc1.weight.copy_(_shard(w, "fc1_weight", s))
+        fc1.bias.copy_(_shard(w, "fc1_bias", s))
+        fc2.weight.copy_(_shard(w, "fc2_weight", s))
+        fc2.bias.zero_()
+    return fc1, fc2
+
+
+def _by_rows(t: torch.Tensor, leaves: dict, name: str, fn: object) -> torch.Tensor:
+    """``fn(part, *leaves)`` on each row part of ``t`` (each part with its own leaves), concatenated."""
+    parts = t.chunk(len(leaves[name if name in leaves else name + "w"]), 0)
+    if name in leaves:
+        return torch.cat([fn(p, leaves[name][i]) for i, p in enumerate(parts)])
+    return torch.cat([fn(p, leaves[name + "w"][i], leaves[name + "b"][i]) for i, p in enumerate(parts)])
+
+
+def _ref_forward(xr: torch.Tensor, leaves: dict, refs: list, mlps: list) -> torch.Tensor:
+    """The reference forward of :func:`_run_attention` on the full input ``xr``."""
+    from fp8sim.pytorch.module._normalization import normalize
+
+    def norm(p: torch.Tensor, g: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return normalize(p, g, b, 1e-5, "LayerNorm", False)
+
+    def add(p: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return p + b
+
+    a_in = _by_rows(xr, leaves, "ln1", norm) if mlps else xr
+    attn = _by_rows(refs[0](a_in) + refs[1](a_in), leaves, "proj_bias", add)
+    if not mlps:
+        return attn
+    h = xr + attn
+    ln2 = _by_rows(h, leaves, "ln2", norm)
+    f = [fc2(torch.relu(fc1(ln2))) for fc1, fc2 in mlps]
+    return h + _by_rows(f[0] + f[1], leaves, "fc2_bias", add)
+
+
+def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: object, alone: object) -> list[dict]:
+    """``MultiheadAttention(32, 4, num_gqa_groups=2, set_parallel_mode=True)`` (``kind="mha"``) or
+    ``TransformerLayer(32, 64, 4, num_gqa_groups=2, activation="relu", set_parallel_mode=True)`` on 2 ranks,
+    against the reference of TE's TP arithmetic (TE multi_head_attention.py 327-339 and 362-475, transformer.py
+    496-530, linear.py 568-577 and 1122-1132): each shard's GEMMs and attention as one process computes them
+    (:func:`_ref_attention`, :func:`_ref_mlp`), the row-parallel partial outputs summed ``p_0 + p_1`` in
+    float32 and the bias added after, the column-parallel dgrads summed before the norm's backward (autograd's
+    sum of two branches: one float32 add, as the all-reduce), norms and residuals row-wise on this rank's
+    rows under sequence parallel (each norm-parameter gradient over those rows).  Under current scaling a
+    sequence-parallel gathered input and grad output are quantized with the amax reduced over the TP group,
+    which is the amax of the whole tensor each reference shard sees; every other amax is the shard's own.
+    Delayed scaling: one step (every scale 1; its amax reduction is checked by the Linear runs above)."""
+    import fp8sim.pytorch as te
+    from fp8sim.recipe import DelayedScaling, Float8CurrentScaling
+
+    te.FP8GlobalStateManager.reset()
+    layer = kind == "layer"
+    w = _attn_weights(layer)
+    kw = {"tp_group": tp_group, "sequence_parallel": sp, "set_parallel_mode": True, "attention_dropout": 0.0}
+    if layer:
+        tp = te.TransformerLayer(H, F, HEADS, num_gqa_groups=GROUPS, hidden_dropout=0.0, activation="relu", **kw)
+        pre, mlp = "self_attention.layernorm_qkv.", "layernorm_mlp."
+    else:
+        tp, pre = te.MultiheadAttention(H, HEADS, num_gqa_groups=GROUPS, **kw), "qkv."
+    params = dict(tp.named_parameters())
+    proj = "self_attention.proj." if layer else "proj."
+    with torch.no_grad():
+        for n in ("query_weight", "key_weight", "value_weight", "query_bias", "key_bias", "value_bias"):
+            params[pre + n].copy_(_shard(w, n, rank))
+        params[proj + "weight"].copy_(_shard(w, "proj_weight", rank))
+        params[proj + "bias"].copy_(w["proj_bias"])
+        if layer:
+            for n in ("fc1_weight", "fc1_bias", "fc2_weight"):
+                params[mlp + n].copy_(_shard(w, n, rank))
+            params[mlp + "fc2_bias"].copy_(w["fc2_bias"])
+            for p, n in ((pre, "ln1"), (mlp, "ln2")):
+                params[p + "layer_norm_weight"].copy_(w[n + "w"])
+                params[p + "layer_norm_bias"].copy_(w[n + "b"])
+    recipe = {"hp": None, "delayed": DelayedScaling(), "current": Float8CurrentScaling()}[recipe_name]
+    refs = [_ref_attention(w, s) for s in range(2)]
+    mlps = [_ref_mlp(w, s) for s in range(2)] if layer else []
+    mine = rank if sp else 0
+    out = []
+    for step in range(1 if recipe_name == "delayed" else 2):
+        g = torch.Generator().manual_seed(200 + step)
+        x, dy = torch.randn(AS, AB, H, generator=g), torch.randn(AS, AB, H, generator=g) * 1e-2
+        xl = (x.chunk(2, 0)[rank] if sp else x).clone().requires_grad_()
+        for p in (*tp.parameters(), *(q for m in (*refs, *[f for pair in mlps for f in pair]) for q in m.parameters())):
+            p.grad = None
+        with te.autocast(enabled=recipe is not None, recipe=recipe):
+            y = tp(xl)
+        y.backward(dy.chunk(2, 0)[rank] if sp else dy)
+        # the reference on the full tensors, every row part (one without sequence parallel) its own bias leaves
+        n_parts = 2 if sp else 1
+        names = ("proj_bias", "fc2_bias", "ln1w", "ln1b", "ln2w", "ln2b") if layer else ("proj_bias",)
+        leaves = {n: [w[n].clone().requires_grad_() for _ in range(n_parts)] for n in names}
+        xr = x.clone().requires_grad_()
+        with te.autocast(enabled=recipe is not None, recipe=recipe, amax_reduction_group=alone):
+            yr = _ref_forward(xr, leaves, refs, mlps)
+        yr.backward(dy)
+        rows = (lambda t: t.chunk(2, 0)[rank]) if sp else (lambda t: t)
+        ref_att = refs[rank]
+        pairs = {"y": (y, rows(yr)), "dx": (xl.grad, rows(xr.grad))}
+        for n in ("query", "key", "value"):
+            pairs[f"d{n}_w"] = (params[pre + f"{n}_weight"].grad, getattr(ref_att.qkv, f"{n}_weight").grad)
+            pairs[f"d{n}_b"] = (params[pre + f"{n}_bias"].grad, getattr(ref_att.qkv, f"{n}_bias").grad)
+        pairs["dproj_w"] = (params[proj + "weight"].grad, ref_att.proj.weight.grad)
+        pairs["dproj_b"] = (params[proj + "bias"].grad, leaves["proj_bias"][mine].grad)
+        if layer:
+            fc1, fc2 = mlps[rank]
+            pairs.update(dfc1_w=(params[mlp + "fc1_weight"].grad, fc1.weight.grad))
+            pairs.update(dfc1_b=(params[mlp + "fc1_bias"].grad, fc1.bias.grad))
+            pairs.update(dfc2_w=(params[mlp + "fc2_weight"].grad, fc2.weight.grad))
+            pairs.update(dfc2_b=(params[mlp + "fc2_bias"].grad, leaves["fc2_bias"][mine].grad))
+            for p, n in ((pre, "ln1"), (mlp, "ln2")):
+                pairs[f"d{n}_w"] = (params[p + "layer_norm_weight"].grad, leaves[n + "w"][mine].grad)
+                pairs[f"d{n}_b"] = (params[p + "layer_norm_bias"].grad, leaves[n + "b"][mine].grad)
+        diffs = {k: int((a.detach() != b.detach()).sum()) if a.shape == b.shape else -1 for k, (a, b) in pairs.items()}
+        out.append(diffs)
+    return out
+
+
 def _worker(rank: int, world: int) -> dict:
     torch.set_num_threads(1)
     tp = dist.new_group([0, 1])
@@ -321,6 +482,7 @@ def _worker(rank: int, world: int) -> dict:
     res.update({f"mlp-{r}-{sp}": _run_mlp(rank, r, sp, tp) for r, sp in CASES})
     res.update({f"lnl-{r}-{sp}": _run_mlp(rank, r, sp, tp, lnl=True) for r, sp in CASES})
     res.update({f"hp-{sp}": _run_hp(rank, sp, tp) for sp in (False, True)})
+    res.update({f"{k}-{r}-{sp}": _run_attention(rank, k, r, sp, tp, alone) for k, r, sp in ATT_CASES})
     import fp8sim.pytorch as te
 
     errors = {}
@@ -393,6 +555,19 @@ def test_layernorm_mlp_and_layernorm_linear_equal_the_per_shard_reference(
         for step, st in enumerate(res[f"{module}-{recipe}-{sp}"]):
             bad = {k: n for k, n in st["diffs"].items() if n}
             assert not bad, f"{module} {recipe} sequence_parallel={sp} rank {rank} step {step}: differing {bad}"
+
+
+@pytest.mark.parametrize(("kind", "recipe", "sp"), ATT_CASES)
+def test_multihead_attention_and_transformer_layer_equal_the_per_shard_reference(
+    results: list, kind: str, recipe: str, sp: bool
+) -> None:
+    """Heads split across the ranks (QKV column-, proj row-parallel), the TransformerLayer's norms and residuals
+    on this rank's rows under sequence parallel: output and every gradient equal :func:`_run_attention`'s
+    reference, FP8 off, delayed and current scaling."""
+    for rank, res in enumerate(results):
+        for step, diffs in enumerate(res[f"{kind}-{recipe}-{sp}"]):
+            bad = {k: n for k, n in diffs.items() if n}
+            assert not bad, f"{kind} {recipe} sequence_parallel={sp} rank {rank} step {step}: differing {bad}"
 
 
 @pytest.mark.parametrize(("recipe", "sp"), [c for c in CASES if c[0] == "delayed"])
