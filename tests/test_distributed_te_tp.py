@@ -472,6 +472,129 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
     return out
 
 
+# -- block recipes under sequence parallelism ---------------------------------------------------------------
+BS, BH, BF = 256, 128, 256  # 128 rows a rank: every block (1x32/32x1, 1x128/128x1, 1x16/16x1) inside a shard
+BLOCK_RECIPES = ("mxfp8", "blockwise", "nvfp4")
+
+
+def _block_recipe(name: str) -> object:
+    from fp8sim.recipe import Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling
+
+    # NVFP4: RHT on (its post-RHT amax is reduced too), stochastic rounding off (each rank draws its own bits)
+    return {
+        "mxfp8": MXFP8BlockScaling,
+        "blockwise": Float8BlockScaling,
+        "nvfp4": lambda: NVFP4BlockScaling(disable_stochastic_rounding=True),
+    }[name]()
+
+
+def _run_block(rank: int, recipe_name: str, tp_group: object) -> dict:
+    """bf16 ``Linear(column) -> relu -> Linear(row)`` with ``sequence_parallel`` under a block recipe, against
+    the per-shard reference of :func:`_run_attention` (each shard's GEMMs as one process computes them on the
+    whole gathered input and grad output, TE's two-rank sums in bf16, the row bias after): TE quantizes each
+    shard and gathers codes and scales (``distributed.py`` ``_all_gather_mxfp8`` 1527-1690,
+    ``_start_all_gather_fp8_blockwise`` 1083-1230, ``_all_gather_nvfp4`` 1332-1525), which
+    :func:`_per_shard_then_gather` shows is the whole tensor's quantization."""
+    import fp8sim.pytorch as te
+
+    te.FP8GlobalStateManager.reset()
+    torch.manual_seed(4)
+    dt = torch.bfloat16
+    w1, b1 = (torch.randn(BF, BH) * 0.1).to(dt), (torch.randn(BF) * 0.1).to(dt)
+    w2, b2 = (torch.randn(BH, BF) * 0.1).to(dt), (torch.randn(BH) * 0.1).to(dt)
+    kw = {"tp_group": tp_group, "sequence_parallel": True, "params_dtype": dt}
+    fc1, fc2 = te.Linear(BH, BF, parallel_mode="column", **kw), te.Linear(BF, BH, parallel_mode="row", **kw)
+    r1, r2 = [], []
+    for s in range(2):
+        a, b = te.Linear(BH, BF // 2, params_dtype=dt), te.Linear(BF // 2, BH, params_dtype=dt)
+        with torch.no_grad():
+            a.weight.copy_(w1.chunk(2, 0)[s])
+            a.bias.copy_(b1.chunk(2)[s])
+            b.weight.copy_(w2.chunk(2, 1)[s])
+            b.bias.zero_()
+        r1.append(a)
+        r2.append(b)
+    with torch.no_grad():
+        fc1.weight.copy_(w1.chunk(2, 0)[rank])
+        fc1.bias.copy_(b1.chunk(2)[rank])
+        fc2.weight.copy_(w2.chunk(2, 1)[rank])
+        fc2.bias.copy_(b2)
+    recipe = _block_recipe(recipe_name)
+    g = torch.Generator().manual_seed(300)
+    x, dy = torch.randn(BS, BH, generator=g).to(dt), (torch.randn(BS, BH, generator=g) * 1e-2).to(dt)
+    xl = x.chunk(2, 0)[rank].clone().requires_grad_()
+    with te.autocast(recipe=recipe):
+        y = fc2(torch.relu(fc1(xl)))
+    y.backward(dy.chunk(2, 0)[rank])
+    xr = x.clone().requires_grad_()
+    leaves = [b2.clone().requires_grad_() for _ in range(2)]
+    with te.autocast(recipe=recipe):
+        p = [r2[s](torch.relu(r1[s](xr))) for s in range(2)]
+    yr = torch.cat([part + leaves[i] for i, part in enumerate((p[0] + p[1]).chunk(2, 0))])
+    yr.backward(dy)
+    pairs = {
+        "y": (y, yr.chunk(2, 0)[rank]),
+        "dx": (xl.grad, xr.grad.chunk(2, 0)[rank]),
+        "dw1": (fc1.weight.grad, r1[rank].weight.grad),
+        "db1": (fc1.bias.grad, r1[rank].bias.grad),
+        "dw2": (fc2.weight.grad, r2[rank].weight.grad),
+        "db2": (fc2.bias.grad, leaves[rank].grad),
+    }
+    return {k: int((a.detach() != b.detach()).sum()) if a.shape == b.shape else -1 for k, (a, b) in pairs.items()}
+
+
+def _gather_bytes(t: torch.Tensor, group: object) -> list[torch.Tensor]:
+    """Every rank's ``t`` (any dtype, through its bytes: gloo has no float8)."""
+    u = t.contiguous().view(torch.uint8)
+    out = [torch.empty_like(u) for _ in range(2)]
+    dist.all_gather(out, u, group=group)
+    return [o.view(t.dtype) for o in out]
+
+
+def _per_shard_then_gather(rank: int, tp_group: object) -> dict:
+    """TE's sequence-parallel gather of a block-scaled tensor, written out: this rank's 128 rows quantized
+    (NVFP4 with ``with_amax_reduction`` over the TP group), data and scales all-gathered and laid side by side
+    as TE lays them (rowwise along dim 0; the transposed columnwise data of Float8Blockwise and NVFP4 and their
+    scales along dim 1, TE ``_swap_first_dims``), against the quantization of the whole gathered bf16 tensor.
+    Equal because rowwise blocks run along a row and every columnwise block lies inside one shard."""
+    from fp8sim.pytorch.constants import DType
+    from fp8sim.pytorch.tensor.float8_blockwise_tensor import Float8BlockQuantizer
+    from fp8sim.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
+    from fp8sim.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer
+
+    x = (torch.randn(BS, BH, generator=torch.Generator().manual_seed(301)) * 3).bfloat16()
+    e4 = DType.kFloat8E4M3
+    rht = {"with_rht": True, "with_post_rht_amax": True}
+    cases = {  # name: (per-shard quantizer, whole-tensor quantizer, concatenation dim of each field)
+        "mxfp8": (MXFP8Quantizer(e4), MXFP8Quantizer(e4), (0, 0, 0, 0)),
+        "blockwise": (
+            Float8BlockQuantizer(e4, rowwise=True, columnwise=True, block_scaling_dim=1),
+            Float8BlockQuantizer(e4, rowwise=True, columnwise=True, block_scaling_dim=1),
+            (0, 1, 1, 0),
+        ),
+        "nvfp4": (
+            NVFP4Quantizer(with_amax_reduction=True, amax_reduction_group=tp_group, **rht),
+            NVFP4Quantizer(**rht),
+            (0, 0, 1, 1),
+        ),
+    }
+    fields = ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv")
+    out = {}
+    for name, (shard_q, whole_q, dims) in cases.items():
+        local, whole = shard_q(x.chunk(2, 0)[rank]), whole_q(x)
+        bad = []
+        for f, d in zip(fields, dims, strict=True):
+            got = torch.cat(_gather_bytes(getattr(local, f), tp_group), d)
+            want = getattr(whole, f)
+            if got.shape != want.shape or not torch.equal(got.view(torch.uint8), want.view(torch.uint8)):
+                bad.append(f)
+        for f in ("_amax_rowwise", "_amax_columnwise"):
+            if hasattr(whole, f) and not torch.equal(getattr(local, f), getattr(whole, f)):
+                bad.append(f)
+        out[name] = bad
+    return out
+
+
 def _worker(rank: int, world: int) -> dict:
     torch.set_num_threads(1)
     tp = dist.new_group([0, 1])
@@ -483,6 +606,8 @@ def _worker(rank: int, world: int) -> dict:
     res.update({f"lnl-{r}-{sp}": _run_mlp(rank, r, sp, tp, lnl=True) for r, sp in CASES})
     res.update({f"hp-{sp}": _run_hp(rank, sp, tp) for sp in (False, True)})
     res.update({f"{k}-{r}-{sp}": _run_attention(rank, k, r, sp, tp, alone) for k, r, sp in ATT_CASES})
+    res.update({f"block-{r}": _run_block(rank, r, tp) for r in BLOCK_RECIPES})
+    res["per-shard"] = _per_shard_then_gather(rank, tp)
     import fp8sim.pytorch as te
 
     errors = {}
@@ -503,11 +628,12 @@ def _worker(rank: int, world: int) -> dict:
             sp(torch.randn(16, 32))
     except ValueError as exc:
         errors["reduce_amax"] = str(exc)
-    from fp8sim.recipe import MXFP8BlockScaling
+    from fp8sim.recipe import NVFP4BlockScaling
 
+    row_sp = te.Linear(32, 32, tp_group=tp, parallel_mode="row", sequence_parallel=True)
     try:
-        with te.autocast(recipe=MXFP8BlockScaling()):
-            sp(torch.randn(16, 32))
+        with te.autocast(recipe=NVFP4BlockScaling()):
+            row_sp(torch.randn(16, 16))
     except NotImplementedError as exc:
         errors["block"] = str(exc)
     res["errors"] = errors
@@ -570,6 +696,24 @@ def test_multihead_attention_and_transformer_layer_equal_the_per_shard_reference
             assert not bad, f"{kind} {recipe} sequence_parallel={sp} rank {rank} step {step}: differing {bad}"
 
 
+@pytest.mark.parametrize("recipe", BLOCK_RECIPES)
+def test_block_recipes_under_sequence_parallel_equal_the_per_shard_reference(results: list, recipe: str) -> None:
+    """MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling (RHT on, stochastic rounding off): the
+    sequence-parallel MLP's output and gradients (:func:`_run_block`)."""
+    for rank, res in enumerate(results):
+        bad = {k: n for k, n in res[f"block-{recipe}"].items() if n}
+        assert not bad, f"{recipe} sequence_parallel rank {rank}: differing {bad}"
+
+
+@pytest.mark.parametrize("recipe", BLOCK_RECIPES)
+def test_per_shard_block_quantization_gathered_is_the_whole_tensors(results: list, recipe: str) -> None:
+    """The premise of fp8sim's high-precision gather (:func:`_per_shard_then_gather`): TE's per-shard
+    quantization, NVFP4 with its amaxes MAX-reduced over the TP group, gathers into the whole tensor's codes,
+    scales and amaxes."""
+    for rank, res in enumerate(results):
+        assert res["per-shard"][recipe] == [], f"{recipe} rank {rank}: fields differing {res['per-shard'][recipe]}"
+
+
 @pytest.mark.parametrize(("recipe", "sp"), [c for c in CASES if c[0] == "delayed"])
 def test_delayed_scales_and_amax_history_are_identical_on_every_rank_and_the_reference(
     results: list, recipe: str, sp: bool
@@ -619,7 +763,8 @@ def test_tp_errors_on_the_ranks(results: list) -> None:
     assert errors["divide"] == "31 is not divisible by 2"
     assert "Tensor parallel group not initialized" in errors["group"]
     assert "Amax reduction across tensor parallel group is necessary" in errors["reduce_amax"]
-    assert "sequence_parallel under MXFP8BlockScaling" in errors["block"]
+    assert "NVFP4 stochastic rounding of a sequence-parallel all-gather" in errors["block"]
+    assert "disable_stochastic_rounding=True" in errors["block"]
     assert results[0]["sizes"] == ((32, 32), (64, 16))
 
 
