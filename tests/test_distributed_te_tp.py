@@ -370,8 +370,37 @@ def _by_rows(t: torch.Tensor, leaves: dict, name: str, fn: object) -> torch.Tens
     return torch.cat([fn(p, leaves[name + "w"][i], leaves[name + "b"][i]) for i, p in enumerate(parts)])
 
 
-def _ref_forward(xr: torch.Tensor, leaves: dict, refs: list, mlps: list) -> torch.Tensor:
-    """The reference forward of :func:`_run_attention` on the full input ``xr``."""
+class _SumOverShards(torch.autograd.Function):
+    """The test's own row-parallel reduction: every rank's partial output gathered, ``p_0 + p_1`` (one float32
+    add, rank order); backward: the replicated gradient, as TE's all-reduce (linear.py 568-577)."""
+
+    @staticmethod
+    def forward(ctx: object, p: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        parts = _gather_bytes(p, None)
+        return parts[0] + parts[1]
+
+    @staticmethod
+    def backward(ctx: object, g: torch.Tensor) -> torch.Tensor:
+        return g
+
+
+class _SumGradsOverShards(torch.autograd.Function):
+    """Identity forward; backward: every rank's column-parallel dgrad gathered and summed ``g_0 + g_1``
+    (TE's dgrad all-reduce, linear.py 1122-1132), before the norm's backward."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: object, g: torch.Tensor) -> torch.Tensor:
+        parts = _gather_bytes(g, None)
+        return parts[0] + parts[1]
+
+
+def _ref_forward(xr: torch.Tensor, leaves: dict, att: object, mlp: tuple | None) -> torch.Tensor:
+    """The reference forward of :func:`_run_attention` on the full input ``xr``: this rank's shard modules
+    (one-process, tp_size=1) between the test's own sums over the two ranks."""
     from fp8sim.pytorch.module._normalization import normalize
 
     def norm(p: torch.Tensor, g: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -380,28 +409,30 @@ def _ref_forward(xr: torch.Tensor, leaves: dict, refs: list, mlps: list) -> torc
     def add(p: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return p + b
 
-    a_in = _by_rows(xr, leaves, "ln1", norm) if mlps else xr
-    attn = _by_rows(refs[0](a_in) + refs[1](a_in), leaves, "proj_bias", add)
-    if not mlps:
+    a_in = _by_rows(xr, leaves, "ln1", norm) if mlp else xr
+    attn = _by_rows(_SumOverShards.apply(att(_SumGradsOverShards.apply(a_in))), leaves, "proj_bias", add)
+    if not mlp:
         return attn
     h = xr + attn
-    ln2 = _by_rows(h, leaves, "ln2", norm)
-    f = [fc2(torch.relu(fc1(ln2))) for fc1, fc2 in mlps]
-    return h + _by_rows(f[0] + f[1], leaves, "fc2_bias", add)
+    ln2 = _SumGradsOverShards.apply(_by_rows(h, leaves, "ln2", norm))
+    f = _SumOverShards.apply(mlp[1](torch.relu(mlp[0](ln2))))
+    return h + _by_rows(f, leaves, "fc2_bias", add)
 
 
-def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: object, alone: object) -> list[dict]:
+def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: object) -> list[dict]:
     """``MultiheadAttention(32, 4, num_gqa_groups=2, set_parallel_mode=True)`` (``kind="mha"``) or
     ``TransformerLayer(32, 64, 4, num_gqa_groups=2, activation="relu", set_parallel_mode=True)`` on 2 ranks,
     against the reference of TE's TP arithmetic (TE multi_head_attention.py 327-339 and 362-475, transformer.py
-    496-530, linear.py 568-577 and 1122-1132): each shard's GEMMs and attention as one process computes them
-    (:func:`_ref_attention`, :func:`_ref_mlp`), the row-parallel partial outputs summed ``p_0 + p_1`` in
-    float32 and the bias added after, the column-parallel dgrads summed before the norm's backward (autograd's
-    sum of two branches: one float32 add, as the all-reduce), norms and residuals row-wise on this rank's
-    rows under sequence parallel (each norm-parameter gradient over those rows).  Under current scaling a
-    sequence-parallel gathered input and grad output are quantized with the amax reduced over the TP group,
-    which is the amax of the whole tensor each reference shard sees; every other amax is the shard's own.
-    Delayed scaling: one step (every scale 1; its amax reduction is checked by the Linear runs above)."""
+    496-530, linear.py 568-577 and 1122-1132): each rank runs its own shard as one process computes it
+    (:func:`_ref_attention`, :func:`_ref_mlp`: tp_size=1 modules) on the whole tensors, between the test's own
+    sums over the ranks (:class:`_SumOverShards`: the row-parallel partial outputs ``p_0 + p_1`` in float32,
+    the bias added after; :class:`_SumGradsOverShards`: the column-parallel dgrads ``g_0 + g_1`` before the
+    norm's backward); norms and residuals row-wise, on this rank's rows under sequence parallel (each
+    norm-parameter and row-bias gradient over those rows).  Current scaling: a sequence-parallel gathered
+    input or grad output is quantized with the amax reduced over the TP group, which is the amax of the whole
+    tensor the reference shard sees; every other amax is the shard's own.  Delayed scaling (3 steps): the
+    reference's autocast MAX-reduces each slot's amax over the two ranks' shards as TE's
+    ``reduce_and_update_fp8_tensors`` does (checked by hand for Linear above)."""
     import fp8sim.pytorch as te
     from fp8sim.recipe import DelayedScaling, Float8CurrentScaling
 
@@ -429,15 +460,15 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
                 params[p + "layer_norm_weight"].copy_(w[n + "w"])
                 params[p + "layer_norm_bias"].copy_(w[n + "b"])
     recipe = {"hp": None, "delayed": DelayedScaling(), "current": Float8CurrentScaling()}[recipe_name]
-    refs = [_ref_attention(w, s) for s in range(2)]
-    mlps = [_ref_mlp(w, s) for s in range(2)] if layer else []
+    ref_att = _ref_attention(w, rank)
+    ref_mlp = _ref_mlp(w, rank) if layer else None
     mine = rank if sp else 0
     out = []
-    for step in range(1 if recipe_name == "delayed" else 2):
+    for step in range(3 if recipe_name == "delayed" else 2):
         g = torch.Generator().manual_seed(200 + step)
         x, dy = torch.randn(AS, AB, H, generator=g), torch.randn(AS, AB, H, generator=g) * 1e-2
         xl = (x.chunk(2, 0)[rank] if sp else x).clone().requires_grad_()
-        for p in (*tp.parameters(), *(q for m in (*refs, *[f for pair in mlps for f in pair]) for q in m.parameters())):
+        for p in (*tp.parameters(), *ref_att.parameters(), *(q for m in ref_mlp or () for q in m.parameters())):
             p.grad = None
         with te.autocast(enabled=recipe is not None, recipe=recipe):
             y = tp(xl)
@@ -447,11 +478,10 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
         names = ("proj_bias", "fc2_bias", "ln1w", "ln1b", "ln2w", "ln2b") if layer else ("proj_bias",)
         leaves = {n: [w[n].clone().requires_grad_() for _ in range(n_parts)] for n in names}
         xr = x.clone().requires_grad_()
-        with te.autocast(enabled=recipe is not None, recipe=recipe, amax_reduction_group=alone):
-            yr = _ref_forward(xr, leaves, refs, mlps)
+        with te.autocast(enabled=recipe is not None, recipe=recipe):  # delayed: amaxes MAX-reduced over the ranks
+            yr = _ref_forward(xr, leaves, ref_att, ref_mlp)
         yr.backward(dy)
         rows = (lambda t: t.chunk(2, 0)[rank]) if sp else (lambda t: t)
-        ref_att = refs[rank]
         pairs = {"y": (y, rows(yr)), "dx": (xl.grad, rows(xr.grad))}
         for n in ("query", "key", "value"):
             pairs[f"d{n}_w"] = (params[pre + f"{n}_weight"].grad, getattr(ref_att.qkv, f"{n}_weight").grad)
@@ -459,7 +489,7 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
         pairs["dproj_w"] = (params[proj + "weight"].grad, ref_att.proj.weight.grad)
         pairs["dproj_b"] = (params[proj + "bias"].grad, leaves["proj_bias"][mine].grad)
         if layer:
-            fc1, fc2 = mlps[rank]
+            fc1, fc2 = ref_mlp
             pairs.update(dfc1_w=(params[mlp + "fc1_weight"].grad, fc1.weight.grad))
             pairs.update(dfc1_b=(params[mlp + "fc1_bias"].grad, fc1.bias.grad))
             pairs.update(dfc2_w=(params[mlp + "fc2_weight"].grad, fc2.weight.grad))
@@ -605,7 +635,7 @@ def _worker(rank: int, world: int) -> dict:
     res.update({f"mlp-{r}-{sp}": _run_mlp(rank, r, sp, tp) for r, sp in CASES})
     res.update({f"lnl-{r}-{sp}": _run_mlp(rank, r, sp, tp, lnl=True) for r, sp in CASES})
     res.update({f"hp-{sp}": _run_hp(rank, sp, tp) for sp in (False, True)})
-    res.update({f"{k}-{r}-{sp}": _run_attention(rank, k, r, sp, tp, alone) for k, r, sp in ATT_CASES})
+    res.update({f"{k}-{r}-{sp}": _run_attention(rank, k, r, sp, tp) for k, r, sp in ATT_CASES})
     res.update({f"block-{r}": _run_block(rank, r, tp) for r in BLOCK_RECIPES})
     res["per-shard"] = _per_shard_then_gather(rank, tp)
     import fp8sim.pytorch as te
