@@ -314,6 +314,16 @@ def _run_hp(rank: int, sp: bool, tp_group: object) -> dict:
 # -- MultiheadAttention and TransformerLayer --------------------------------------------------------
 AS, AB, HEADS, GROUPS, KV = 16, 2, 4, 2, 8  # sbhd [16, 2, 32]; 4 heads in 2 GQA groups, 2 heads / 1 group a rank
 ATT_CASES = [(m, r, sp) for m in ("mha", "layer") for r in ("hp", "delayed", "current") for sp in (False, True)]
+ATT_CASES += [("cross", r, sp) for r in ("hp", "current") for sp in (False, True)]
+QKV = ("query_weight", "key_weight", "value_weight", "query_bias", "key_bias", "value_bias")
+
+
+def _qkv_param(kind: str, name: str) -> str:
+    """Where TE keeps a QKV parameter: ``qkv.{query,key,value}_*`` (self attention; ``layernorm_qkv`` in the
+    TransformerLayer), ``query_layer.{weight,bias}`` and ``key_value.{key,value}_*`` (cross attention)."""
+    if kind == "cross":
+        return "query_layer." + name.split("_")[1] if name.startswith("query") else "key_value." + name
+    return ("self_attention.layernorm_qkv." if kind == "layer" else "qkv.") + name
 
 
 def _attn_weights(layer: bool) -> dict:
@@ -335,16 +345,19 @@ def _shard(w: dict, name: str, r: int) -> torch.Tensor:
     return w[name].chunk(2, 1 if name in ("proj_weight", "fc2_weight") else 0)[r]
 
 
-def _ref_attention(w: dict, s: int) -> object:
+def _ref_attention(w: dict, s: int, kind: str) -> object:
     """Shard ``s`` as one process computes it: a 2-head, 1-group MultiheadAttention (tp_size=1) holding the
     shard, its proj bias zero (TE adds the row-parallel bias after the reduction)."""
     import fp8sim.pytorch as te
 
-    m = te.MultiheadAttention(H, 2, kv_channels=KV, num_gqa_groups=1, attention_dropout=0.0)
+    cross = kind == "cross"
+    m = te.MultiheadAttention(
+        H, 2, kv_channels=KV, num_gqa_groups=1, attention_dropout=0.0, attention_type="cross" if cross else "self"
+    )
+    params = dict(m.named_parameters())
     with torch.no_grad():
-        for n in ("query", "key", "value"):
-            getattr(m.qkv, f"{n}_weight").copy_(_shard(w, f"{n}_weight", s))
-            getattr(m.qkv, f"{n}_bias").copy_(_shard(w, f"{n}_bias", s))
+        for n in QKV:
+            params[_qkv_param("cross" if cross else "mha", n)].copy_(_shard(w, n, s))
         m.proj.weight.copy_(_shard(w, "proj_weight", s))
         m.proj.bias.zero_()
     return m
@@ -398,7 +411,9 @@ class _SumGradsOverShards(torch.autograd.Function):
         return parts[0] + parts[1]
 
 
-def _ref_forward(xr: torch.Tensor, leaves: dict, att: object, mlp: tuple | None) -> torch.Tensor:
+def _ref_forward(
+    xr: torch.Tensor, leaves: dict, att: object, mlp: tuple | None, enc: torch.Tensor | None
+) -> torch.Tensor:
     """The reference forward of :func:`_run_attention` on the full input ``xr``: this rank's shard modules
     (one-process, tp_size=1) between the test's own sums over the two ranks."""
     from fp8sim.pytorch.module._normalization import normalize
@@ -410,7 +425,8 @@ def _ref_forward(xr: torch.Tensor, leaves: dict, att: object, mlp: tuple | None)
         return p + b
 
     a_in = _by_rows(xr, leaves, "ln1", norm) if mlp else xr
-    attn = _by_rows(_SumOverShards.apply(att(_SumGradsOverShards.apply(a_in))), leaves, "proj_bias", add)
+    kw = {} if enc is None else {"encoder_output": _SumGradsOverShards.apply(enc)}
+    attn = _by_rows(_SumOverShards.apply(att(_SumGradsOverShards.apply(a_in), **kw)), leaves, "proj_bias", add)
     if not mlp:
         return attn
     h = xr + attn
@@ -420,7 +436,8 @@ def _ref_forward(xr: torch.Tensor, leaves: dict, att: object, mlp: tuple | None)
 
 
 def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: object) -> list[dict]:
-    """``MultiheadAttention(32, 4, num_gqa_groups=2, set_parallel_mode=True)`` (``kind="mha"``) or
+    """``MultiheadAttention(32, 4, num_gqa_groups=2, set_parallel_mode=True)`` (``kind="mha"``; ``"cross"``: its
+    cross attention, the encoder output sharded like the input under sequence parallel) or
     ``TransformerLayer(32, 64, 4, num_gqa_groups=2, activation="relu", set_parallel_mode=True)`` on 2 ranks,
     against the reference of TE's TP arithmetic (TE multi_head_attention.py 327-339 and 362-475, transformer.py
     496-530, linear.py 568-577 and 1122-1132): each rank runs its own shard as one process computes it
@@ -440,16 +457,17 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
     layer = kind == "layer"
     w = _attn_weights(layer)
     kw = {"tp_group": tp_group, "sequence_parallel": sp, "set_parallel_mode": True, "attention_dropout": 0.0}
+    mlp, cross = "layernorm_mlp.", kind == "cross"
     if layer:
         tp = te.TransformerLayer(H, F, HEADS, num_gqa_groups=GROUPS, hidden_dropout=0.0, activation="relu", **kw)
-        pre, mlp = "self_attention.layernorm_qkv.", "layernorm_mlp."
+        pre = "self_attention.layernorm_qkv."
     else:
-        tp, pre = te.MultiheadAttention(H, HEADS, num_gqa_groups=GROUPS, **kw), "qkv."
+        tp = te.MultiheadAttention(H, HEADS, num_gqa_groups=GROUPS, attention_type="cross" if cross else "self", **kw)
     params = dict(tp.named_parameters())
     proj = "self_attention.proj." if layer else "proj."
     with torch.no_grad():
-        for n in ("query_weight", "key_weight", "value_weight", "query_bias", "key_bias", "value_bias"):
-            params[pre + n].copy_(_shard(w, n, rank))
+        for n in QKV:
+            params[_qkv_param(kind, n)].copy_(_shard(w, n, rank))
         params[proj + "weight"].copy_(_shard(w, "proj_weight", rank))
         params[proj + "bias"].copy_(w["proj_bias"])
         if layer:
@@ -460,7 +478,8 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
                 params[p + "layer_norm_weight"].copy_(w[n + "w"])
                 params[p + "layer_norm_bias"].copy_(w[n + "b"])
     recipe = {"hp": None, "delayed": DelayedScaling(), "current": Float8CurrentScaling()}[recipe_name]
-    ref_att = _ref_attention(w, rank)
+    ref_att = _ref_attention(w, rank, kind)
+    ref_params = dict(ref_att.named_parameters())
     ref_mlp = _ref_mlp(w, rank) if layer else None
     mine = rank if sp else 0
     out = []
@@ -468,24 +487,30 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
         g = torch.Generator().manual_seed(200 + step)
         x, dy = torch.randn(AS, AB, H, generator=g), torch.randn(AS, AB, H, generator=g) * 1e-2
         xl = (x.chunk(2, 0)[rank] if sp else x).clone().requires_grad_()
+        e = torch.randn(AS, AB, H, generator=g)  # cross attention's encoder output (sharded like x)
+        el = (e.chunk(2, 0)[rank] if sp else e).clone().requires_grad_()
         for p in (*tp.parameters(), *ref_att.parameters(), *(q for m in ref_mlp or () for q in m.parameters())):
             p.grad = None
         with te.autocast(enabled=recipe is not None, recipe=recipe):
-            y = tp(xl)
+            y = tp(xl, encoder_output=el) if cross else tp(xl)
         y.backward(dy.chunk(2, 0)[rank] if sp else dy)
         # the reference on the full tensors, every row part (one without sequence parallel) its own bias leaves
         n_parts = 2 if sp else 1
         names = ("proj_bias", "fc2_bias", "ln1w", "ln1b", "ln2w", "ln2b") if layer else ("proj_bias",)
         leaves = {n: [w[n].clone().requires_grad_() for _ in range(n_parts)] for n in names}
-        xr = x.clone().requires_grad_()
+        xr, er = x.clone().requires_grad_(), e.clone().requires_grad_()
         with te.autocast(enabled=recipe is not None, recipe=recipe):  # delayed: amaxes MAX-reduced over the ranks
-            yr = _ref_forward(xr, leaves, ref_att, ref_mlp)
+            yr = _ref_forward(xr, leaves, ref_att, ref_mlp, er if cross else None)
         yr.backward(dy)
         rows = (lambda t: t.chunk(2, 0)[rank]) if sp else (lambda t: t)
         pairs = {"y": (y, rows(yr)), "dx": (xl.grad, rows(xr.grad))}
-        for n in ("query", "key", "value"):
-            pairs[f"d{n}_w"] = (params[pre + f"{n}_weight"].grad, getattr(ref_att.qkv, f"{n}_weight").grad)
-            pairs[f"d{n}_b"] = (params[pre + f"{n}_bias"].grad, getattr(ref_att.qkv, f"{n}_bias").grad)
+        if cross:
+            pairs["denc"] = (el.grad, rows(er.grad))
+        for n in QKV:
+            pairs["d" + n] = (
+                params[_qkv_param(kind, n)].grad,
+                ref_params[_qkv_param("cross" if cross else "mha", n)].grad,
+            )
         pairs["dproj_w"] = (params[proj + "weight"].grad, ref_att.proj.weight.grad)
         pairs["dproj_b"] = (params[proj + "bias"].grad, leaves["proj_bias"][mine].grad)
         if layer:
@@ -666,6 +691,12 @@ def _worker(rank: int, world: int) -> dict:
             row_sp(torch.randn(16, 16))
     except NotImplementedError as exc:
         errors["block"] = str(exc)
+    mha = te.MultiheadAttention(32, 2, tp_group=tp, set_parallel_mode=True)
+    try:
+        with te.autocast(recipe=DelayedScaling(fp8_dpa=True)):
+            mha(torch.randn(4, 1, 32))
+    except NotImplementedError as exc:
+        errors["fp8_dpa"] = str(exc)
     res["errors"] = errors
     res["sizes"] = (tuple(lin.weight.shape), tuple(te.Linear(32, 64, tp_group=tp, parallel_mode="row").weight.shape))
     return res
@@ -795,6 +826,7 @@ def test_tp_errors_on_the_ranks(results: list) -> None:
     assert "Amax reduction across tensor parallel group is necessary" in errors["reduce_amax"]
     assert "NVFP4 stochastic rounding of a sequence-parallel all-gather" in errors["block"]
     assert "disable_stochastic_rounding=True" in errors["block"]
+    assert "fp8_dpa / fp8_mha (FP8 hand-offs around attention) with tp_size > 1" in errors["fp8_dpa"]
     assert results[0]["sizes"] == ((32, 32), (64, 16))
 
 
