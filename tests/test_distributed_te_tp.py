@@ -28,6 +28,12 @@ full weights with ml_dtypes casts and torch's float32 matmul, applying the arith
 The same spawn runs the MLP in bf16, behind a LayerNorm (``LayerNormMLP(set_parallel_mode=True)`` and
 ``LayerNormLinear`` column + ``Linear`` row), and with FP8 off; and the same run with a wrong amax group
 (each rank alone) gives different scales on the two ranks and an output that is not the reference's.
+
+Also in the spawn: ``MultiheadAttention`` (self and cross attention, 4 heads in 2 GQA groups) and
+``TransformerLayer`` with ``set_parallel_mode=True`` against each rank's shard run as one process between
+the test's own sums over the ranks (:func:`_run_attention`), FP8 off, delayed and current scaling, sequence
+parallel off and on; and MXFP8, Float8Block and NVFP4 block scaling under sequence parallel
+(:func:`_run_block`), with TE's per-shard quantize-then-gather written out (:func:`_per_shard_then_gather`).
 """
 
 from __future__ import annotations

@@ -430,6 +430,10 @@ def test_transformer_layer_with_tp_size_2_builds_te_shards_and_needs_a_group():
     assert layer.sequence_parallel and att.proj.sequence_parallel and layer.layernorm_mlp.sequence_parallel
     with pytest.raises(RuntimeError, match="Tensor parallel group not initialized"):
         layer(torch.randn(8, 1, 32))
+    group = object()  # TE: TransformerLayer.set_tensor_parallel_group reaches every submodule that has one
+    layer.set_tensor_parallel_group(group)
+    assert att.tp_group is group and att.proj.tp_group is group and layer.layernorm_mlp.tp_group is group
+    assert att.layernorm_qkv.tp_group is group
     with pytest.raises(AssertionError, match="GQA groups must be divisible by tensor parallel size"):
         te.MultiheadAttention(32, 4, num_gqa_groups=1, tp_size=2, set_parallel_mode=True)
     with pytest.raises(NotImplementedError, match="needs set_parallel_mode=True"):
