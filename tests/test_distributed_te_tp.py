@@ -530,7 +530,15 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
                 pairs[f"d{n}_b"] = (params[p + "layer_norm_bias"].grad, leaves[n + "b"][mine].grad)
         diffs = {k: int((a.detach() != b.detach()).sum()) if a.shape == b.shape else -1 for k, (a, b) in pairs.items()}
         out.append(diffs)
-    return out
+    states = {  # every GEMM's delayed-scaling scales and amax history after the steps, as bytes
+        f"{n}.{g}.{k}": getattr(getattr(st, d), a).tobytes()
+        for n, m in tp.named_modules()
+        for g, st in getattr(m, "fp8_gemms", {}).items()
+        if st.fwd is not None
+        for d in ("fwd", "bwd")
+        for k, a in ((d + ".scale", "scale"), (d + ".hist", "amax_history"))
+    }
+    return out + [{"states": states}] if recipe_name == "delayed" else out
 
 
 # -- block recipes under sequence parallelism ---------------------------------------------------------------
@@ -756,9 +764,14 @@ def test_multihead_attention_and_transformer_layer_equal_the_per_shard_reference
 ) -> None:
     """Heads split across the ranks (QKV column-, proj row-parallel), the TransformerLayer's norms and residuals
     on this rank's rows under sequence parallel: output and every gradient equal :func:`_run_attention`'s
-    reference, FP8 off, delayed and current scaling."""
+    reference, FP8 off, delayed and current scaling; under delayed scaling every GEMM's scales and amax
+    history are identical on both ranks after the steps."""
     for rank, res in enumerate(results):
         for step, diffs in enumerate(res[f"{kind}-{recipe}-{sp}"]):
+            if "states" in diffs:  # delayed: every GEMM's scales and amax history identical on both ranks
+                other = results[1 - rank][f"{kind}-{recipe}-{sp}"][-1]["states"]
+                assert diffs["states"] and diffs["states"] == other, f"{kind} {recipe} {sp}: rank states differ"
+                continue
             bad = {k: n for k, n in diffs.items() if n}
             assert not bad, f"{kind} {recipe} sequence_parallel={sp} rank {rank} step {step}: differing {bad}"
 
