@@ -14,6 +14,7 @@ H, F = 32, 64  # hidden and FFN sizes
 AS, AB, HEADS, GROUPS, KV = 16, 2, 4, 2, 8  # sbhd [16, 2, 32]; 4 heads in 2 GQA groups, 2 heads / 1 group a rank
 ATT_CASES = [(m, r, sp) for m in ("mha", "layer") for r in ("hp", "delayed", "current") for sp in (False, True)]
 ATT_CASES += [("cross", r, sp) for r in ("hp", "current") for sp in (False, True)]
+ATT_CASES += [("rope", "current", sp) for sp in (False, True)]  # the TransformerLayer with rotary embeddings
 QKV = ("query_weight", "key_weight", "value_weight", "query_bias", "key_bias", "value_bias")
 
 
@@ -22,7 +23,7 @@ def _qkv_param(kind: str, name: str) -> str:
     TransformerLayer), ``query_layer.{weight,bias}`` and ``key_value.{key,value}_*`` (cross attention)."""
     if kind == "cross":
         return "query_layer." + name.split("_")[1] if name.startswith("query") else "key_value." + name
-    return ("self_attention.layernorm_qkv." if kind == "layer" else "qkv.") + name
+    return ("self_attention.layernorm_qkv." if kind in ("layer", "rope") else "qkv.") + name
 
 
 def _attn_weights(layer: bool) -> dict:
@@ -111,7 +112,7 @@ class _SumGradsOverShards(torch.autograd.Function):
 
 
 def _ref_forward(
-    xr: torch.Tensor, leaves: dict, att: object, mlp: tuple | None, enc: torch.Tensor | None
+    xr: torch.Tensor, leaves: dict, att: object, mlp: tuple | None, enc: torch.Tensor | None, rope: object = None
 ) -> torch.Tensor:
     """The reference forward of :func:`_run_attention` on the full input ``xr``: this rank's shard modules
     (one-process, tp_size=1) between the test's own sums over the two ranks."""
@@ -125,6 +126,8 @@ def _ref_forward(
 
     a_in = _by_rows(xr, leaves, "ln1", norm) if mlp else xr
     kw = {} if enc is None else {"encoder_output": _SumGradsOverShards.apply(enc)}
+    if rope is not None:
+        kw["rotary_pos_emb"] = rope
     attn = _by_rows(_SumOverShards.apply(att(_SumGradsOverShards.apply(a_in), **kw)), leaves, "proj_bias", add)
     if not mlp:
         return attn
@@ -153,7 +156,8 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
     from fp8sim.recipe import DelayedScaling, Float8CurrentScaling
 
     te.FP8GlobalStateManager.reset()
-    layer = kind == "layer"
+    layer = kind in ("layer", "rope")
+    rope = te.RotaryPositionEmbedding(KV)(AS) if kind == "rope" else None  # the whole sequence's angles
     w = _attn_weights(layer)
     kw = {"tp_group": tp_group, "sequence_parallel": sp, "set_parallel_mode": True, "attention_dropout": 0.0}
     mlp, cross = "layernorm_mlp.", kind == "cross"
@@ -191,7 +195,7 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
         for p in (*tp.parameters(), *ref_att.parameters(), *(q for m in ref_mlp or () for q in m.parameters())):
             p.grad = None
         with te.autocast(enabled=recipe is not None, recipe=recipe):
-            y = tp(xl, encoder_output=el) if cross else tp(xl)
+            y = tp(xl, encoder_output=el) if cross else tp(xl, rotary_pos_emb=rope)
         y.backward(dy.chunk(2, 0)[rank] if sp else dy)
         # the reference on the full tensors, every row part (one without sequence parallel) its own bias leaves
         n_parts = 2 if sp else 1
@@ -199,7 +203,7 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
         leaves = {n: [w[n].clone().requires_grad_() for _ in range(n_parts)] for n in names}
         xr, er = x.clone().requires_grad_(), e.clone().requires_grad_()
         with te.autocast(enabled=recipe is not None, recipe=recipe):  # delayed: amaxes MAX-reduced over the ranks
-            yr = _ref_forward(xr, leaves, ref_att, ref_mlp, er if cross else None)
+            yr = _ref_forward(xr, leaves, ref_att, ref_mlp, er if cross else None, rope)
         yr.backward(dy)
         rows = (lambda t: t.chunk(2, 0)[rank]) if sp else (lambda t: t)
         pairs = {"y": (y, rows(yr)), "dx": (xl.grad, rows(xr.grad))}

@@ -30,10 +30,11 @@ The same spawn runs the MLP in bf16, behind a LayerNorm (``LayerNormMLP(set_para
 (each rank alone) gives different scales on the two ranks and an output that is not the reference's.
 
 Also in the spawn: ``MultiheadAttention`` (self and cross attention, 4 heads in 2 GQA groups) and
-``TransformerLayer`` with ``set_parallel_mode=True`` against each rank's shard run as one process between
-the test's own sums over the ranks (:func:`_run_attention`), FP8 off, delayed and current scaling, sequence
-parallel off and on; and MXFP8, Float8Block and NVFP4 block scaling under sequence parallel
-(:func:`_run_block`), with TE's per-shard quantize-then-gather written out (:func:`_per_shard_then_gather`).
+``TransformerLayer`` (also with rotary embeddings) with ``set_parallel_mode=True`` against each rank's shard
+run as one process between the test's own sums over the ranks (:func:`_run_attention`), FP8 off, delayed and
+current scaling, sequence parallel off and on; and MXFP8, Float8Block and NVFP4 block scaling under sequence
+parallel (:func:`_run_block`), with TE's per-shard quantize-then-gather written out
+(:func:`_per_shard_then_gather`).
 """
 
 from __future__ import annotations
