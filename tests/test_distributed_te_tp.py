@@ -360,6 +360,11 @@ def _worker(rank: int, world: int) -> dict:
             row_sp(torch.randn(16, 16))
     except NotImplementedError as exc:
         errors["block"] = str(exc)
+    try:
+        with te.autocast(recipe=NVFP4BlockScaling(row_scaled_activation=True, disable_rht=True)):
+            sp(torch.randn(16, 32))
+    except RuntimeError as exc:
+        errors["row_scaled"] = str(exc)
     mha = te.MultiheadAttention(32, 2, tp_group=tp, set_parallel_mode=True)
     try:
         with te.autocast(recipe=DelayedScaling(fp8_dpa=True)):
@@ -501,6 +506,7 @@ def test_tp_errors_on_the_ranks(results: list) -> None:
     assert "NVFP4 stochastic rounding of a sequence-parallel all-gather" in errors["block"]
     assert "disable_stochastic_rounding=True" in errors["block"]
     assert "fp8_dpa / fp8_mha (FP8 hand-offs around attention) with tp_size > 1" in errors["fp8_dpa"]
+    assert errors["row_scaled"] == "Row-scaled NVFP4 quantization does not support amax reduction."  # TE quantizer.cpp
     assert results[0]["sizes"] == ((32, 32), (64, 16))
 
 

@@ -252,12 +252,15 @@ def check_tp_forward(module: Any) -> None:
 
 
 def _check_gathered_sr(module: Any, mode: str) -> None:
-    """NVFP4 stochastic rounding of the tensor a sequence-parallel layer gathers (row: the grad output)."""
+    """NVFP4 stochastic rounding of the tensor a sequence-parallel layer gathers (row: the grad output), and
+    TE's refusal of a row-scaled input with the amax reduction sequence parallel puts on it (column)."""
     if not (module.sequence_parallel and current_state().enabled):
         return
     recipe = get_recipe()
     if not isinstance(recipe, NVFP4BlockScaling) or (mode == "row" and not torch.is_grad_enabled()):
         return
+    if mode == "column" and recipe.row_scaled_activation:  # TE sets with_amax_reduction on the input quantizer
+        raise RuntimeError("Row-scaled NVFP4 quantization does not support amax reduction.")
     qp = recipe.fp4_quant_bwd_grad if mode == "row" else recipe.fp4_quant_fwd_inp
     if qp.stochastic_rounding:
         raise NotImplementedError(
