@@ -28,6 +28,13 @@ full weights with ml_dtypes casts and torch's float32 matmul, applying the arith
 The same spawn runs the MLP in bf16, behind a LayerNorm (``LayerNormMLP(set_parallel_mode=True)`` and
 ``LayerNormLinear`` column + ``Linear`` row), and with FP8 off; and the same run with a wrong amax group
 (each rank alone) gives different scales on the two ranks and an output that is not the reference's.
+
+Also in the spawn: ``MultiheadAttention`` (self and cross attention, 4 heads in 2 GQA groups) and
+``TransformerLayer`` (also with rotary embeddings) with ``set_parallel_mode=True`` against each rank's shard
+run as one process between the test's own sums over the ranks (:func:`_run_attention`), FP8 off, delayed and
+current scaling, sequence parallel off and on; and MXFP8, Float8Block and NVFP4 block scaling under sequence
+parallel (:func:`_run_block`), with TE's per-shard quantize-then-gather written out
+(:func:`_per_shard_then_gather`).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
 
 from _dist import ranks  # noqa: E402
+from _te_tp_attention import ATT_CASES, BLOCK_RECIPES, _per_shard_then_gather, _run_attention, _run_block  # noqa: E402
 
 S, H, F, STEPS, HIST = 16, 32, 64, 3, 2
 E4M3, E5M2 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
@@ -321,6 +329,9 @@ def _worker(rank: int, world: int) -> dict:
     res.update({f"mlp-{r}-{sp}": _run_mlp(rank, r, sp, tp) for r, sp in CASES})
     res.update({f"lnl-{r}-{sp}": _run_mlp(rank, r, sp, tp, lnl=True) for r, sp in CASES})
     res.update({f"hp-{sp}": _run_hp(rank, sp, tp) for sp in (False, True)})
+    res.update({f"{k}-{r}-{sp}": _run_attention(rank, k, r, sp, tp) for k, r, sp in ATT_CASES})
+    res.update({f"block-{r}": _run_block(rank, r, tp) for r in BLOCK_RECIPES})
+    res["per-shard"] = _per_shard_then_gather(rank, tp)
     import fp8sim.pytorch as te
 
     errors = {}
@@ -341,13 +352,25 @@ def _worker(rank: int, world: int) -> dict:
             sp(torch.randn(16, 32))
     except ValueError as exc:
         errors["reduce_amax"] = str(exc)
-    from fp8sim.recipe import MXFP8BlockScaling
+    from fp8sim.recipe import NVFP4BlockScaling
 
+    row_sp = te.Linear(32, 32, tp_group=tp, parallel_mode="row", sequence_parallel=True)
     try:
-        with te.autocast(recipe=MXFP8BlockScaling()):
-            sp(torch.randn(16, 32))
+        with te.autocast(recipe=NVFP4BlockScaling()):
+            row_sp(torch.randn(16, 16))
     except NotImplementedError as exc:
         errors["block"] = str(exc)
+    try:
+        with te.autocast(recipe=NVFP4BlockScaling(row_scaled_activation=True, disable_rht=True)):
+            sp(torch.randn(16, 32))
+    except RuntimeError as exc:
+        errors["row_scaled"] = str(exc)
+    mha = te.MultiheadAttention(32, 2, tp_group=tp, set_parallel_mode=True)
+    try:
+        with te.autocast(recipe=DelayedScaling(fp8_dpa=True)):
+            mha(torch.randn(4, 1, 32))
+    except NotImplementedError as exc:
+        errors["fp8_dpa"] = str(exc)
     res["errors"] = errors
     res["sizes"] = (tuple(lin.weight.shape), tuple(te.Linear(32, 64, tp_group=tp, parallel_mode="row").weight.shape))
     return res
@@ -395,6 +418,42 @@ def test_layernorm_mlp_and_layernorm_linear_equal_the_per_shard_reference(
             assert not bad, f"{module} {recipe} sequence_parallel={sp} rank {rank} step {step}: differing {bad}"
 
 
+@pytest.mark.parametrize(("kind", "recipe", "sp"), ATT_CASES)
+def test_multihead_attention_and_transformer_layer_equal_the_per_shard_reference(
+    results: list, kind: str, recipe: str, sp: bool
+) -> None:
+    """Heads split across the ranks (QKV column-, proj row-parallel), the TransformerLayer's norms and residuals
+    on this rank's rows under sequence parallel: output and every gradient equal :func:`_run_attention`'s
+    reference, FP8 off, delayed and current scaling; under delayed scaling every GEMM's scales and amax
+    history are identical on both ranks after the steps."""
+    for rank, res in enumerate(results):
+        for step, diffs in enumerate(res[f"{kind}-{recipe}-{sp}"]):
+            if "states" in diffs:  # delayed: every GEMM's scales and amax history identical on both ranks
+                other = results[1 - rank][f"{kind}-{recipe}-{sp}"][-1]["states"]
+                assert diffs["states"] and diffs["states"] == other, f"{kind} {recipe} {sp}: rank states differ"
+                continue
+            bad = {k: n for k, n in diffs.items() if n}
+            assert not bad, f"{kind} {recipe} sequence_parallel={sp} rank {rank} step {step}: differing {bad}"
+
+
+@pytest.mark.parametrize("recipe", BLOCK_RECIPES)
+def test_block_recipes_under_sequence_parallel_equal_the_per_shard_reference(results: list, recipe: str) -> None:
+    """MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling (RHT on, stochastic rounding off): the
+    sequence-parallel MLP's output and gradients (:func:`_run_block`)."""
+    for rank, res in enumerate(results):
+        bad = {k: n for k, n in res[f"block-{recipe}"].items() if n}
+        assert not bad, f"{recipe} sequence_parallel rank {rank}: differing {bad}"
+
+
+@pytest.mark.parametrize("recipe", BLOCK_RECIPES)
+def test_per_shard_block_quantization_gathered_is_the_whole_tensors(results: list, recipe: str) -> None:
+    """The premise of fp8sim's high-precision gather (:func:`_per_shard_then_gather`): TE's per-shard
+    quantization, NVFP4 with its amaxes MAX-reduced over the TP group, gathers into the whole tensor's codes,
+    scales and amaxes."""
+    for rank, res in enumerate(results):
+        assert res["per-shard"][recipe] == [], f"{recipe} rank {rank}: fields differing {res['per-shard'][recipe]}"
+
+
 @pytest.mark.parametrize(("recipe", "sp"), [c for c in CASES if c[0] == "delayed"])
 def test_delayed_scales_and_amax_history_are_identical_on_every_rank_and_the_reference(
     results: list, recipe: str, sp: bool
@@ -434,7 +493,7 @@ def test_tp_arguments_follow_te() -> None:
         te.Linear(32, 64, tp_size=4, parallel_mode="column", parameters_split={"a": 30, "b": 34})
     with pytest.raises(NotImplementedError, match="needs set_parallel_mode=True"):
         te.LayerNormMLP(32, 64, tp_size=2)
-    with pytest.raises(NotImplementedError, match="does not emulate tensor or sequence parallelism"):
+    with pytest.raises(NotImplementedError, match="MultiheadAttention with tp_size > 1 needs set_parallel_mode=True"):
         te.MultiheadAttention(32, 2, tp_size=2)
 
 
@@ -444,7 +503,10 @@ def test_tp_errors_on_the_ranks(results: list) -> None:
     assert errors["divide"] == "31 is not divisible by 2"
     assert "Tensor parallel group not initialized" in errors["group"]
     assert "Amax reduction across tensor parallel group is necessary" in errors["reduce_amax"]
-    assert "sequence_parallel under MXFP8BlockScaling" in errors["block"]
+    assert "NVFP4 stochastic rounding of a sequence-parallel all-gather" in errors["block"]
+    assert "disable_stochastic_rounding=True" in errors["block"]
+    assert "fp8_dpa / fp8_mha (FP8 hand-offs around attention) with tp_size > 1" in errors["fp8_dpa"]
+    assert errors["row_scaled"] == "Row-scaled NVFP4 quantization does not support amax reduction."  # TE quantizer.cpp
     assert results[0]["sizes"] == ((32, 32), (64, 16))
 
 

@@ -414,9 +414,29 @@ def test_te_llama_style_block_through_the_shim_trains():
         shim.uninstall()
 
 
-def test_transformer_layer_refuses_tensor_parallelism_instead_of_building_an_unsharded_layer():
-    """TE's TransformerLayer shards its sublayers with tp_size > 1 (transformer.py ``set_parallel_mode``);
-    fp8sim's does not emulate that, so it must refuse rather than build full-size weights."""
-    with pytest.raises(NotImplementedError, match="tp_size=2"):
-        te.TransformerLayer(32, 64, 2, tp_size=2, set_parallel_mode=True)
-    te.TransformerLayer(32, 64, 2, tp_size=1, set_parallel_mode=True)  # one process: nothing to shard
+def test_transformer_layer_with_tp_size_2_builds_te_shards_and_needs_a_group():
+    """TE transformer.py passes tp_group/tp_size/sequence_parallel/set_parallel_mode to MultiheadAttention and
+    LayerNormMLP (496-530); multi_head_attention.py 327-339 (heads and GQA groups per partition), 362-475
+    (QKV column-, proj row-parallel), linear.py parameters_split divided per rank; base.py prepare_forward's
+    error without a group.  The 2-rank run is in tests/test_distributed_te_tp.py."""
+    layer = te.TransformerLayer(32, 64, 4, num_gqa_groups=2, tp_size=2, set_parallel_mode=True, sequence_parallel=True)
+    att = layer.self_attention
+    assert (att.num_attention_heads_per_partition, att.num_gqa_groups_per_partition) == (2, 1)
+    shapes = {n: tuple(p.shape) for n, p in layer.named_parameters() if n.endswith("weight")}
+    assert shapes["self_attention.layernorm_qkv.query_weight"] == (16, 32)
+    assert shapes["self_attention.layernorm_qkv.key_weight"] == (8, 32)
+    assert shapes["self_attention.proj.weight"] == (32, 16)
+    assert shapes["layernorm_mlp.fc1_weight"] == (32, 32) and shapes["layernorm_mlp.fc2_weight"] == (32, 32)
+    assert layer.sequence_parallel and att.proj.sequence_parallel and layer.layernorm_mlp.sequence_parallel
+    with pytest.raises(RuntimeError, match="Tensor parallel group not initialized"):
+        layer(torch.randn(8, 1, 32))
+    group = object()  # TE: TransformerLayer.set_tensor_parallel_group reaches every submodule that has one
+    layer.set_tensor_parallel_group(group)
+    assert att.tp_group is group and att.proj.tp_group is group and layer.layernorm_mlp.tp_group is group
+    assert att.layernorm_qkv.tp_group is group
+    with pytest.raises(AssertionError, match="GQA groups must be divisible by tensor parallel size"):
+        te.MultiheadAttention(32, 4, num_gqa_groups=1, tp_size=2, set_parallel_mode=True)
+    with pytest.raises(NotImplementedError, match="needs set_parallel_mode=True"):
+        te.TransformerLayer(32, 64, 2, tp_size=2)
+    one = te.TransformerLayer(32, 64, 2, tp_size=1, set_parallel_mode=True, sequence_parallel=True)
+    assert not one.sequence_parallel and tuple(one.self_attention.proj.weight.shape) == (32, 32)

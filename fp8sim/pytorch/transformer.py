@@ -5,6 +5,13 @@ Submodules follow TE: ``self_attention`` (a ``MultiheadAttention`` with ``input_
 ``output_layernorm``), ``inter_attention`` (decoder), ``layernorm_mlp``, and ``layernorm``
 (``output_layernorm``).  The projections add their biases inside the GEMM epilogue instead of TE's
 ``return_bias`` + fused bias-dropout-add, which is the same sum in float32.
+
+Tensor parallelism as TE (``tp_group``/``tp_size`` with ``set_parallel_mode=True``): the attention and
+``layernorm_mlp`` are built sharded (``MultiheadAttention``: heads split across ranks; ``LayerNormMLP``:
+fc1 column-, fc2 row-parallel), each block's output already summed over ``tp_group``, so the dropout-adds
+and the residuals run on the full hidden size of every rank.  With ``sequence_parallel`` the input is this
+rank's slice of the sequence (dim 0): the norms, the residual adds and the output stay on those rows, and
+the GEMMs gather and reduce-scatter them (``module/_tp.py``).
 """
 
 from __future__ import annotations
@@ -49,8 +56,9 @@ class TransformerLayer(nn.Module):
     activation="gelu", normalization="LayerNorm", attn_input_format="sbhd")``.
 
     ``forward(hidden_states, attention_mask=None, self_attn_mask_type=None, ..., encoder_output=None,
-    enc_dec_attn_mask=None, is_first_microbatch=None, rotary_pos_emb=None, ...)``.  Tensor, sequence
-    and context parallelism, ``parallel_attention_mlp`` and userbuffers are not emulated.
+    enc_dec_attn_mask=None, is_first_microbatch=None, rotary_pos_emb=None, ...)``.  Tensor and sequence
+    parallelism as the module docstring says; context parallelism, ``parallel_attention_mlp`` and
+    userbuffers are not emulated.
     """
 
     def __init__(
@@ -116,15 +124,18 @@ class TransformerLayer(nn.Module):
             )
         if parallel_attention_mlp:
             raise NotImplementedError("fp8sim's TransformerLayer does not emulate parallel_attention_mlp")
-        if tp_group is not None:
-            import torch.distributed as dist
+        if tp_group is not None:  # TE: the group's size wins over tp_size
+            from .module._tp import get_distributed_world_size
 
-            tp_size = dist.get_world_size(tp_group) if dist.is_initialized() else 1
-        if tp_size != 1:  # rather than silently build an unsharded layer
-            raise NotImplementedError(
-                f"fp8sim's TransformerLayer does not emulate tensor parallelism (tp_size={tp_size}); "
-                "Linear, LayerNormLinear and LayerNormMLP do (parallel_mode=...)"
-            )
+            tp_size = get_distributed_world_size(tp_group)
+        self.tp_size, self.seq_length = tp_size, seq_length
+        self.sequence_parallel = tp_size > 1 and sequence_parallel
+        tp_kw = dict(
+            tp_group=tp_group,
+            tp_size=tp_size,
+            sequence_parallel=self.sequence_parallel,
+            set_parallel_mode=set_parallel_mode,
+        )
         if not fuse_qkv_params and fuse_wgrad_accumulation:
             raise ValueError(
                 "Gradient accumulation fusion (fuse_wgrad_accumulation=True) "
@@ -158,6 +169,7 @@ class TransformerLayer(nn.Module):
             device=device,
             qk_norm_type=qk_norm_type,
             softmax_type=softmax_type,
+            **tp_kw,
         )
         self.self_attention = MultiheadAttention(
             hidden_size,
@@ -194,6 +206,7 @@ class TransformerLayer(nn.Module):
             zero_centered_gamma=zero_centered_gamma,
             params_dtype=params_dtype,
             device=device,
+            **tp_kw,
         )
         if output_layernorm:
             norm_cls = {"LayerNorm": _module.LayerNorm, "RMSNorm": _module.RMSNorm}[normalization]
@@ -203,8 +216,15 @@ class TransformerLayer(nn.Module):
                 zero_centered_gamma=zero_centered_gamma,
                 params_dtype=params_dtype,
                 device=device,
+                sequence_parallel=self.sequence_parallel,
             )
         self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0.0 else None
+
+    def set_tensor_parallel_group(self, tp_group: Any) -> None:
+        """TE: the tensor parallel group of every submodule that has one, before the forward pass."""
+        for child in list(self.modules())[1:]:
+            if hasattr(child, "set_tensor_parallel_group"):
+                child.set_tensor_parallel_group(tp_group)
 
     def _dropout_add(self, x: torch.Tensor, residual: torch.Tensor, drop_path: nn.Module | None = None) -> torch.Tensor:
         out = F.dropout(x, p=self.hidden_dropout, training=self.training)
@@ -272,6 +292,18 @@ class TransformerLayer(nn.Module):
             if bad:
                 raise TypeError(f"{what} must be boolean tensor(s), but found non-bool dtypes at indices: {bad}")
         hidden_states = hidden_states.contiguous()
+        if (
+            self.sequence_parallel
+            and self.seq_length is not None
+            and hidden_states.shape[0] != self.seq_length // self.tp_size
+        ):
+            raise ValueError(
+                "Sequence dimension must be split across TP group when using "
+                "sequence parallel. Expected hidden_states.shape[0] to be "
+                f"{self.seq_length // self.tp_size} "
+                f"(seq_length={self.seq_length} // tp_size={self.tp_size}), "
+                f"but got {hidden_states.shape[0]}."
+            )
         seq_kw = dict(
             cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_kv=cu_seqlens_kv,

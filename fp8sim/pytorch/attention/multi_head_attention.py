@@ -15,6 +15,13 @@ under ``fp8_mha`` with delayed scaling and no RoPE the QKV GEMM writes Q, K, V i
 OUTPUT slot's scale (DPA's QKV cast skipped) and DPA returns dQ, dK, dV in FP8 (its dQKV slot) to the
 QKV GEMM's backward (no GRAD_OUTPUT cast).  MXFP8 keeps every boundary in high precision (TE).
 fp8sim limit: the thd format keeps the boundaries in high precision.
+
+Tensor parallelism as TE (``tp_group``/``tp_size``, ``set_parallel_mode=True``): the QKV projection is
+column-parallel, each of its ``query``/``key``/``value`` splits divided across the ranks, so a rank holds
+``num_attention_heads / tp_size`` heads and ``num_gqa_groups / tp_size`` GQA groups and runs attention on
+them alone; ``proj`` is row-parallel (its partial outputs summed over ``tp_group``, the bias added after).
+With ``sequence_parallel`` the QKV input is gathered along dim 0 and ``proj``'s output reduce-scattered
+(``module/_tp.py``).  fp8sim limit under TP: the FP8 hand-offs of ``fp8_dpa``/``fp8_mha`` are refused.
 """
 
 from __future__ import annotations
@@ -41,7 +48,8 @@ class MultiheadAttention(nn.Module):
     attention_type="self", fuse_qkv_params=False, zero_centered_gamma=False,
     qkv_weight_interleaved=True, rotary_pos_interleaved=False, bias=True, normalization="LayerNorm",
     qkv_format="sbhd")``; ``forward(hidden_states, attention_mask=None, encoder_output=None, ...,
-    rotary_pos_emb=None, ...)``.  Tensor/sequence parallelism and userbuffers are not emulated."""
+    rotary_pos_emb=None, ...)``.  Tensor/sequence parallelism with ``set_parallel_mode=True`` (module
+    docstring); userbuffers are not emulated."""
 
     def __init__(
         self,
@@ -90,8 +98,14 @@ class MultiheadAttention(nn.Module):
         softmax_type: str = "vanilla",
     ) -> None:
         super().__init__()
-        if tp_size != 1 or tp_group is not None or set_parallel_mode or sequence_parallel:
-            raise NotImplementedError("fp8sim's MultiheadAttention does not emulate tensor or sequence parallelism")
+        if tp_group is not None:  # TE: the group's size wins over tp_size
+            from ..module._tp import get_distributed_world_size
+
+            tp_size = get_distributed_world_size(tp_group)
+        if tp_size > 1 and not set_parallel_mode:  # TE would build unsharded GEMMs around sharded attention
+            raise NotImplementedError("fp8sim: MultiheadAttention with tp_size > 1 needs set_parallel_mode=True")
+        self.tp_group, self.tp_size = tp_group, tp_size
+        self.sequence_parallel = tp_size > 1 and sequence_parallel
         if qk_norm_type is not None:
             raise NotImplementedError("fp8sim does not emulate qk_norm_type")
         if attention_type not in ("self", "cross"):
@@ -113,12 +127,18 @@ class MultiheadAttention(nn.Module):
         self.num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
         if num_attention_heads % self.num_gqa_groups:
             raise AssertionError("The number of attention heads must be divisible by the number of GQA groups!")
-        self.num_attention_heads_per_partition = num_attention_heads
-        self.num_gqa_groups_per_partition = self.num_gqa_groups
+        from ..module._tp import divide
+
+        self.num_attention_heads_per_partition = divide(num_attention_heads, tp_size)
+        if self.num_gqa_groups % tp_size:
+            raise AssertionError("The number of GQA groups must be divisible by tensor parallel size!")
+        self.num_gqa_groups_per_partition = self.num_gqa_groups // tp_size
         self.hidden_size_per_attention_head = kv_channels
         self.hidden_size_q = kv_channels * num_attention_heads
         self.hidden_size_kv = kv_channels * self.num_gqa_groups
         kw = {"params_dtype": self.params_dtype, "device": device, "bias": bias, "init_method": init_method}
+        kw.update(tp_group=tp_group, tp_size=tp_size, sequence_parallel=sequence_parallel)
+        qkv_mode = "column" if set_parallel_mode else None
         ln_kw = {
             **kw,
             "eps": layernorm_epsilon,
@@ -133,17 +153,21 @@ class MultiheadAttention(nn.Module):
             if not fuse_qkv_params:
                 split = {"query": self.hidden_size_q, "key": self.hidden_size_kv, "value": self.hidden_size_kv}
             if input_layernorm:
-                self.layernorm_qkv = LNL(hidden_size, out, parameters_split=split, **ln_kw)
+                self.layernorm_qkv = LNL(hidden_size, out, parameters_split=split, parallel_mode=qkv_mode, **ln_kw)
             else:
-                self.qkv = Lin(hidden_size, out, parameters_split=split, **kw)
+                self.qkv = Lin(hidden_size, out, parameters_split=split, parallel_mode=qkv_mode, **kw)
         else:
             if input_layernorm:
                 q_split = None if fuse_qkv_params else ("query",)
-                self.layernorm_query = LNL(hidden_size, self.hidden_size_q, parameters_split=q_split, **ln_kw)
+                self.layernorm_query = LNL(
+                    hidden_size, self.hidden_size_q, parameters_split=q_split, parallel_mode=qkv_mode, **ln_kw
+                )
             else:
-                self.query_layer = Lin(hidden_size, self.hidden_size_q, **kw)
+                self.query_layer = Lin(hidden_size, self.hidden_size_q, parallel_mode=qkv_mode, **kw)
             kv_split = None if fuse_qkv_params else ("key", "value")
-            self.key_value = Lin(hidden_size, 2 * self.hidden_size_kv, parameters_split=kv_split, **kw)
+            self.key_value = Lin(
+                hidden_size, 2 * self.hidden_size_kv, parameters_split=kv_split, parallel_mode=qkv_mode, **kw
+            )
         self.core_attention = DotProductAttention(
             num_attention_heads,
             kv_channels,
@@ -153,9 +177,20 @@ class MultiheadAttention(nn.Module):
             layer_number=self.layer_number,
             attention_type=attention_type,
             softmax_type=softmax_type,
+            tp_size=tp_size,
+            tp_group=tp_group,
+            sequence_parallel=sequence_parallel,
             name=None if name is None else name + ".core_attention",
         )
-        self.proj = Lin(self.hidden_size_q, hidden_size, **{**kw, "init_method": output_layer_init_method})
+        proj_mode = "row" if set_parallel_mode else None
+        self.proj = Lin(
+            self.hidden_size_q, hidden_size, parallel_mode=proj_mode, **{**kw, "init_method": output_layer_init_method}
+        )
+
+    def set_tensor_parallel_group(self, tp_group: Any) -> None:
+        """TE: this module's tensor parallel group (``TransformerLayer.set_tensor_parallel_group`` sets every
+        submodule's)."""
+        self.tp_group = tp_group
 
     def _fp8_boundaries(self, rotary_pos_emb: Any) -> tuple[bool, bool, bool]:
         """TE's ``(qkv_fp8_output, dpa_fp8_output, proj_fp8_grad)`` (``multi_head_attention.py`` forward):
@@ -166,6 +201,8 @@ class MultiheadAttention(nn.Module):
         if not st.enabled or st.calibrating or self.qkv_format == "thd":
             return False, False, False
         recipe = get_recipe()
+        if self.tp_size > 1 and (getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False)):
+            raise NotImplementedError("fp8sim: fp8_dpa / fp8_mha (FP8 hand-offs around attention) with tp_size > 1")
         ds, cs = isinstance(recipe, DelayedScaling), isinstance(recipe, Float8CurrentScaling)
         qkv = bool(recipe.fp8_mha) and rotary_pos_emb is None and ds
         dpa = bool(recipe.fp8_dpa or recipe.fp8_mha) and (ds or cs)

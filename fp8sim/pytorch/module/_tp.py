@@ -15,10 +15,19 @@ Each rank holds one shard of the weight and runs its own FP8 GEMM; the collectiv
 Amax reduction as TE: delayed scaling reduces its amax history over autocast's ``amax_reduction_group``
 (TE's ``fp8_group``; None: the world), and TE refuses ``sequence_parallel`` without ``reduce_amax``;
 current scaling reduces the amax of a sequence-parallel input (column) or grad output (row) over
-``tp_group`` (``set_quantizer_amax_reduction_group``), every other amax stays local.  Block recipes
-run without sequence parallelism only (their local GEMMs need no FP8 collective); their sharded
-all-gathers are not emulated.  FP8 payloads travel through
-:mod:`fp8sim.distributed` as byte views (gloo refuses float8).
+``tp_group`` (``set_quantizer_amax_reduction_group``), every other amax stays local.  FP8 payloads travel
+through :mod:`fp8sim.distributed` as byte views (gloo refuses float8).
+
+Block recipes under sequence parallelism (TE ``distributed.py`` ``_all_gather_mxfp8``,
+``_start_all_gather_fp8_blockwise``, ``_all_gather_nvfp4``): TE quantizes each rank's shard and gathers
+data and scales, or, where the shard is not quantizable (rows or columns not a multiple of the block;
+Float8Blockwise with 128x128 blocks), gathers in high precision and quantizes the whole.  The per-shard
+path gives the codes and scales of the whole tensor: rowwise blocks run along K inside a row, and the
+quantizable check puts every columnwise block (32, 128 or 16 rows) inside one shard; NVFP4's rowwise and
+post-RHT columnwise amaxes are MAX-reduced over ``tp_group`` first (``with_amax_reduction``), i.e. the whole
+tensor's.  fp8sim therefore gathers in high precision and quantizes the whole (test_distributed_te_tp.py
+checks the per-shard path against it).  Refused: NVFP4 stochastic rounding of a gathered tensor (each rank
+draws its own random bits for its shard; ``disable_stochastic_rounding=True`` lifts it).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import numpy as np
 import torch
 
 from ...cast import decode
-from ...recipe import DelayedScaling
+from ...recipe import DelayedScaling, Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling
 from ...scaling.current import compute_scale_from_amax
 from ..quantization import current_state, get_recipe
 from ._fp8_handoff import FP8Handoff
@@ -44,6 +53,10 @@ __all__ = [
     "tp_linear",
     "module_tp_linear",
 ]
+
+
+# block recipes under sequence parallelism: a high-precision gather, then the whole tensor's quantization
+_BLOCK = (MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling)
 
 
 def divide(numerator: int, denominator: int) -> int:
@@ -226,12 +239,8 @@ def check_tp_forward(module: Any) -> None:
             "set_tensor_parallel_group() before forward pass when tp_size > 1."
         )
     recipe = get_recipe() if current_state().enabled else None
-    if module.sequence_parallel and recipe is not None and not isinstance(recipe, PER_TENSOR):
-        # TE gathers block-scaled data quantized per shard (_all_gather_mxfp8, ..._fp8_blockwise, _nvfp4)
-        raise NotImplementedError(
-            f"fp8sim: sequence_parallel under {type(recipe).__name__} (block-scaled all-gather) is not emulated;"
-            " DelayedScaling and Float8CurrentScaling are"
-        )
+    if module.sequence_parallel and recipe is not None and not isinstance(recipe, (*PER_TENSOR, *_BLOCK)):
+        raise NotImplementedError(f"fp8sim: sequence_parallel under {type(recipe).__name__} is not emulated")
     if module.sequence_parallel and getattr(recipe, "backward_override", None) == "high_precision":
         raise NotImplementedError(
             "fp8sim: sequence_parallel with backward_override='high_precision' (TE re-gathers the original input)"
@@ -242,6 +251,24 @@ def check_tp_forward(module: Any) -> None:
         )
 
 
+def _check_gathered_sr(module: Any, mode: str) -> None:
+    """NVFP4 stochastic rounding of the tensor a sequence-parallel layer gathers (row: the grad output), and
+    TE's refusal of a row-scaled input with the amax reduction sequence parallel puts on it (column)."""
+    if not (module.sequence_parallel and current_state().enabled):
+        return
+    recipe = get_recipe()
+    if not isinstance(recipe, NVFP4BlockScaling) or (mode == "row" and not torch.is_grad_enabled()):
+        return
+    if mode == "column" and recipe.row_scaled_activation:  # TE sets with_amax_reduction on the input quantizer
+        raise RuntimeError("Row-scaled NVFP4 quantization does not support amax reduction.")
+    qp = recipe.fp4_quant_bwd_grad if mode == "row" else recipe.fp4_quant_fwd_inp
+    if qp.stochastic_rounding:
+        raise NotImplementedError(
+            "fp8sim: NVFP4 stochastic rounding of a sequence-parallel all-gather (each rank rounds its own shard"
+            " with its own random bits) is not emulated; use NVFP4BlockScaling(disable_stochastic_rounding=True)"
+        )
+
+
 def tp_linear(
     module: Any, name: str, mode: str, inp: torch.Tensor, run: Any, bias: torch.Tensor | None
 ) -> torch.Tensor:
@@ -249,6 +276,7 @@ def tp_linear(
     TE's TP collectives for ``mode`` ("column" or "row"); ``bias``: the row-parallel bias, added in the
     output's dtype after the reduction."""
     check_tp_forward(module)
+    _check_gathered_sr(module, mode)
     if mode == "column":
         slot: dict = {}
         if module.sequence_parallel:

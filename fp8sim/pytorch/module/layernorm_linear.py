@@ -81,6 +81,10 @@ class LayerNormLinear(TransformerEngineBaseModule):
             from ._tp import divide
 
             if parallel_mode == "column":
+                if parameters_split is not None:  # TE: each split of the full weight is divided across the ranks
+                    from .linear import _split_per_rank
+
+                    parameters_split = _split_per_rank(parameters_split, out_features, self.tp_size)
                 out_features = divide(out_features, self.tp_size)
             elif parallel_mode == "row":
                 in_features = divide(in_features, self.tp_size)

@@ -206,7 +206,10 @@ class NVFP4Quantizer(Quantizer):
                 if self.with_rht and not self.with_random_sign_mask:  # TE's sign mask 0: the plain Hadamard/4
                     xt = _hadamard_bf16(xt)
                 rht = self.with_rht and self.with_random_sign_mask
-                q = quantize_nvfp4(xt, **common, rht=rht, seed=s2)
+                amax_t = None
+                if self.with_amax_reduction:  # TE reduces the (post-RHT) columnwise amax too (quantizer.cpp)
+                    amax_t = self._reduced((apply_rht(xt) if rht else xt).abs().float().nan_to_num(0.0).amax())
+                q = quantize_nvfp4(xt, **common, rht=rht, seed=s2, global_amax=amax_t)
             out.update(
                 columnwise_data=pack_fp4(torch.from_numpy(q.codes[:k, :m])),
                 columnwise_scale_inv=padded(self._per_row(q.scales), self.get_scale_shape(shape, True), torch.uint8),
