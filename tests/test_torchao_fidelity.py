@@ -278,3 +278,27 @@ def test_torch_compile_of_float8linear_gives_eager_bits(recipe):
     got = {"output": y.detach(), "grad_input": xg.grad}
     got.update({n: p.grad for n, p in compiled_model.named_parameters()})
     _assert_equal(got, want)
+
+
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize("axiswise", [False, True], ids=["tensorwise", "axiswise"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("target", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_float8linear_cast_in_torch_ops_equals_the_numpy_reference(target, dtype, axiswise, pow2) -> None:
+    """Float8Linear casts with torch ops (torchao's own definition, for speed); its codes and scales must be
+    those of fp8sim's independent numpy reference ``quantize_torchao`` (ml_dtypes encode), including
+    NaN/Inf, overflow to the clamp, subnormals and zero rows."""
+    from fp8sim.torchao.linear import _cast_in_torch_ops
+
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(24, 40, generator=gen) * torch.logspace(-12, 6, 40)
+    x[3, 5], x[4, 6], x[5] = float("nan"), float("-inf"), 0.0
+    x[6, :] = torch.tensor(1e-30)
+    x = x.to(dtype)
+    fmt = get_format("e4m3" if target == torch.float8_e4m3fn else "e5m2")
+    got = _cast_in_torch_ops(x, target, fmt, axiswise, 0 if axiswise else -1, pow2)
+    ref = quantize_torchao(x, fmt, granularity="axiswise" if axiswise else "tensorwise", axiswise_dim=0,
+                           round_scales_to_power_of_2=pow2)  # fmt: skip
+    assert np.array_equal(got.codes.numpy(), np.asarray(ref.codes))
+    ref_scale = np.asarray(ref.scales, np.float32).reshape(got.scale.shape)
+    assert np.array_equal(got.scale.numpy().view(np.uint32), ref_scale.view(np.uint32))

@@ -37,6 +37,7 @@ from .._torch import numpy_view
 from ..cast import encode
 from ..formats import FloatFormat, get_format
 from ..gemm import Accumulator, get_accumulator, scaled_mm
+from ..scaling.current import TORCHAO_EPS as _TORCHAO_EPS
 from ..scaling.current import quantize_torchao, torchao_amax_to_scale
 from .config import Float8LinearConfig, ScalingGranularity, ScalingType
 
@@ -116,12 +117,36 @@ def _cast(x: torch.Tensor, target_dtype: torch.dtype, granularity: ScalingGranul
     group = _TP_AMAX_GROUP.get()
     if group is not None and not axiswise:  # a tensor-parallel shard: the scale of the whole tensor (fp8sim.torchao.tp)
         return _cast_with_group_amax(x, fmt, pow2, group)
+    if x.numel() and x.dtype in _TORCH_CAST_DTYPES:  # empty: torch.max refuses, the numpy path does not
+        return _cast_in_torch_ops(x, target_dtype, fmt, axiswise, dim, pow2)
     q = quantize_torchao(
         x.detach(), fmt, granularity=granularity.value, axiswise_dim=dim, round_scales_to_power_of_2=pow2
     )
     scale = q.scales if axiswise else q.scales.reshape(())
     codes = torch.from_numpy(np.ascontiguousarray(q.codes)).to(x.device)
     return _Float8(codes, torch.from_numpy(np.ascontiguousarray(scale)).to(x.device), fmt, axiswise)
+
+
+_TORCH_CAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _cast_in_torch_ops(
+    x: torch.Tensor, target_dtype: torch.dtype, fmt: FloatFormat, axiswise: bool, dim: int, pow2: bool
+) -> _Float8:
+    """torchao's cast as the torch ops it is defined by (float8_utils.py ``tensor_to_amax`` /
+    ``amax_to_scale`` / ``to_fp8_saturated``, float8_training_tensor.py:153): amax in the input dtype,
+    ``max / clamp(float64 amax, EPS)`` rounded to float32 (then ``exp2(floor(log2))`` with pow2),
+    ``clamp(fl32(x) * scale, +-max)`` cast with torch's round-to-nearest-even.  The same bits as
+    :func:`fp8sim.scaling.current.quantize_torchao` (tested), at torch's speed on any device."""
+    with torch.no_grad():
+        a = torch.abs(x.detach())
+        amax = torch.amax(a, dim=dim, keepdim=True) if axiswise else torch.max(a)
+        scale = (fmt.max / torch.clamp(amax.to(torch.float64), min=_TORCHAO_EPS)).to(torch.float32)
+        if pow2:
+            scale = torch.exp2(torch.floor(torch.log2(scale)))
+        scaled = x.detach().to(torch.float32) * scale
+        codes = scaled.clamp(min=-fmt.max, max=fmt.max).to(target_dtype).view(torch.uint8)
+    return _Float8(codes, scale, fmt, axiswise)
 
 
 def _cast_with_group_amax(x: torch.Tensor, fmt: FloatFormat, pow2: bool, group: Any) -> _Float8:
