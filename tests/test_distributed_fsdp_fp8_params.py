@@ -373,3 +373,32 @@ def test_fsdp2_refuses_block_scaled_weights_it_would_gather_in_high_precision(re
     for rank, res in enumerate(results):
         got = res["refusals"][case]
         assert got.startswith("NotImplementedError") and expected in got, f"rank {rank}: {got}"
+
+
+@pytest.mark.parametrize("recipe_name", ["MXFP8BlockScaling", "Float8BlockScaling"])
+def test_block_scaled_row_split_keeps_codes_scales_and_values(recipe_name: str) -> None:
+    """One process, no process group: ``torch.chunk`` (aten split, FSDP2's sharding) of a block-scaled
+    weight into aligned row shards gives tensors of the same class whose buffers are the shards of the
+    whole tensor's in TE's layouts (``_rows``) and whose dequantized values are its rows; a padded
+    ``new_zeros`` shard takes a ``copy_`` of a shard bit for bit."""
+    import fp8sim.pytorch as te
+
+    torch.manual_seed(1)
+    with te.quantized_model_init(recipe=_recipe(recipe_name)):
+        w = te.Linear(128, 256).weight
+    whole = _state(w)
+    pieces = torch.chunk(w, 2, dim=0)
+    for rank, piece in enumerate(pieces):
+        assert type(piece) is type(w), type(piece).__name__
+        got, want = _state(piece), _rows(whole, rank, 2)
+        assert got.keys() == want.keys(), (sorted(got), sorted(want))
+        for k in got:
+            _same(got[k], want[k], f"{recipe_name} shard {rank} {k}")
+        rows = slice(rank * 128, (rank + 1) * 128)
+        got_values, want_values = piece.dequantize().detach().numpy(), w.dequantize()[rows].detach().numpy()
+        _same(got_values, want_values, f"{recipe_name} shard {rank} values")
+        padded = w.new_zeros(piece.shape)
+        assert type(padded) is type(w)
+        padded.narrow(0, 0, piece.shape[0]).copy_(piece)
+        for k, v in _state(padded).items():
+            _same(v, got[k], f"{recipe_name} shard {rank} {k} after new_zeros + copy_")
