@@ -20,6 +20,14 @@ weights), trained on the ranks' micro-batches with gradient accumulation ``(g_0 
   the shard's FP8 codes plus 4 per float32 bias element (a high-precision gather would send 4 per
   weight element); the unsharded weight is a ``Float8Tensor`` whose codes and scale are the
   reference's.
+- MXFP8BlockScaling and Float8BlockScaling (128x128 weight blocks), per layer and (MXFP8) root-only:
+  the same bit-identity of losses, gradient shards and every buffer of every weight shard (TE's shard
+  layouts written out in ``_rows``); each all-gather carries uint8, exactly the shard's codes plus its
+  scales with the row padding removed (TE ``mxfp8_tensor.py`` ``fsdp_pre_all_gather`` lines 606-685,
+  ``float8_blockwise_tensor.py`` lines 603-662: 128x128 rowwise only); the unsharded weight is an
+  ``MXFP8Tensor`` / ``Float8BlockwiseQTensor`` with the reference's codes and scales.  Shards not
+  aligned to the scale blocks and 1x128 weights raise NotImplementedError at ``fully_shard`` (TE falls
+  back to a high-precision gather, or refuses 1x128 in ``fsdp_pre_all_gather``).
 - ``preserve_high_precision_init_val``: FSDP2 replaces the parameters; TE's own FSDP2 test carries
   the parameter attributes across (``tests/pytorch/distributed/fsdp2_tests/fsdp2_utils.py``
   ``save_custom_attrs``/``restore_custom_attrs``) and so does this one: the value is the
