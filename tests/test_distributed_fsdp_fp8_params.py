@@ -23,7 +23,7 @@ weights), trained on the ranks' micro-batches with gradient accumulation ``(g_0 
 - MXFP8BlockScaling and Float8BlockScaling (128x128 weight blocks), per layer and (MXFP8) root-only:
   the same bit-identity of losses, gradient shards and every buffer of every weight shard (TE's shard
   layouts written out in ``_rows``); each all-gather carries uint8, exactly the shard's codes plus its
-  scales with the row padding removed (TE ``mxfp8_tensor.py`` ``fsdp_pre_all_gather`` lines 606-685,
+  scales with the row padding removed (TE ``mxfp8_tensor.py`` pre/post all-gather lines 606-757,
   ``float8_blockwise_tensor.py`` lines 603-662: 128x128 rowwise only); the unsharded weight is an
   ``MXFP8Tensor`` / ``Float8BlockwiseQTensor`` with the reference's codes and scales.  Shards not
   aligned to the scale blocks and 1x128 weights raise NotImplementedError at ``fully_shard`` (TE falls
@@ -374,7 +374,7 @@ def test_fsdp2_keeps_the_high_precision_init_val(results: list[dict], recipe_nam
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_fsdp2_refuses_block_scaled_weights_it_would_gather_in_high_precision(results: list[dict], case: str) -> None:
     """TE gathers a block-scaled weight whose shard is not aligned to the scale blocks in high precision
-    (``mxfp8_tensor.py`` ``split``/``new_zeros`` fall back, lines 432-440 and 548-553 at d0067d0) and
+    (``mxfp8_tensor.py`` ``split``/``new_zeros`` fall back, lines 434-441 and 550-554 at d0067d0) and
     refuses 1x128 blocks in ``fsdp_pre_all_gather`` (``float8_blockwise_tensor.py`` line 622);
     fp8sim raises NotImplementedError at ``fully_shard`` naming the class and FSDP2 in every case."""
     expected = REFUSED[case][2]
