@@ -20,6 +20,14 @@ weights), trained on the ranks' micro-batches with gradient accumulation ``(g_0 
   the shard's FP8 codes plus 4 per float32 bias element (a high-precision gather would send 4 per
   weight element); the unsharded weight is a ``Float8Tensor`` whose codes and scale are the
   reference's.
+- MXFP8BlockScaling and Float8BlockScaling (128x128 weight blocks), per layer and (MXFP8) root-only:
+  the same bit-identity of losses, gradient shards and every buffer of every weight shard (TE's shard
+  layouts written out in ``_rows``); each all-gather carries uint8, exactly the shard's codes plus its
+  scales with the row padding removed (TE ``mxfp8_tensor.py`` pre/post all-gather lines 606-757,
+  ``float8_blockwise_tensor.py`` lines 603-662: 128x128 rowwise only); the unsharded weight is an
+  ``MXFP8Tensor`` / ``Float8BlockwiseQTensor`` with the reference's codes and scales.  Shards not
+  aligned to the scale blocks and 1x128 weights raise NotImplementedError at ``fully_shard`` (TE falls
+  back to a high-precision gather, or refuses 1x128 in ``fsdp_pre_all_gather``).
 - ``preserve_high_precision_init_val``: FSDP2 replaces the parameters; TE's own FSDP2 test carries
   the parameter attributes across (``tests/pytorch/distributed/fsdp2_tests/fsdp2_utils.py``
   ``save_custom_attrs``/``restore_custom_attrs``) and so does this one: the value is the
@@ -40,10 +48,18 @@ from _dist import ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
 STEPS, LOCAL_BATCH, LR = 3, 8, 0.5
-RECIPES = ("Float8CurrentScaling", "DelayedScaling")
+RECIPES = ("Float8CurrentScaling", "DelayedScaling", "MXFP8BlockScaling", "Float8BlockScaling")
 ROOT_ONLY = "Float8CurrentScaling/root-only"  # fully_shard on the root alone
-RUNS = (*RECIPES, ROOT_ONLY)
-SIZES = ((32, 64, True), (64, 32, False))  # in, out, bias
+MX_ROOT_ONLY = "MXFP8BlockScaling/root-only"
+RUNS = (*RECIPES, ROOT_ONLY, MX_ROOT_ONLY)
+# in, hidden, out: every weight's dim-0 shard on 2 ranks is a multiple of the scale blocks
+# (32 rows for MXFP8, 128 for 128x128 blocks); a per-tensor recipe takes any size
+DIMS = {"MXFP8BlockScaling": (32, 64, 64), "Float8BlockScaling": (128, 256, 256)}
+BLOCK_CLASS = {"MXFP8BlockScaling": "MXFP8Tensor", "Float8BlockScaling": "Float8BlockwiseQTensor"}
+
+
+def _dims(recipe_name: str | None) -> tuple[int, int, int]:
+    return DIMS.get((recipe_name or "").split("/")[0], (32, 64, 32))
 
 
 def _recipe(name: str):
@@ -52,20 +68,21 @@ def _recipe(name: str):
     return getattr(R, name)()
 
 
-def _model(recipe_name: str | None) -> nn.Module:
+def _model(recipe_name: str | None, dims: tuple[int, int, int] = (32, 64, 32)) -> nn.Module:
     import fp8sim.pytorch as te
 
     torch.manual_seed(0)
+    d_in, hidden, d_out = dims
     if recipe_name is None:
-        return nn.Sequential(te.Linear(32, 64, bias=True), nn.ReLU(), te.Linear(64, 32, bias=False))
+        return nn.Sequential(te.Linear(d_in, hidden, bias=True), nn.ReLU(), te.Linear(hidden, d_out, bias=False))
     with te.quantized_model_init(recipe=_recipe(recipe_name), preserve_high_precision_init_val=True):
-        return nn.Sequential(te.Linear(32, 64, bias=True), nn.ReLU(), te.Linear(64, 32, bias=False))
+        return nn.Sequential(te.Linear(d_in, hidden, bias=True), nn.ReLU(), te.Linear(hidden, d_out, bias=False))
 
 
-def _data(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _data(step: int, rank: int, dims: tuple[int, int, int] = (32, 64, 32)) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(100 * step + rank)
-    x = torch.randn(LOCAL_BATCH, 32, generator=g) * (1 + 3 * rank)  # the micro-batches have different amaxes
-    return x, torch.randn(LOCAL_BATCH, 32, generator=g)
+    x = torch.randn(LOCAL_BATCH, dims[0], generator=g) * (1 + 3 * rank)  # the micro-batches have different amaxes
+    return x, torch.randn(LOCAL_BATCH, dims[2], generator=g)
 
 
 def _step(model: nn.Module, recipe, x: torch.Tensor, y: torch.Tensor, group=None) -> torch.Tensor:
@@ -79,14 +96,76 @@ def _step(model: nn.Module, recipe, x: torch.Tensor, y: torch.Tensor, group=None
 
 
 def _state(p: torch.Tensor) -> dict:
-    """Codes and scale of a Float8Tensor (or the values of a plain tensor), as numpy."""
+    """Codes and scales of a Float8Tensor / block-scaled tensor (or the values of a plain tensor), as
+    numpy (``.numpy()`` on a clone: on the parameter's own buffer it would pin the storage)."""
     if hasattr(p, "_data") and p._data is not None:
-        return {"codes": p._data.clone().numpy(), "scale_inv": p._scale_inv.clone().numpy()}  # .numpy() pins storage
+        return {"codes": p._data.clone().numpy(), "scale_inv": p._scale_inv.clone().numpy()}
+    if hasattr(p, "_rowwise_scale_inv"):
+        out = {}
+        for usage in ("rowwise", "columnwise"):
+            if getattr(p, f"_{usage}_data") is not None:
+                out[f"{usage}_codes"] = getattr(p, f"_{usage}_data").clone().numpy()
+                out[f"{usage}_scale_inv"] = getattr(p, f"_{usage}_scale_inv").clone().numpy()
+        return out
     return {"values": p.detach().clone().numpy()}
 
 
+def _pad(a: np.ndarray, axis: int, multiple: int) -> np.ndarray:
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, -a.shape[axis] % multiple)
+    return np.pad(a, widths)
+
+
 def _rows(full: dict, rank: int, world: int) -> dict:
-    return {k: v if k == "scale_inv" else np.array_split(v, world, axis=0)[rank] for k, v in full.items()}
+    """The shard ``rank`` holds of a parameter state (dim-0 rows), in TE's layouts written out here:
+    MXFP8 (TE ``mxfp8_tensor.py`` ``split`` lines 422-510 at d0067d0) scale rows per 32 rows, re-padded
+    to 128 (rowwise) / 4 (columnwise); 128x128 blocks: one rowwise scale row per 128 rows, the
+    transposed columnwise codes and scale grid split along their dim 1 (scale columns re-padded to 4)."""
+    if "rowwise_codes" not in full:
+        return {k: v if k == "scale_inv" else np.array_split(v, world, axis=0)[rank] for k, v in full.items()}
+    rows = full["rowwise_codes"].shape[0]
+    ms = rows // world
+    sl = slice(rank * ms, (rank + 1) * ms)
+    mx = full["rowwise_scale_inv"].dtype == np.uint8
+    out = {"rowwise_codes": full["rowwise_codes"][sl]}
+    if mx:
+        out["rowwise_scale_inv"] = _pad(full["rowwise_scale_inv"][sl], 0, 128)
+        if "columnwise_codes" in full:
+            out["columnwise_codes"] = full["columnwise_codes"][sl]
+            b = slice(rank * ms // 32, (rank + 1) * ms // 32)
+            out["columnwise_scale_inv"] = _pad(full["columnwise_scale_inv"][b], 0, 4)
+        return out
+    b = slice(rank * ms // 128, (rank + 1) * ms // 128)
+    out["rowwise_scale_inv"] = full["rowwise_scale_inv"][b]
+    if "columnwise_codes" in full:
+        out["columnwise_codes"] = full["columnwise_codes"][:, sl]
+        out["columnwise_scale_inv"] = _pad(full["columnwise_scale_inv"][:, b], 1, 4)
+    return out
+
+
+def _payloads(recipe_name: str, model: nn.Module, world: int, per_layer: bool) -> list[int]:
+    """The bytes one all-gather may carry (TE's ``fsdp_pre_all_gather``): a weight's shard codes (1 byte
+    each) and scales with their row padding removed, plus 4 per float32 bias element; per-tensor
+    recipes send their codes only (the scale travels as metadata).  A high-precision gather would
+    send 4 bytes per weight element."""
+    per_layer_bytes = []
+    for layer in (model[0], model[2]):
+        n, k = layer.weight.shape
+        ms = n // world
+        bias = 4 * ms if "bias" in dict(layer.named_parameters()) else 0
+        base = recipe_name.split("/")[0]
+        if base == "MXFP8BlockScaling":
+            row = ms * k + ms * (-(-(k // 32) // 4) * 4)
+            col = ms * k + (ms // 32) * (-(-k // 128) * 128)
+            per_layer_bytes.append((row + bias, col + bias, row + col + bias))
+        elif base == "Float8BlockScaling":
+            row = ms * k + 4 * (ms // 128) * (-(-((k + 127) // 128) // 4) * 4)
+            per_layer_bytes.append((row + bias,))
+        else:
+            per_layer_bytes.append((ms * k + bias,))
+    if per_layer:
+        return [b for options in per_layer_bytes for b in options]
+    return [sum(options[-1] for options in per_layer_bytes)]  # one all-gather for the root's group
 
 
 def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -> dict:
@@ -94,7 +173,8 @@ def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -
 
     same_batch = recipe_name == "DelayedScaling"
     recipe = _recipe(recipe_name)
-    model = _model(recipe_name)
+    dims = _dims(recipe_name)
+    model = _model(recipe_name, dims)
     attrs = {n: {k: v for k, v in vars(p).items() if not k.startswith("_")} for n, p in model.named_parameters()}
     for layer in model if per_layer else ():  # per layer: resharded after forward, gathered again in backward
         if list(layer.parameters()):
@@ -118,7 +198,7 @@ def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -
     setattr(dist, name, counting)
     try:
         for step in range(STEPS):
-            x, y = _data(step, 0 if same_batch else rank)
+            x, y = _data(step, 0 if same_batch else rank, dims)
             losses.append(_step(model, recipe, x, y, dist.group.WORLD).item())
             grads.append([p.grad._local_tensor.numpy().copy() for p in model.parameters()])
             opt.step()
@@ -126,14 +206,11 @@ def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -
             params.append([_state(p._local_tensor) for p in model.parameters()])
     finally:
         setattr(dist, name, original)
-    shard_bytes = [
-        sum(p._local_tensor.numel() * (1 if "weight" in n else 4) for n, p in layer.named_parameters())
-        for layer in (model[0], model[2])
-    ]
-    if not per_layer:
-        shard_bytes = [sum(shard_bytes)]  # one all-gather for the root's group
+    shard_bytes = _payloads(recipe_name, model, world, per_layer)
     weights = [p._local_tensor for n, p in model.named_parameters() if "weight" in n]
-    resizable = all(w._data.untyped_storage().resizable() for w in weights)
+    resizable = all(
+        getattr(w, "_data", getattr(w, "_rowwise_data", None)).untyped_storage().resizable() for w in weights
+    )
     for unit in (model[0], model[2]) if per_layer else (model,):
         unit.unshard()
     unsharded = [(type(m.weight).__name__, _state(m.weight)) for m in (model[0], model[2])]
@@ -152,18 +229,19 @@ def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -
 def _reference_run(recipe_name: str, world: int) -> dict:
     same_batch = recipe_name == "DelayedScaling"
     recipe = _recipe(recipe_name)
-    model = _model(recipe_name)
+    dims = _dims(recipe_name)
+    model = _model(recipe_name, dims)
     hp_init = {n: p.get_high_precision_init_val().numpy().copy() for n, p in model.named_parameters() if "weight" in n}
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses, grads, params = [], [], []
     for step in range(STEPS):
         if same_batch:
-            losses.append([_step(model, recipe, *_data(step, 0)).item()] * world)
+            losses.append([_step(model, recipe, *_data(step, 0, dims)).item()] * world)
             grads.append([p.grad.numpy().copy() for p in model.parameters()])
         else:
             micro, step_losses = [], []
             for r in range(world):
-                step_losses.append(_step(model, recipe, *_data(step, r)).item())
+                step_losses.append(_step(model, recipe, *_data(step, r, dims)).item())
                 micro.append([p.grad.clone() for p in model.parameters()])
                 opt.zero_grad()
             for p, g0, g1 in zip(model.parameters(), *micro, strict=True):
@@ -173,7 +251,7 @@ def _reference_run(recipe_name: str, world: int) -> dict:
         opt.step()
         opt.zero_grad()
         params.append([_state(p) for p in model.parameters()])
-    plain = {n: p.detach().numpy().copy() for n, p in _model(None).named_parameters() if "weight" in n}
+    plain = {n: p.detach().numpy().copy() for n, p in _model(None, dims).named_parameters() if "weight" in n}
     return {"losses": losses, "grads": grads, "params": params, "hp_init": hp_init, "plain_init": plain}
 
 
@@ -184,6 +262,46 @@ def _worker(rank: int, world: int) -> dict:
         out[recipe_name, "reference"] = _reference_run(recipe_name, world)  # same process, same threads
     out[ROOT_ONLY, "fsdp"] = _fsdp_run("Float8CurrentScaling", rank, world, per_layer=False)
     out[ROOT_ONLY, "reference"] = out["Float8CurrentScaling", "reference"]
+    out[MX_ROOT_ONLY, "fsdp"] = _fsdp_run("MXFP8BlockScaling", rank, world, per_layer=False)
+    out[MX_ROOT_ONLY, "reference"] = out["MXFP8BlockScaling", "reference"]
+    out["refusals"] = _refusals()
+    return out
+
+
+REFUSED = {  # recipe, dims (in, hidden, out), what the NotImplementedError names
+    "MXFP8, 16-row shards": ("MXFP8BlockScaling", (32, 64, 32), "MXFP8Tensor under FSDP2"),
+    "128x128 blocks, 64-row shards": ("Float8BlockScaling", (128, 128, 128), "Float8BlockwiseQTensor under FSDP2"),
+    "1x128 blocks": ("Float8BlockScaling/1d", (128, 256, 256), "FSDP2 is only supported for Float8BlockwiseQTensors"),
+}
+
+
+def _refusals() -> dict:
+    """``fully_shard`` of weights whose shards do not align to the scale blocks (or 1x128 weights):
+    the NotImplementedError's message, or what happened instead."""
+    from torch.distributed.fsdp import fully_shard
+
+    import fp8sim.pytorch as te
+    from fp8sim import recipe as R
+
+    out = {}
+    for case, (recipe_name, dims, _) in REFUSED.items():
+        torch.manual_seed(0)
+        if recipe_name.endswith("/1d"):
+            rec = R.Float8BlockScaling(w_block_scaling_dim=1)
+        else:
+            rec = _recipe(recipe_name)
+        with te.quantized_model_init(recipe=rec):
+            model = nn.Sequential(te.Linear(dims[0], dims[1]), nn.ReLU(), te.Linear(dims[1], dims[2]))
+        try:
+            for layer in (model[0], model[2]):
+                fully_shard(layer)
+            fully_shard(model)
+            model(torch.randn(LOCAL_BATCH, dims[0]))
+            out[case] = "no error; weight classes " + ", ".join(
+                type(p._local_tensor).__name__ for p in model.parameters()
+            )
+        except NotImplementedError as e:
+            out[case] = f"NotImplementedError: {e}"
     return out
 
 
@@ -224,11 +342,14 @@ def test_fsdp2_gathers_fp8_bytes_and_rebuilds_the_reference_weight(results: list
         assert run["gathers"], "no all-gather was recorded"
         for dtype, numel in run["gathers"]:
             assert dtype == "torch.uint8" and numel in run["shard_bytes"], (dtype, numel, run["shard_bytes"])
+        expected_cls = BLOCK_CLASS.get(recipe_name.split("/")[0], "Float8Tensor")
         for (cls, got), i in zip(run["unsharded"], (0, 2), strict=True):
-            assert cls == "Float8Tensor", f"layer {i}: the gathered weight is a {cls}"
+            assert cls == expected_cls, f"layer {i}: the gathered weight is a {cls}"
             want = ref["params"][-1][0 if i == 0 else 2]
-            _same(got["codes"], want["codes"], f"rank {rank} layer {i} gathered codes")
-            _same(got["scale_inv"], want["scale_inv"], f"rank {rank} layer {i} gathered scale_inv")
+            assert got and set(got) <= set(want), f"layer {i}: gathered {sorted(got)}, reference {sorted(want)}"
+            assert "codes" in got or "rowwise_codes" in got, f"layer {i}: no rowwise codes after unshard"
+            for k in got:
+                _same(got[k], want[k], f"rank {rank} layer {i} gathered {k}")
 
 
 @pytest.mark.parametrize("recipe_name", RUNS)
@@ -248,3 +369,44 @@ def test_fsdp2_keeps_the_high_precision_init_val(results: list[dict], recipe_nam
         for n, want in ref["plain_init"].items():
             _same(run["hp_init"][n], want, f"{n} (FSDP2)")
             _same(ref["hp_init"][n], want, f"{n} (one process)")
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_fsdp2_refuses_block_scaled_weights_it_would_gather_in_high_precision(results: list[dict], case: str) -> None:
+    """TE gathers a block-scaled weight whose shard is not aligned to the scale blocks in high precision
+    (``mxfp8_tensor.py`` ``split``/``new_zeros`` fall back, lines 434-441 and 550-554 at d0067d0) and
+    refuses 1x128 blocks in ``fsdp_pre_all_gather`` (``float8_blockwise_tensor.py`` line 622);
+    fp8sim raises NotImplementedError at ``fully_shard`` naming the class and FSDP2 in every case."""
+    expected = REFUSED[case][2]
+    for rank, res in enumerate(results):
+        got = res["refusals"][case]
+        assert got.startswith("NotImplementedError") and expected in got, f"rank {rank}: {got}"
+
+
+@pytest.mark.parametrize("recipe_name", ["MXFP8BlockScaling", "Float8BlockScaling"])
+def test_block_scaled_row_split_keeps_codes_scales_and_values(recipe_name: str) -> None:
+    """One process, no process group: ``torch.chunk`` (aten split, FSDP2's sharding) of a block-scaled
+    weight into aligned row shards gives tensors of the same class whose buffers are the shards of the
+    whole tensor's in TE's layouts (``_rows``) and whose dequantized values are its rows; a padded
+    ``new_zeros`` shard takes a ``copy_`` of a shard bit for bit."""
+    import fp8sim.pytorch as te
+
+    torch.manual_seed(1)
+    with te.quantized_model_init(recipe=_recipe(recipe_name)):
+        w = te.Linear(128, 256).weight
+    whole = _state(w)
+    pieces = torch.chunk(w, 2, dim=0)
+    for rank, piece in enumerate(pieces):
+        assert type(piece) is type(w), type(piece).__name__
+        got, want = _state(piece), _rows(whole, rank, 2)
+        assert got.keys() == want.keys(), (sorted(got), sorted(want))
+        for k in got:
+            _same(got[k], want[k], f"{recipe_name} shard {rank} {k}")
+        rows = slice(rank * 128, (rank + 1) * 128)
+        got_values, want_values = piece.dequantize().detach().numpy(), w.dequantize()[rows].detach().numpy()
+        _same(got_values, want_values, f"{recipe_name} shard {rank} values")
+        padded = w.new_zeros(piece.shape)
+        assert type(padded) is type(w)
+        padded.narrow(0, 0, piece.shape[0]).copy_(piece)
+        for k, v in _state(padded).items():
+            _same(v, got[k], f"{recipe_name} shard {rank} {k} after new_zeros + copy_")

@@ -246,7 +246,9 @@ def _element_format(fp8_dtype: Any) -> Any:
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
-    return np.ascontiguousarray(t.detach().cpu().numpy())
+    from ..._torch import numpy_view
+
+    return np.array(numpy_view(t), copy=True)  # a copy: .numpy() pins the storage FSDP2 frees
 
 
 def _pad(codes: np.ndarray, rb: int, cb: int) -> np.ndarray:

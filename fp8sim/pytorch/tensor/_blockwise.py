@@ -84,6 +84,11 @@ class BlockScaledTensor(QuantizedTensor):
         meta.update({name: getattr(self, "_" + name) for name in self._extra_fields})
         return meta
 
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """TE's (``quantized_tensor.py``): an empty storage; the bytes live in the data buffers.  FSDP2's
+        ``reset_sharded_param`` compares storage pointers, which a wrapper subclass's own storage lacks."""
+        return torch.UntypedStorage(0, device=self.device)
+
     def get_usages(self) -> dict[str, bool]:
         return {"rowwise": self._rowwise_data is not None, "columnwise": self._columnwise_data is not None}
 

@@ -15,6 +15,8 @@ transposed, ``(K, *shape[:-1])``; float32 scale_inv of shape
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -22,6 +24,7 @@ from ..._torch import numpy_view
 from ...formats import get_format
 from ...scaling.block import quantize_block_scaling
 from ..constants import DType, TE_DType_To_Torch
+from . import _fsdp2_block
 from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
 from .quantized_tensor import Quantizer, _check_high_precision
 from .storage.float8_blockwise_tensor_storage import Float8BlockwiseQTensorStorage
@@ -138,6 +141,17 @@ class Float8BlockwiseQTensor(Float8BlockwiseQTensorStorage, BlockScaledTensor):
     ``_is_2D_scaled``."""
 
     _extra_fields = ("is_2D_scaled",)
+    fsdp_pre_all_gather = _fsdp2_block.fsdp_pre_all_gather
+    fsdp_post_all_gather = _fsdp2_block.fsdp_post_all_gather
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """The FSDP2 ops (``_fsdp2_block``); the rest run on the dequantized values."""
+        kwargs = kwargs or {}
+        out = _fsdp2_block.dispatch(func, args, kwargs)
+        if out is not NotImplemented:
+            return out
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
     def _view_refusal(self, shape: tuple[int, ...], view: bool) -> tuple[type | None, str] | None:
         """TE (``float8_blockwise_tensor.py`` ``_ViewFunc``/``_ReshapeFunc``): 1x128 blocks keep the

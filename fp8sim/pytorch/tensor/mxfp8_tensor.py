@@ -23,6 +23,7 @@ from ..._torch import numpy_view
 from ...formats import get_format
 from ...scaling.mx import quantize_mx
 from ..constants import MXFP8_BLOCK_SCALING_SIZE, DType, TE_DType_To_Torch
+from . import _fsdp2_block
 from ._blockwise import BlockScaledTensor, check_usage, flatten_2d, padded, round_up
 from .quantized_tensor import Quantizer, _check_high_precision
 from .storage.mxfp8_tensor_storage import MXFP8TensorStorage
@@ -135,6 +136,8 @@ class MXFP8Tensor(MXFP8TensorStorage, BlockScaledTensor):
     ``_fp8_dtype``, ``_with_gemm_swizzled_scales`` (False: fp8sim keeps compact scales)."""
 
     _extra_fields = ("with_gemm_swizzled_scales",)
+    fsdp_pre_all_gather = _fsdp2_block.fsdp_pre_all_gather
+    fsdp_post_all_gather = _fsdp2_block.fsdp_post_all_gather
 
     def _create_columnwise(self) -> None:
         """TE (``storage/mxfp8_tensor_storage.py`` ``update_usage``): only the quantization makes it."""
@@ -149,6 +152,9 @@ class MXFP8Tensor(MXFP8TensorStorage, BlockScaledTensor):
         """TE's MXFP8 ``split`` (FSDP2): along dim 0 in multiples of 32 rows the pieces stay MXFP8Tensors
         (data and scales split, scales re-padded to TE's 128 / 4 rows); any other split dequantizes."""
         kwargs = kwargs or {}
+        out = _fsdp2_block.dispatch(func, args, kwargs)  # FSDP2's new_zeros, split, narrow, view, as_strided
+        if out is not NotImplemented:
+            return out
         if func == torch.ops.aten.split.Tensor:
             tensor, size = args[0], args[1]
             dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
