@@ -149,3 +149,23 @@ def test_bad_arguments():
         fs.MXFP8Linear(64, 32, kernel_preference="emulated")(torch.randn(8, 64).requires_grad_()).sum().backward()
     with pytest.raises(TypeError, match="config must be"):
         fs.convert_to_mxfp8_training(nn.Linear(32, 32), config=copy.copy("rceil"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("mode", ["floor", "rceil"])
+def test_mx_cast_in_torch_ops_equals_the_numpy_reference(mode: str, dtype: torch.dtype) -> None:
+    """MXFP8Linear casts with torch ops (torchao's own definition, for speed); codes and E8M0 scales must be
+    those of fp8sim's independent numpy reference ``quantize_mx(flavor="torchao")``: NaN and Inf blocks,
+    zero blocks, subnormal-range and huge amaxes, values that overflow to the +-448 clamp."""
+    from fp8sim.scaling.mx import quantize_mx
+    from fp8sim.torchao.mx_linear import ScaleCalculationMode, _to_mx_in_torch_ops
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 256, generator=gen) * torch.logspace(-40, 36, 256).clamp(max=3e38)
+    x[0, 0], x[1, 40], x[2, 64:96], x[3, 100] = float("nan"), float("-inf"), 0.0, 1e-44
+    x[4, 130] = 3.4e38
+    x = x.to(dtype)
+    got = _to_mx_in_torch_ops(x, ScaleCalculationMode(mode))
+    ref = quantize_mx(x, "e4m3", axis=-1, scale_rule=mode, flavor="torchao")
+    assert np.array_equal(got.scales, np.asarray(ref.scales))
+    assert np.array_equal(got.codes, np.asarray(ref.codes))

@@ -121,8 +121,52 @@ class _MX:
 def _to_mx(x: torch.Tensor, mode: ScaleCalculationMode) -> _MX:
     if x.shape[-1] % _BLOCK:
         raise ValueError(f"the last dimension of shape {tuple(x.shape)} must be divisible by block_size {_BLOCK}")
+    if x.numel() and x.dtype in (torch.float32, torch.bfloat16) and mode in _TORCH_OP_MODES:
+        return _to_mx_in_torch_ops(x.detach().contiguous(), mode)
     q = quantize_mx(x.detach().contiguous(), "e4m3", axis=-1, scale_rule=mode.value, flavor="torchao")
     return _MX(q.codes, q.scales)
+
+
+_TORCH_OP_MODES = (ScaleCalculationMode.FLOOR, ScaleCalculationMode.RCEIL)
+_E4M3_MAX, _E4M3_MAX_POW2, _E8M0_BIAS = 448.0, 8, 127
+
+
+def _to_mx_in_torch_ops(x: torch.Tensor, mode: ScaleCalculationMode) -> _MX:
+    """torchao's ``to_mx`` for E4M3 elements (mx_tensor.py:214-380, eager, no inline PTX) as the torch ops it
+    is defined by: block amax in the input dtype, then float32; FLOOR: the amax's exponent minus 8, clamped
+    to [-127, 128], NaN amax -> 255, elements divided by ``max(2^e, 2^-126)``; RCEIL (``_to_mx_rceil``):
+    ``ceil(log2(amax / 448))`` clamped to [-127, 127], NaN -> 255, Inf -> 254, elements times the
+    reciprocal power of two; both clamp to +-448 and cast with torch's round-to-nearest-even.  The same
+    bits as :func:`fp8sim.scaling.mx.quantize_mx` (``flavor="torchao"``, tested), at torch's speed."""
+    shape = x.shape
+    blocks = x.reshape(*shape[:-1], shape[-1] // _BLOCK, _BLOCK)
+    max_abs = torch.amax(torch.abs(blocks), -1).unsqueeze(-1).to(torch.float32)
+    data = blocks.to(torch.float32)
+    if mode is ScaleCalculationMode.RCEIL:
+        descale = max_abs / _E4M3_MAX
+        normal = (torch.clamp(torch.ceil(torch.log2(descale)), min=-_E8M0_BIAS, max=_E8M0_BIAS) + _E8M0_BIAS).to(
+            torch.uint8
+        )
+        exponent = torch.where(torch.isnan(descale), 255, torch.where(torch.isinf(descale), 254, normal))
+        exponent = exponent.to(torch.uint8)
+        rcp = torch.where(
+            exponent == 255,
+            descale,
+            torch.where(
+                exponent == 254,
+                2.0**-127,
+                torch.where(exponent == 0, 1.0, torch.exp2(_E8M0_BIAS - exponent.to(torch.float32))),
+            ),
+        )
+        scaled = data * rcp
+    else:
+        pow2 = ((max_abs.view(torch.int32) >> 23) & 0xFF) - _E8M0_BIAS
+        unbiased = torch.clamp(pow2 - _E4M3_MAX_POW2, min=-_E8M0_BIAS, max=_E8M0_BIAS + 1)
+        exponent = torch.where(torch.isnan(max_abs), 255, (unbiased + _E8M0_BIAS).to(torch.uint8)).to(torch.uint8)
+        scale = torch.clamp((exponent.to(torch.int32) << 23).view(torch.float32), min=2.0**-126)
+        scaled = data / scale
+    codes = torch.clamp(scaled, min=-_E4M3_MAX, max=_E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    return _MX(codes.reshape(shape).cpu().numpy(), exponent.reshape(*shape[:-1], shape[-1] // _BLOCK).cpu().numpy())
 
 
 def _dequantize(t: _MX, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
