@@ -365,12 +365,12 @@ def _worker(rank: int, world: int) -> dict:
             sp(torch.randn(16, 32))
     except RuntimeError as exc:
         errors["row_scaled"] = str(exc)
-    mha = te.MultiheadAttention(32, 2, tp_group=tp, set_parallel_mode=True)
-    try:
-        with te.autocast(recipe=DelayedScaling(fp8_dpa=True)):
-            mha(torch.randn(4, 1, 32))
+    row = te.Linear(32, 32, tp_group=tp, parallel_mode="row")
+    try:  # a row-parallel FP8 output would quantize a partial sum
+        with te.autocast(recipe=DelayedScaling()):
+            row(torch.randn(16, 16), fp8_output=True)
     except NotImplementedError as exc:
-        errors["fp8_dpa"] = str(exc)
+        errors["fp8_output"] = str(exc)
     res["errors"] = errors
     res["sizes"] = (tuple(lin.weight.shape), tuple(te.Linear(32, 64, tp_group=tp, parallel_mode="row").weight.shape))
     return res
@@ -505,7 +505,7 @@ def test_tp_errors_on_the_ranks(results: list) -> None:
     assert "Amax reduction across tensor parallel group is necessary" in errors["reduce_amax"]
     assert "NVFP4 stochastic rounding of a sequence-parallel all-gather" in errors["block"]
     assert "disable_stochastic_rounding=True" in errors["block"]
-    assert "fp8_dpa / fp8_mha (FP8 hand-offs around attention) with tp_size > 1" in errors["fp8_dpa"]
+    assert errors["fp8_output"] == "fp8sim: fp8_output on a row-parallel layer with tp_size > 1"
     assert errors["row_scaled"] == "Row-scaled NVFP4 quantization does not support amax reduction."  # TE quantizer.cpp
     assert results[0]["sizes"] == ((32, 32), (64, 16))
 

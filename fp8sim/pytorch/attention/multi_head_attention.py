@@ -201,8 +201,6 @@ class MultiheadAttention(nn.Module):
         if not st.enabled or st.calibrating or self.qkv_format == "thd":
             return False, False, False
         recipe = get_recipe()
-        if self.tp_size > 1 and (getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False)):
-            raise NotImplementedError("fp8sim: fp8_dpa / fp8_mha (FP8 hand-offs around attention) with tp_size > 1")
         ds, cs = isinstance(recipe, DelayedScaling), isinstance(recipe, Float8CurrentScaling)
         qkv = bool(recipe.fp8_mha) and rotary_pos_emb is None and ds
         dpa = bool(recipe.fp8_dpa or recipe.fp8_mha) and (ds or cs)
