@@ -32,9 +32,10 @@ The same spawn runs the MLP in bf16, behind a LayerNorm (``LayerNormMLP(set_para
 Also in the spawn: ``MultiheadAttention`` (self and cross attention, 4 heads in 2 GQA groups) and
 ``TransformerLayer`` (also with rotary embeddings) with ``set_parallel_mode=True`` against each rank's shard
 run as one process between the test's own sums over the ranks (:func:`_run_attention`), FP8 off, delayed and
-current scaling, sequence parallel off and on; and MXFP8, Float8Block and NVFP4 block scaling under sequence
-parallel (:func:`_run_block`), with TE's per-shard quantize-then-gather written out
-(:func:`_per_shard_then_gather`).
+current scaling, sequence parallel off and on, also with ``fp8_dpa`` / ``fp8_mha`` (FP8 attention on each
+rank's heads, its hand-offs and DPA's reduced delayed-scaling state against the reference's); and MXFP8,
+Float8Block and NVFP4 block scaling under sequence parallel (:func:`_run_block`), with TE's per-shard
+quantize-then-gather written out (:func:`_per_shard_then_gather`).
 """
 
 from __future__ import annotations
