@@ -18,7 +18,7 @@ ATT_CASES += [("rope", "current", sp) for sp in (False, True)]  # the Transforme
 # FP8 attention (fp8_dpa: FP8 O into proj, FP8 dO from proj under delayed; fp8_mha: FP8 Q, K, V from the QKV GEMM too)
 ATT_CASES += [("mha", "dpa-delayed", sp) for sp in (False, True)]
 ATT_CASES += [("layer", "dpa-current", sp) for sp in (False, True)]
-ATT_CASES += [("mha", "mha-delayed", False), ("layer", "mha-delayed", True), ("mha", "dpa-current", False)]
+ATT_CASES += [("mha", "mha-delayed", False), ("layer", "mha-delayed", True), ("cross", "mha-delayed", True)]
 ATT_CASES += [("rope", "mha-delayed", False)]  # fp8_mha with RoPE: the QKV output stays high precision (TE)
 QKV = ("query_weight", "key_weight", "value_weight", "query_bias", "key_bias", "value_bias")
 
@@ -156,7 +156,12 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
     input or grad output is quantized with the amax reduced over the TP group, which is the amax of the whole
     tensor the reference shard sees; every other amax is the shard's own.  Delayed scaling (3 steps): the
     reference's autocast MAX-reduces each slot's amax over the two ranks' shards as TE's
-    ``reduce_and_update_fp8_tensors`` does (checked by hand for Linear in test_distributed_te_tp.py)."""
+    ``reduce_and_update_fp8_tensors`` does (checked by hand for Linear in test_distributed_te_tp.py).  With
+    ``fp8_dpa`` / ``fp8_mha`` TE sets the FP8 boundaries with no TP condition (multi_head_attention.py 900-921),
+    so the reference's one-process shard runs them too; DPA is a TE module (dot_product_attention.py 415, 917-936)
+    whose fp8_meta joins the region's global buffer with the autocast's group (base.py 1561, 1632;
+    quantization.py 656), so its amaxes are MAX-reduced like the GEMMs' and its state must equal the
+    reference's."""
     import fp8sim.pytorch as te
     from fp8sim.recipe import DelayedScaling, Float8CurrentScaling
 

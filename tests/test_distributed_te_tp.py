@@ -372,6 +372,12 @@ def _worker(rank: int, world: int) -> dict:
             row(torch.randn(16, 16), fp8_output=True)
     except NotImplementedError as exc:
         errors["fp8_output"] = str(exc)
+    col = te.Linear(32, 32, tp_group=tp, parallel_mode="column")
+    try:  # a column-parallel FP8 dgrad would quantize a partial sum before its all-reduce
+        with te.autocast(recipe=DelayedScaling()):
+            col(torch.randn(16, 32), fp8_grad=True)
+    except NotImplementedError as exc:
+        errors["fp8_grad"] = str(exc)
     res["errors"] = errors
     res["sizes"] = (tuple(lin.weight.shape), tuple(te.Linear(32, 64, tp_group=tp, parallel_mode="row").weight.shape))
     return res
@@ -507,6 +513,7 @@ def test_tp_errors_on_the_ranks(results: list) -> None:
     assert "NVFP4 stochastic rounding of a sequence-parallel all-gather" in errors["block"]
     assert "disable_stochastic_rounding=True" in errors["block"]
     assert errors["fp8_output"] == "fp8sim: fp8_output on a row-parallel layer with tp_size > 1"
+    assert errors["fp8_grad"] == "fp8sim: an FP8 input or fp8_grad on a column-parallel layer with tp_size > 1"
     assert errors["row_scaled"] == "Row-scaled NVFP4 quantization does not support amax reduction."  # TE quantizer.cpp
     assert results[0]["sizes"] == ((32, 32), (64, 16))
 
