@@ -15,6 +15,11 @@ AS, AB, HEADS, GROUPS, KV = 16, 2, 4, 2, 8  # sbhd [16, 2, 32]; 4 heads in 2 GQA
 ATT_CASES = [(m, r, sp) for m in ("mha", "layer") for r in ("hp", "delayed", "current") for sp in (False, True)]
 ATT_CASES += [("cross", r, sp) for r in ("hp", "current") for sp in (False, True)]
 ATT_CASES += [("rope", "current", sp) for sp in (False, True)]  # the TransformerLayer with rotary embeddings
+# FP8 attention (fp8_dpa: FP8 O into proj, FP8 dO from proj under delayed; fp8_mha: FP8 Q, K, V from the QKV GEMM too)
+ATT_CASES += [("mha", "dpa-delayed", sp) for sp in (False, True)]
+ATT_CASES += [("layer", "dpa-current", sp) for sp in (False, True)]
+ATT_CASES += [("mha", "mha-delayed", False), ("layer", "mha-delayed", True), ("cross", "mha-delayed", True)]
+ATT_CASES += [("rope", "mha-delayed", False)]  # fp8_mha with RoPE: the QKV output stays high precision (TE)
 QKV = ("query_weight", "key_weight", "value_weight", "query_bias", "key_bias", "value_bias")
 
 
@@ -151,7 +156,12 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
     input or grad output is quantized with the amax reduced over the TP group, which is the amax of the whole
     tensor the reference shard sees; every other amax is the shard's own.  Delayed scaling (3 steps): the
     reference's autocast MAX-reduces each slot's amax over the two ranks' shards as TE's
-    ``reduce_and_update_fp8_tensors`` does (checked by hand for Linear in test_distributed_te_tp.py)."""
+    ``reduce_and_update_fp8_tensors`` does (checked by hand for Linear in test_distributed_te_tp.py).  With
+    ``fp8_dpa`` / ``fp8_mha`` TE sets the FP8 boundaries with no TP condition (multi_head_attention.py 900-921),
+    so the reference's one-process shard runs them too; DPA is a TE module (dot_product_attention.py 415, 917-936)
+    whose fp8_meta joins the region's global buffer with the autocast's group (base.py 1561, 1632;
+    quantization.py 656), so its amaxes are MAX-reduced like the GEMMs' and its state must equal the
+    reference's."""
     import fp8sim.pytorch as te
     from fp8sim.recipe import DelayedScaling, Float8CurrentScaling
 
@@ -180,13 +190,21 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
             for p, n in ((pre, "ln1"), (mlp, "ln2")):
                 params[p + "layer_norm_weight"].copy_(w[n + "w"])
                 params[p + "layer_norm_bias"].copy_(w[n + "b"])
-    recipe = {"hp": None, "delayed": DelayedScaling(), "current": Float8CurrentScaling()}[recipe_name]
+    recipe = {
+        "hp": None,
+        "delayed": DelayedScaling(),
+        "current": Float8CurrentScaling(),
+        "dpa-delayed": DelayedScaling(fp8_dpa=True),
+        "dpa-current": Float8CurrentScaling(fp8_dpa=True),
+        "mha-delayed": DelayedScaling(fp8_dpa=True, fp8_mha=True),
+    }[recipe_name]
+    delayed = recipe_name.endswith("delayed")
     ref_att = _ref_attention(w, rank, kind)
     ref_params = dict(ref_att.named_parameters())
     ref_mlp = _ref_mlp(w, rank) if layer else None
     mine = rank if sp else 0
     out = []
-    for step in range(3 if recipe_name == "delayed" else 2):
+    for step in range(3 if delayed else 2):
         g = torch.Generator().manual_seed(200 + step)
         x, dy = torch.randn(AS, AB, H, generator=g), torch.randn(AS, AB, H, generator=g) * 1e-2
         xl = (x.chunk(2, 0)[rank] if sp else x).clone().requires_grad_()
@@ -225,6 +243,12 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
             for p, n in ((pre, "ln1"), (mlp, "ln2")):
                 pairs[f"d{n}_w"] = (params[p + "layer_norm_weight"].grad, leaves[n + "w"][mine].grad)
                 pairs[f"d{n}_b"] = (params[p + "layer_norm_bias"].grad, leaves[n + "b"][mine].grad)
+        if delayed and recipe.fp8_dpa:  # DPA's own delayed-scaling state, amaxes reduced as the reference's
+            dpa, ref_dpa = tp.self_attention.core_attention if layer else tp.core_attention, ref_att.core_attention
+            for d in ("fwd", "bwd"):
+                for a in ("scale", "amax_history"):
+                    mine_s, ref_s = getattr(getattr(dpa, d), a), getattr(getattr(ref_dpa, d), a)
+                    pairs[f"dpa.{d}.{a}"] = (torch.from_numpy(mine_s.copy()), torch.from_numpy(ref_s.copy()))
         diffs = {k: int((a.detach() != b.detach()).sum()) if a.shape == b.shape else -1 for k, (a, b) in pairs.items()}
         out.append(diffs)
     states = {  # every GEMM's delayed-scaling scales and amax history after the steps, as bytes
@@ -235,7 +259,16 @@ def _run_attention(rank: int, kind: str, recipe_name: str, sp: bool, tp_group: o
         for d in ("fwd", "bwd")
         for k, a in ((d + ".scale", "scale"), (d + ".hist", "amax_history"))
     }
-    return out + [{"states": states}] if recipe_name == "delayed" else out
+    states.update(  # and DPA's (fp8_dpa), its own module as in TE
+        {
+            f"{n}.{d}.{a}": getattr(getattr(m, d), a).tobytes()
+            for n, m in tp.named_modules()
+            if type(m).__name__ == "DotProductAttention" and m.fwd is not None
+            for d in ("fwd", "bwd")
+            for a in ("scale", "amax_history")
+        }
+    )
+    return out + [{"states": states}] if delayed else out
 
 
 # -- block recipes under sequence parallelism ---------------------------------------------------------------

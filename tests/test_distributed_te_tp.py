@@ -32,9 +32,10 @@ The same spawn runs the MLP in bf16, behind a LayerNorm (``LayerNormMLP(set_para
 Also in the spawn: ``MultiheadAttention`` (self and cross attention, 4 heads in 2 GQA groups) and
 ``TransformerLayer`` (also with rotary embeddings) with ``set_parallel_mode=True`` against each rank's shard
 run as one process between the test's own sums over the ranks (:func:`_run_attention`), FP8 off, delayed and
-current scaling, sequence parallel off and on; and MXFP8, Float8Block and NVFP4 block scaling under sequence
-parallel (:func:`_run_block`), with TE's per-shard quantize-then-gather written out
-(:func:`_per_shard_then_gather`).
+current scaling, sequence parallel off and on, also with ``fp8_dpa`` / ``fp8_mha`` (FP8 attention on each
+rank's heads, its hand-offs and DPA's reduced delayed-scaling state against the reference's); and MXFP8,
+Float8Block and NVFP4 block scaling under sequence parallel (:func:`_run_block`), with TE's per-shard
+quantize-then-gather written out (:func:`_per_shard_then_gather`).
 """
 
 from __future__ import annotations
@@ -365,12 +366,18 @@ def _worker(rank: int, world: int) -> dict:
             sp(torch.randn(16, 32))
     except RuntimeError as exc:
         errors["row_scaled"] = str(exc)
-    mha = te.MultiheadAttention(32, 2, tp_group=tp, set_parallel_mode=True)
-    try:
-        with te.autocast(recipe=DelayedScaling(fp8_dpa=True)):
-            mha(torch.randn(4, 1, 32))
+    row = te.Linear(32, 32, tp_group=tp, parallel_mode="row")
+    try:  # a row-parallel FP8 output would quantize a partial sum
+        with te.autocast(recipe=DelayedScaling()):
+            row(torch.randn(16, 16), fp8_output=True)
     except NotImplementedError as exc:
-        errors["fp8_dpa"] = str(exc)
+        errors["fp8_output"] = str(exc)
+    col = te.Linear(32, 32, tp_group=tp, parallel_mode="column")
+    try:  # a column-parallel FP8 dgrad would quantize a partial sum before its all-reduce
+        with te.autocast(recipe=DelayedScaling()):
+            col(torch.randn(16, 32), fp8_grad=True)
+    except NotImplementedError as exc:
+        errors["fp8_grad"] = str(exc)
     res["errors"] = errors
     res["sizes"] = (tuple(lin.weight.shape), tuple(te.Linear(32, 64, tp_group=tp, parallel_mode="row").weight.shape))
     return res
@@ -505,7 +512,8 @@ def test_tp_errors_on_the_ranks(results: list) -> None:
     assert "Amax reduction across tensor parallel group is necessary" in errors["reduce_amax"]
     assert "NVFP4 stochastic rounding of a sequence-parallel all-gather" in errors["block"]
     assert "disable_stochastic_rounding=True" in errors["block"]
-    assert "fp8_dpa / fp8_mha (FP8 hand-offs around attention) with tp_size > 1" in errors["fp8_dpa"]
+    assert errors["fp8_output"] == "fp8sim: fp8_output on a row-parallel layer with tp_size > 1"
+    assert errors["fp8_grad"] == "fp8sim: an FP8 input or fp8_grad on a column-parallel layer with tp_size > 1"
     assert errors["row_scaled"] == "Row-scaled NVFP4 quantization does not support amax reduction."  # TE quantizer.cpp
     assert results[0]["sizes"] == ((32, 32), (64, 16))
 

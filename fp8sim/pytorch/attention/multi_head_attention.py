@@ -21,7 +21,11 @@ column-parallel, each of its ``query``/``key``/``value`` splits divided across t
 ``num_attention_heads / tp_size`` heads and ``num_gqa_groups / tp_size`` GQA groups and runs attention on
 them alone; ``proj`` is row-parallel (its partial outputs summed over ``tp_group``, the bias added after).
 With ``sequence_parallel`` the QKV input is gathered along dim 0 and ``proj``'s output reduce-scattered
-(``module/_tp.py``).  fp8sim limit under TP: the FP8 hand-offs of ``fp8_dpa``/``fp8_mha`` are refused.
+(``module/_tp.py``).  With ``fp8_dpa``/``fp8_mha`` each rank runs FP8 attention on its own heads; the FP8
+hand-offs above are this rank's (the QKV output and dQKV of its column shard, proj's FP8 input and FP8 dgrad
+before its row reduction), and DPA's delayed-scaling amaxes are MAX-reduced over the autocast's
+``amax_reduction_group`` (default: world) as the GEMM modules' are (TE: DPA is a TE module in the region's
+global amax buffer).
 """
 
 from __future__ import annotations
@@ -201,8 +205,6 @@ class MultiheadAttention(nn.Module):
         if not st.enabled or st.calibrating or self.qkv_format == "thd":
             return False, False, False
         recipe = get_recipe()
-        if self.tp_size > 1 and (getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False)):
-            raise NotImplementedError("fp8sim: fp8_dpa / fp8_mha (FP8 hand-offs around attention) with tp_size > 1")
         ds, cs = isinstance(recipe, DelayedScaling), isinstance(recipe, Float8CurrentScaling)
         qkv = bool(recipe.fp8_mha) and rotary_pos_emb is None and ds
         dpa = bool(recipe.fp8_dpa or recipe.fp8_mha) and (ds or cs)

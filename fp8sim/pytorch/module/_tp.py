@@ -270,11 +270,12 @@ def _check_gathered_sr(module: Any, mode: str) -> None:
 
 
 def tp_linear(
-    module: Any, name: str, mode: str, inp: torch.Tensor, run: Any, bias: torch.Tensor | None
+    module: Any, name: str, mode: str, inp: torch.Tensor, run: Any, bias: torch.Tensor | None, io: dict | None = None
 ) -> torch.Tensor:
     """``run(x, fp8_io)`` (GEMM ``name`` on this rank's shard, without the bias in row mode) wrapped in
     TE's TP collectives for ``mode`` ("column" or "row"); ``bias``: the row-parallel bias, added in the
-    output's dtype after the reduction."""
+    output's dtype after the reduction; ``io``: the caller's FP8 boundaries (``fp8_output``, ``fp8_grad``,
+    an FP8 input), each on this rank's side of the collectives (``_with_io``)."""
     check_tp_forward(module)
     _check_gathered_sr(module, mode)
     if mode == "column":
@@ -286,29 +287,47 @@ def tp_linear(
         fp8_io = None
         if slot.get("input_fp8") is not None:
             fp8_io = {"input_fp8": slot["input_fp8"], "fp8_output": False, "fp8_grad": False}
-        return run(x, fp8_io)
+        return run(x, _with_io(fp8_io, io))
     recipe = _fp8_per_tensor()
     gslot = _GradSlot()
     fp8_io = None
     if module.sequence_parallel and recipe is not None:
         fp8_io = {"input_fp8": None, "fp8_output": False, "fp8_grad": False, "out_handoff": gslot}
-    out = _ReduceOutput.apply(run(inp, fp8_io), module, name, gslot, recipe)
+    out = _ReduceOutput.apply(run(inp, _with_io(fp8_io, io)), module, name, gslot, recipe)
     if bias is not None:
         out = out + bias.to(out.dtype)
     return out
 
 
+def _with_io(fp8_io: dict | None, io: dict | None) -> dict | None:
+    """The collectives' FP8 options merged with the caller's.  The caller's boundaries are local to the rank
+    (TE ``multi_head_attention.py``: the column-parallel QKV output and its FP8 grad, the row-parallel
+    proj's FP8 input and FP8 dgrad are this rank's heads), so they pass through; a column-parallel
+    FP8 input would be an FP8 tensor the layer gathers itself, which the collectives already provide."""
+    if not io:
+        return fp8_io
+    merged = dict(fp8_io or {"input_fp8": None})
+    merged.update(fp8_output=io["fp8_output"], fp8_grad=io["fp8_grad"])
+    if io.get("input_fp8") is not None:
+        merged["input_fp8"] = io["input_fp8"]
+    return merged
+
+
 def module_tp_linear(
     module: Any, mode: str, name: str, x: torch.Tensor, w: torch.Tensor, b: Any, *args: Any, **kw: Any
 ) -> torch.Tensor:
-    """``module._linear(name, x, w, b, *args, **kw)`` on this rank's shard in TE's collectives for ``mode``;
-    FP8 hand-offs between modules (``fp8_output``, ``fp8_grad``, an FP8 input) are refused under TP."""
+    """``module._linear(name, x, w, b, *args, **kw)`` on this rank's shard in TE's collectives for ``mode``,
+    with the caller's FP8 hand-offs (``fp8_io``) on this rank's side.  An FP8 input to a column-parallel
+    layer (its all-gather of an FP8 tensor), its FP8 dgrad (a partial sum before the all-reduce) and a
+    row-parallel FP8 output (a partial sum before the reduction) are refused."""
     io = kw.pop("fp8_io", None)
-    if io and (io.get("fp8_output") or io.get("fp8_grad") or io.get("input_fp8") is not None):
-        raise NotImplementedError("fp8sim: FP8 inputs and outputs (fp8_output, fp8_grad) with tp_size > 1")
+    if io and mode == "column" and (io.get("input_fp8") is not None or io.get("fp8_grad")):
+        raise NotImplementedError("fp8sim: an FP8 input or fp8_grad on a column-parallel layer with tp_size > 1")
+    if io and mode == "row" and io.get("fp8_output"):
+        raise NotImplementedError("fp8sim: fp8_output on a row-parallel layer with tp_size > 1")
     row = mode == "row"
 
     def run(xx: torch.Tensor, fp8_io: dict | None) -> torch.Tensor:
         return module._linear(name, xx, w, None if row else b, *args, **kw, fp8_io=fp8_io)
 
-    return tp_linear(module, name, mode, x, run, b if row else None)
+    return tp_linear(module, name, mode, x, run, b if row else None, io)
