@@ -60,6 +60,8 @@ def _number_like(v: Any) -> int | float | None:
 
 
 def _int(v: Any) -> int:
+    """pydantic's lax int.  Known difference: pydantic-core also reads a sign after leading zeros ("0-1" as
+    -1, "00-5" as -5); fp8sim refuses such strings."""
     if isinstance(v, bool | numbers.Integral):
         return int(v)
     if not isinstance(v, float | bytes | str | bytearray):

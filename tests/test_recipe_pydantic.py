@@ -169,10 +169,18 @@ def test_float8_block_scaling_nested_mmparams_as_pydantic(field: str, value: Any
     assert _outcome(r.Float8BlockScaling, field, value) == _outcome(TeFloat8BlockScaling, field, value)
 
 
+# pydantic-core also reads a sign after leading zeros ("0-1" is -1, "00-5" is -5, "0-0" is 0: it strips the
+# zeros before its JSON number parser); fp8sim refuses such strings (a loud difference on garbage input, named
+# in fp8sim/_recipe_fields.py), so the generated strings put a sign only first.
+_NUMERIC_TEXT = st.builds(
+    lambda sign, body: sign + body,
+    st.sampled_from(["", "+", "-", " "]),
+    st.text(alphabet="0123456789._ eE", max_size=5),
+)
 _SCALARS = st.one_of(
     st.integers(-200, 200),
     st.floats(allow_nan=True, allow_infinity=True, width=32),
-    st.text(alphabet="0123456789+-._ eE", max_size=6),
+    _NUMERIC_TEXT,
     st.booleans(),
     st.none(),
     st.sampled_from(["true", "FALSE", "yes", "No", "on", "OFF", "y", "f", b"1", b"0", b"12", "1.00", ".0", "1."]),
@@ -184,6 +192,12 @@ _SCALARS = st.one_of(
 def test_mxfp8_fields_coerce_as_pydantic_property(field: str, value: Any) -> None:
     """Law: for any scalar, fp8sim accepts a field value iff pydantic does, and stores the same value."""
     assert _outcome(r.MXFP8BlockScaling, field, value) == _outcome(TeMXFP8BlockScaling, field, value)
+
+
+def test_a_sign_after_leading_zeros_is_refused_where_pydantic_reads_it() -> None:
+    """The one known difference (see _NUMERIC_TEXT): pydantic-core accepts "0-1" as -1; fp8sim refuses it."""
+    assert _outcome(TeMXFP8BlockScaling, "margin", "0-1") == ("ok", ("int", -1))
+    assert _outcome(r.MXFP8BlockScaling, "margin", "0-1") == ("refused", "margin")
 
 
 def test_unknown_arguments_are_ignored_as_pydantic_ignores_them() -> None:
