@@ -28,6 +28,13 @@ weights), trained on the ranks' micro-batches with gradient accumulation ``(g_0 
   ``MXFP8Tensor`` / ``Float8BlockwiseQTensor`` with the reference's codes and scales.  Shards not
   aligned to the scale blocks and 1x128 weights raise NotImplementedError at ``fully_shard`` (TE falls
   back to a high-precision gather, or refuses 1x128 in ``fsdp_pre_all_gather``).
+- NVFP4BlockScaling (16x16 weight tiles, TE ``nvfp4_tensor.py`` pre/post all-gather lines 579-717 at
+  d0067d0): both ranks see the same micro-batch (as DelayedScaling: the gradients' stochastic rounding
+  draws per quantizer call, so two passes per step would draw other bits); losses, gradient shards,
+  every shard buffer (packed codes, E4M3 scales, amaxes) bit-identical; each all-gather carries uint8,
+  exactly the shard's packed FP4 bytes plus its rowwise E4M3 scales (row padding removed; the amax is
+  metadata, the columnwise copy is made after the gather); shards of rows not a multiple of 16 and
+  1x16 weights (no 2D quantization) raise NotImplementedError at ``fully_shard``.
 - ``preserve_high_precision_init_val``: FSDP2 replaces the parameters; TE's own FSDP2 test carries
   the parameter attributes across (``tests/pytorch/distributed/fsdp2_tests/fsdp2_utils.py``
   ``save_custom_attrs``/``restore_custom_attrs``) and so does this one: the value is the
@@ -48,14 +55,19 @@ from _dist import ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
 STEPS, LOCAL_BATCH, LR = 3, 8, 0.5
-RECIPES = ("Float8CurrentScaling", "DelayedScaling", "MXFP8BlockScaling", "Float8BlockScaling")
+RECIPES = ("Float8CurrentScaling", "DelayedScaling", "MXFP8BlockScaling", "Float8BlockScaling", "NVFP4BlockScaling")
+SAME_BATCH = ("DelayedScaling", "NVFP4BlockScaling")  # see the module docstring
 ROOT_ONLY = "Float8CurrentScaling/root-only"  # fully_shard on the root alone
 MX_ROOT_ONLY = "MXFP8BlockScaling/root-only"
 RUNS = (*RECIPES, ROOT_ONLY, MX_ROOT_ONLY)
 # in, hidden, out: every weight's dim-0 shard on 2 ranks is a multiple of the scale blocks
 # (32 rows for MXFP8, 128 for 128x128 blocks); a per-tensor recipe takes any size
-DIMS = {"MXFP8BlockScaling": (32, 64, 64), "Float8BlockScaling": (128, 256, 256)}
-BLOCK_CLASS = {"MXFP8BlockScaling": "MXFP8Tensor", "Float8BlockScaling": "Float8BlockwiseQTensor"}
+DIMS = {"MXFP8BlockScaling": (32, 64, 64), "Float8BlockScaling": (128, 256, 256), "NVFP4BlockScaling": (48, 64, 32)}
+BLOCK_CLASS = {
+    "MXFP8BlockScaling": "MXFP8Tensor",
+    "Float8BlockScaling": "Float8BlockwiseQTensor",
+    "NVFP4BlockScaling": "NVFP4Tensor",
+}
 
 
 def _dims(recipe_name: str | None) -> tuple[int, int, int]:
@@ -81,8 +93,9 @@ def _model(recipe_name: str | None, dims: tuple[int, int, int] = (32, 64, 32)) -
 
 def _data(step: int, rank: int, dims: tuple[int, int, int] = (32, 64, 32)) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(100 * step + rank)
-    x = torch.randn(LOCAL_BATCH, dims[0], generator=g) * (1 + 3 * rank)  # the micro-batches have different amaxes
-    return x, torch.randn(LOCAL_BATCH, dims[2], generator=g)
+    batch = LOCAL_BATCH if dims[0] != 16 * 3 else 16  # NVFP4 (dims 48, ...): wgrad needs 16-row batches
+    x = torch.randn(batch, dims[0], generator=g) * (1 + 3 * rank)  # the micro-batches have different amaxes
+    return x, torch.randn(batch, dims[2], generator=g)
 
 
 def _step(model: nn.Module, recipe, x: torch.Tensor, y: torch.Tensor, group=None) -> torch.Tensor:
@@ -106,6 +119,8 @@ def _state(p: torch.Tensor) -> dict:
             if getattr(p, f"_{usage}_data") is not None:
                 out[f"{usage}_codes"] = getattr(p, f"_{usage}_data").clone().numpy()
                 out[f"{usage}_scale_inv"] = getattr(p, f"_{usage}_scale_inv").clone().numpy()
+                if hasattr(p, f"_amax_{usage}"):  # NVFP4: the float32 global amax
+                    out[f"{usage}_amax"] = getattr(p, f"_amax_{usage}").clone().numpy()
         return out
     return {"values": p.detach().clone().numpy()}
 
@@ -127,6 +142,8 @@ def _rows(full: dict, rank: int, world: int) -> dict:
     ms = rows // world
     sl = slice(rank * ms, (rank + 1) * ms)
     mx = full["rowwise_scale_inv"].dtype == np.uint8
+    if "rowwise_amax" in full:  # NVFP4 (TE nvfp4_tensor.py pre/post all-gather lines 579-717 at d0067d0)
+        return _nvfp4_rows(full, sl, rank, ms)
     out = {"rowwise_codes": full["rowwise_codes"][sl]}
     if mx:
         out["rowwise_scale_inv"] = _pad(full["rowwise_scale_inv"][sl], 0, 128)
@@ -140,6 +157,20 @@ def _rows(full: dict, rank: int, world: int) -> dict:
     if "columnwise_codes" in full:
         out["columnwise_codes"] = full["columnwise_codes"][:, sl]
         out["columnwise_scale_inv"] = _pad(full["columnwise_scale_inv"][:, b], 1, 4)
+    return out
+
+
+def _nvfp4_rows(full: dict, sl: slice, rank: int, ms: int) -> dict:
+    """NVFP4 shard: packed codes (2 per byte) and E4M3 scales split by rows (scale rows re-padded to 128),
+    the columnwise (K, M/2) codes and (K, M/16) scales split along dim 1 (scale columns re-padded to 4),
+    the amaxes (one per tensor) kept whole."""
+    out = {"rowwise_codes": full["rowwise_codes"][sl], "rowwise_amax": full["rowwise_amax"]}
+    out["rowwise_scale_inv"] = _pad(full["rowwise_scale_inv"][sl], 0, 128)
+    if "columnwise_codes" in full:
+        out["columnwise_codes"] = full["columnwise_codes"][:, rank * ms // 2 : (rank + 1) * ms // 2]
+        tiles = slice(rank * ms // 16, (rank + 1) * ms // 16)
+        out["columnwise_scale_inv"] = _pad(full["columnwise_scale_inv"][:, tiles], 1, 4)
+        out["columnwise_amax"] = full["columnwise_amax"]
     return out
 
 
@@ -158,6 +189,8 @@ def _payloads(recipe_name: str, model: nn.Module, world: int, per_layer: bool) -
             row = ms * k + ms * (-(-(k // 32) // 4) * 4)
             col = ms * k + (ms // 32) * (-(-k // 128) * 128)
             per_layer_bytes.append((row + bias, col + bias, row + col + bias))
+        elif base == "NVFP4BlockScaling":  # packed FP4 bytes + rowwise E4M3 scales; amax is metadata
+            per_layer_bytes.append((ms * k // 2 + ms * (-(-(k // 16) // 4) * 4) + bias,))
         elif base == "Float8BlockScaling":
             row = ms * k + 4 * (ms // 128) * (-(-((k + 127) // 128) // 4) * 4)
             per_layer_bytes.append((row + bias,))
@@ -171,7 +204,7 @@ def _payloads(recipe_name: str, model: nn.Module, world: int, per_layer: bool) -
 def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -> dict:
     from torch.distributed.fsdp import fully_shard
 
-    same_batch = recipe_name == "DelayedScaling"
+    same_batch = recipe_name in SAME_BATCH
     recipe = _recipe(recipe_name)
     dims = _dims(recipe_name)
     model = _model(recipe_name, dims)
@@ -227,7 +260,7 @@ def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -
 
 
 def _reference_run(recipe_name: str, world: int) -> dict:
-    same_batch = recipe_name == "DelayedScaling"
+    same_batch = recipe_name in SAME_BATCH
     recipe = _recipe(recipe_name)
     dims = _dims(recipe_name)
     model = _model(recipe_name, dims)
@@ -272,6 +305,8 @@ REFUSED = {  # recipe, dims (in, hidden, out), what the NotImplementedError name
     "MXFP8, 16-row shards": ("MXFP8BlockScaling", (32, 64, 32), "MXFP8Tensor under FSDP2"),
     "128x128 blocks, 64-row shards": ("Float8BlockScaling", (128, 128, 128), "Float8BlockwiseQTensor under FSDP2"),
     "1x128 blocks": ("Float8BlockScaling/1d", (128, 256, 256), "FSDP2 is only supported for Float8BlockwiseQTensors"),
+    "NVFP4, 8-row shards": ("NVFP4BlockScaling", (32, 32, 16), "NVFP4Tensor under FSDP2: FSDP2 requires shard_M (8)"),
+    "NVFP4 1x16 weights": ("NVFP4BlockScaling/1d", (32, 32, 32), "columnwise usage requires 2D quantization"),
 }
 
 
@@ -286,7 +321,9 @@ def _refusals() -> dict:
     out = {}
     for case, (recipe_name, dims, _) in REFUSED.items():
         torch.manual_seed(0)
-        if recipe_name.endswith("/1d"):
+        if recipe_name == "NVFP4BlockScaling/1d":
+            rec = R.NVFP4BlockScaling(disable_2d_quantization=True)
+        elif recipe_name.endswith("/1d"):
             rec = R.Float8BlockScaling(w_block_scaling_dim=1)
         else:
             rec = _recipe(recipe_name)
@@ -383,7 +420,7 @@ def test_fsdp2_refuses_block_scaled_weights_it_would_gather_in_high_precision(re
         assert got.startswith("NotImplementedError") and expected in got, f"rank {rank}: {got}"
 
 
-@pytest.mark.parametrize("recipe_name", ["MXFP8BlockScaling", "Float8BlockScaling"])
+@pytest.mark.parametrize("recipe_name", ["MXFP8BlockScaling", "Float8BlockScaling", "NVFP4BlockScaling"])
 def test_block_scaled_row_split_keeps_codes_scales_and_values(recipe_name: str) -> None:
     """One process, no process group: ``torch.chunk`` (aten split, FSDP2's sharding) of a block-scaled
     weight into aligned row shards gives tensors of the same class whose buffers are the shards of the
