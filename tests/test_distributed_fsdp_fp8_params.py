@@ -59,7 +59,8 @@ RECIPES = ("Float8CurrentScaling", "DelayedScaling", "MXFP8BlockScaling", "Float
 SAME_BATCH = ("DelayedScaling", "NVFP4BlockScaling")  # see the module docstring
 ROOT_ONLY = "Float8CurrentScaling/root-only"  # fully_shard on the root alone
 MX_ROOT_ONLY = "MXFP8BlockScaling/root-only"
-RUNS = (*RECIPES, ROOT_ONLY, MX_ROOT_ONLY)
+META = ("Float8CurrentScaling/meta", "NVFP4BlockScaling/meta")  # TE's meta-device flow (module docstring)
+RUNS = (*RECIPES, ROOT_ONLY, MX_ROOT_ONLY, *META)
 # in, hidden, out: every weight's dim-0 shard on 2 ranks is a multiple of the scale blocks
 # (32 rows for MXFP8, 128 for 128x128 blocks); a per-tensor recipe takes any size
 DIMS = {"MXFP8BlockScaling": (32, 64, 64), "Float8BlockScaling": (128, 256, 256), "NVFP4BlockScaling": (48, 64, 32)}
@@ -77,18 +78,45 @@ def _dims(recipe_name: str | None) -> tuple[int, int, int]:
 def _recipe(name: str):
     from fp8sim import recipe as R
 
-    return getattr(R, name)()
+    return getattr(R, name.split("/")[0])()
 
 
-def _model(recipe_name: str | None, dims: tuple[int, int, int] = (32, 64, 32)) -> nn.Module:
+def _shard_values(shape: tuple[int, ...], rank: int) -> torch.Tensor:
+    """The weight shard rank ``rank`` initialises in the meta-device runs (its own values and amax)."""
+    g = torch.Generator().manual_seed(1000 * rank + shape[0] + 7 * shape[1])
+    return torch.randn(shape, generator=g) * (0.02 * (1 + 3 * rank))
+
+
+def _local_init(w: torch.Tensor) -> None:
+    """TE's meta-device flow: ``reset_parameters`` initialises each rank's local shard."""
+    w.copy_(_shard_values(tuple(w.shape), dist.get_rank()))
+
+
+def _whole_init(world: int):
+    """The one-process reference of :func:`_local_init`: the ranks' shards stacked by rows."""
+
+    def init(w: torch.Tensor) -> None:
+        w.copy_(torch.cat([_shard_values((w.shape[0] // world, *w.shape[1:]), r) for r in range(world)]))
+
+    return init
+
+
+def _model(
+    recipe_name: str | None, dims: tuple[int, int, int] = (32, 64, 32), init=None, device: str | None = None
+) -> nn.Module:
     import fp8sim.pytorch as te
 
     torch.manual_seed(0)
     d_in, hidden, d_out = dims
+    kw = {} if init is None else {"init_method": init}
+    if device is not None:
+        kw["device"] = device
     if recipe_name is None:
         return nn.Sequential(te.Linear(d_in, hidden, bias=True), nn.ReLU(), te.Linear(hidden, d_out, bias=False))
     with te.quantized_model_init(recipe=_recipe(recipe_name), preserve_high_precision_init_val=True):
-        return nn.Sequential(te.Linear(d_in, hidden, bias=True), nn.ReLU(), te.Linear(hidden, d_out, bias=False))
+        return nn.Sequential(
+            te.Linear(d_in, hidden, bias=True, **kw), nn.ReLU(), te.Linear(hidden, d_out, bias=False, **kw)
+        )
 
 
 def _data(step: int, rank: int, dims: tuple[int, int, int] = (32, 64, 32)) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,10 +232,11 @@ def _payloads(recipe_name: str, model: nn.Module, world: int, per_layer: bool) -
 def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -> dict:
     from torch.distributed.fsdp import fully_shard
 
-    same_batch = recipe_name in SAME_BATCH
+    same_batch = recipe_name.split("/")[0] in SAME_BATCH
     recipe = _recipe(recipe_name)
     dims = _dims(recipe_name)
-    model = _model(recipe_name, dims)
+    meta = recipe_name.endswith("/meta")
+    model = _model(recipe_name, dims, _local_init, "meta") if meta else _model(recipe_name, dims)
     attrs = {n: {k: v for k, v in vars(p).items() if not k.startswith("_")} for n, p in model.named_parameters()}
     for layer in model if per_layer else ():  # per layer: resharded after forward, gathered again in backward
         if list(layer.parameters()):
@@ -216,6 +245,11 @@ def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -
     for n, p in model.named_parameters():  # TE fsdp2_utils.restore_custom_attrs
         for k, v in attrs[n].items():
             setattr(p, k, v)
+    if meta:  # TE run_fsdp2_model.py: materialise and initialise the shards after fully_shard
+        model.to_empty(device="cpu")
+        for module in model.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
     hp_init = {n: p.get_high_precision_init_val().numpy().copy() for n, p in model.named_parameters() if "weight" in n}
 
     gathers: list[tuple[str, int]] = []
@@ -260,10 +294,12 @@ def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -
 
 
 def _reference_run(recipe_name: str, world: int) -> dict:
-    same_batch = recipe_name in SAME_BATCH
+    same_batch = recipe_name.split("/")[0] in SAME_BATCH
     recipe = _recipe(recipe_name)
     dims = _dims(recipe_name)
-    model = _model(recipe_name, dims)
+    model = (
+        _model(recipe_name, dims, _whole_init(world)) if recipe_name.endswith("/meta") else _model(recipe_name, dims)
+    )
     hp_init = {n: p.get_high_precision_init_val().numpy().copy() for n, p in model.named_parameters() if "weight" in n}
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses, grads, params = [], [], []
@@ -297,6 +333,9 @@ def _worker(rank: int, world: int) -> dict:
     out[ROOT_ONLY, "reference"] = out["Float8CurrentScaling", "reference"]
     out[MX_ROOT_ONLY, "fsdp"] = _fsdp_run("MXFP8BlockScaling", rank, world, per_layer=False)
     out[MX_ROOT_ONLY, "reference"] = out["MXFP8BlockScaling", "reference"]
+    for recipe_name in META:
+        out[recipe_name, "fsdp"] = _fsdp_run(recipe_name, rank, world)
+        out[recipe_name, "reference"] = _reference_run(recipe_name, world)
     out["refusals"] = _refusals()
     return out
 
@@ -447,3 +486,16 @@ def test_block_scaled_row_split_keeps_codes_scales_and_values(recipe_name: str) 
         padded.narrow(0, 0, piece.shape[0]).copy_(piece)
         for k, v in _state(padded).items():
             _same(v, got[k], f"{recipe_name} shard {rank} {k} after new_zeros + copy_")
+
+
+@pytest.mark.parametrize("recipe_name", META)
+def test_meta_device_init_then_fully_shard_then_reset_parameters(results: list[dict], recipe_name: str) -> None:
+    """TE's FSDP2 flow (``tests/pytorch/distributed/fsdp2_tests/run_fsdp2_model.py`` lines 285-306, and
+    ``module/base.py`` ``reset_parameters`` lines 1813-1880 at d0067d0): each rank initialises its own
+    shard, quantizes it with the amax MAX-reduced over the mesh and registers a DTensor over it; the
+    high-precision init value is that rank's shard (the training itself is checked by the tests above)."""
+    for rank, res in enumerate(results):
+        run = res[recipe_name, "fsdp"]
+        assert run["hp_init"], "no high-precision init value was kept"
+        for n, got in run["hp_init"].items():
+            _same(got, _shard_values(got.shape, rank).numpy(), f"rank {rank} {n}")
