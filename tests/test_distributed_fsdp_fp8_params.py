@@ -35,6 +35,13 @@ weights), trained on the ranks' micro-batches with gradient accumulation ``(g_0 
   exactly the shard's packed FP4 bytes plus its rowwise E4M3 scales (row padding removed; the amax is
   metadata, the columnwise copy is made after the gather); shards of rows not a multiple of 16 and
   1x16 weights (no 2D quantization) raise NotImplementedError at ``fully_shard``.
+- TE's meta-device flow, every recipe (``<recipe>/meta``; TE ``tests/pytorch/distributed/fsdp2_tests/
+  run_fsdp2_model.py`` lines 285-306, ``module/base.py`` ``reset_parameters`` lines 1813-1880): the model
+  is built on ``device="meta"`` inside ``quantized_model_init``, ``fully_shard``-ed, ``to_empty(device=
+  "cpu")``, then ``reset_parameters()`` initialises each rank's shard (``_local_init``: different values
+  and amaxes per rank) and quantizes it (current scaling, NVFP4: amax MAX-reduced over the mesh).  The
+  reference is the one-process model whose ``init_method`` writes the ranks' shards stacked
+  (``_whole_init``); the same checks as above, and the high-precision init value is the rank's shard.
 - ``preserve_high_precision_init_val``: FSDP2 replaces the parameters; TE's own FSDP2 test carries
   the parameter attributes across (``tests/pytorch/distributed/fsdp2_tests/fsdp2_utils.py``
   ``save_custom_attrs``/``restore_custom_attrs``) and so does this one: the value is the
@@ -59,7 +66,7 @@ RECIPES = ("Float8CurrentScaling", "DelayedScaling", "MXFP8BlockScaling", "Float
 SAME_BATCH = ("DelayedScaling", "NVFP4BlockScaling")  # see the module docstring
 ROOT_ONLY = "Float8CurrentScaling/root-only"  # fully_shard on the root alone
 MX_ROOT_ONLY = "MXFP8BlockScaling/root-only"
-META = ("Float8CurrentScaling/meta", "NVFP4BlockScaling/meta")  # TE's meta-device flow (module docstring)
+META = tuple(f"{name}/meta" for name in RECIPES)  # TE's meta-device flow (module docstring)
 RUNS = (*RECIPES, ROOT_ONLY, MX_ROOT_ONLY, *META)
 # in, hidden, out: every weight's dim-0 shard on 2 ranks is a multiple of the scale blocks
 # (32 rows for MXFP8, 128 for 128x128 blocks); a per-tensor recipe takes any size
