@@ -440,8 +440,9 @@ def test_fsdp2_shards_of_a_weight_share_one_scale_on_every_rank(results: list[di
     r0, r1 = (res[recipe_name, "fsdp"] for res in results)
     for step in range(STEPS):
         for i, (a, b) in enumerate(zip(r0["params"][step], r1["params"][step], strict=True)):
-            if "scale_inv" in a:
-                _same(a["scale_inv"], b["scale_inv"], f"step {step} param {i}: rank 0 vs rank 1")
+            for key in a:  # the per-tensor scale; NVFP4's global amaxes (MAX-reduced over the mesh)
+                if key == "scale_inv" or key.endswith("_amax"):
+                    _same(a[key], b[key], f"step {step} param {i} {key}: rank 0 vs rank 1")
 
 
 @pytest.mark.parametrize("recipe_name", RECIPES)
