@@ -28,6 +28,20 @@ weights), trained on the ranks' micro-batches with gradient accumulation ``(g_0 
   ``MXFP8Tensor`` / ``Float8BlockwiseQTensor`` with the reference's codes and scales.  Shards not
   aligned to the scale blocks and 1x128 weights raise NotImplementedError at ``fully_shard`` (TE falls
   back to a high-precision gather, or refuses 1x128 in ``fsdp_pre_all_gather``).
+- NVFP4BlockScaling (16x16 weight tiles, TE ``nvfp4_tensor.py`` pre/post all-gather lines 579-717 at
+  d0067d0): both ranks see the same micro-batch (as DelayedScaling: the gradients' stochastic rounding
+  draws per quantizer call, so two passes per step would draw other bits); losses, gradient shards,
+  every shard buffer (packed codes, E4M3 scales, amaxes) bit-identical; each all-gather carries uint8,
+  exactly the shard's packed FP4 bytes plus its rowwise E4M3 scales (row padding removed; the amax is
+  metadata, the columnwise copy is made after the gather); shards of rows not a multiple of 16 and
+  1x16 weights (no 2D quantization) raise NotImplementedError at ``fully_shard``.
+- TE's meta-device flow, every recipe (``<recipe>/meta``; TE ``tests/pytorch/distributed/fsdp2_tests/
+  run_fsdp2_model.py`` lines 285-306, ``module/base.py`` ``reset_parameters`` lines 1813-1880): the model
+  is built on ``device="meta"`` inside ``quantized_model_init``, ``fully_shard``-ed, ``to_empty(device=
+  "cpu")``, then ``reset_parameters()`` initialises each rank's shard (``_local_init``: different values
+  and amaxes per rank) and quantizes it (current scaling, NVFP4: amax MAX-reduced over the mesh).  The
+  reference is the one-process model whose ``init_method`` writes the ranks' shards stacked
+  (``_whole_init``); the same checks as above, and the high-precision init value is the rank's shard.
 - ``preserve_high_precision_init_val``: FSDP2 replaces the parameters; TE's own FSDP2 test carries
   the parameter attributes across (``tests/pytorch/distributed/fsdp2_tests/fsdp2_utils.py``
   ``save_custom_attrs``/``restore_custom_attrs``) and so does this one: the value is the
@@ -48,14 +62,20 @@ from _dist import ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
 STEPS, LOCAL_BATCH, LR = 3, 8, 0.5
-RECIPES = ("Float8CurrentScaling", "DelayedScaling", "MXFP8BlockScaling", "Float8BlockScaling")
+RECIPES = ("Float8CurrentScaling", "DelayedScaling", "MXFP8BlockScaling", "Float8BlockScaling", "NVFP4BlockScaling")
+SAME_BATCH = ("DelayedScaling", "NVFP4BlockScaling")  # see the module docstring
 ROOT_ONLY = "Float8CurrentScaling/root-only"  # fully_shard on the root alone
 MX_ROOT_ONLY = "MXFP8BlockScaling/root-only"
-RUNS = (*RECIPES, ROOT_ONLY, MX_ROOT_ONLY)
+META = tuple(f"{name}/meta" for name in RECIPES)  # TE's meta-device flow (module docstring)
+RUNS = (*RECIPES, ROOT_ONLY, MX_ROOT_ONLY, *META)
 # in, hidden, out: every weight's dim-0 shard on 2 ranks is a multiple of the scale blocks
 # (32 rows for MXFP8, 128 for 128x128 blocks); a per-tensor recipe takes any size
-DIMS = {"MXFP8BlockScaling": (32, 64, 64), "Float8BlockScaling": (128, 256, 256)}
-BLOCK_CLASS = {"MXFP8BlockScaling": "MXFP8Tensor", "Float8BlockScaling": "Float8BlockwiseQTensor"}
+DIMS = {"MXFP8BlockScaling": (32, 64, 64), "Float8BlockScaling": (128, 256, 256), "NVFP4BlockScaling": (48, 64, 32)}
+BLOCK_CLASS = {
+    "MXFP8BlockScaling": "MXFP8Tensor",
+    "Float8BlockScaling": "Float8BlockwiseQTensor",
+    "NVFP4BlockScaling": "NVFP4Tensor",
+}
 
 
 def _dims(recipe_name: str | None) -> tuple[int, int, int]:
@@ -65,24 +85,52 @@ def _dims(recipe_name: str | None) -> tuple[int, int, int]:
 def _recipe(name: str):
     from fp8sim import recipe as R
 
-    return getattr(R, name)()
+    return getattr(R, name.split("/")[0])()
 
 
-def _model(recipe_name: str | None, dims: tuple[int, int, int] = (32, 64, 32)) -> nn.Module:
+def _shard_values(shape: tuple[int, ...], rank: int) -> torch.Tensor:
+    """The weight shard rank ``rank`` initialises in the meta-device runs (its own values and amax)."""
+    g = torch.Generator().manual_seed(1000 * rank + shape[0] + 7 * shape[1])
+    return torch.randn(shape, generator=g) * (0.02 * (1 + 3 * rank))
+
+
+def _local_init(w: torch.Tensor) -> None:
+    """TE's meta-device flow: ``reset_parameters`` initialises each rank's local shard."""
+    w.copy_(_shard_values(tuple(w.shape), dist.get_rank()))
+
+
+def _whole_init(world: int):
+    """The one-process reference of :func:`_local_init`: the ranks' shards stacked by rows."""
+
+    def init(w: torch.Tensor) -> None:
+        w.copy_(torch.cat([_shard_values((w.shape[0] // world, *w.shape[1:]), r) for r in range(world)]))
+
+    return init
+
+
+def _model(
+    recipe_name: str | None, dims: tuple[int, int, int] = (32, 64, 32), init=None, device: str | None = None
+) -> nn.Module:
     import fp8sim.pytorch as te
 
     torch.manual_seed(0)
     d_in, hidden, d_out = dims
+    kw = {} if init is None else {"init_method": init}
+    if device is not None:
+        kw["device"] = device
     if recipe_name is None:
         return nn.Sequential(te.Linear(d_in, hidden, bias=True), nn.ReLU(), te.Linear(hidden, d_out, bias=False))
     with te.quantized_model_init(recipe=_recipe(recipe_name), preserve_high_precision_init_val=True):
-        return nn.Sequential(te.Linear(d_in, hidden, bias=True), nn.ReLU(), te.Linear(hidden, d_out, bias=False))
+        return nn.Sequential(
+            te.Linear(d_in, hidden, bias=True, **kw), nn.ReLU(), te.Linear(hidden, d_out, bias=False, **kw)
+        )
 
 
 def _data(step: int, rank: int, dims: tuple[int, int, int] = (32, 64, 32)) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(100 * step + rank)
-    x = torch.randn(LOCAL_BATCH, dims[0], generator=g) * (1 + 3 * rank)  # the micro-batches have different amaxes
-    return x, torch.randn(LOCAL_BATCH, dims[2], generator=g)
+    batch = LOCAL_BATCH if dims[0] != 16 * 3 else 16  # NVFP4 (dims 48, ...): wgrad needs 16-row batches
+    x = torch.randn(batch, dims[0], generator=g) * (1 + 3 * rank)  # the micro-batches have different amaxes
+    return x, torch.randn(batch, dims[2], generator=g)
 
 
 def _step(model: nn.Module, recipe, x: torch.Tensor, y: torch.Tensor, group=None) -> torch.Tensor:
@@ -106,6 +154,8 @@ def _state(p: torch.Tensor) -> dict:
             if getattr(p, f"_{usage}_data") is not None:
                 out[f"{usage}_codes"] = getattr(p, f"_{usage}_data").clone().numpy()
                 out[f"{usage}_scale_inv"] = getattr(p, f"_{usage}_scale_inv").clone().numpy()
+                if hasattr(p, f"_amax_{usage}"):  # NVFP4: the float32 global amax
+                    out[f"{usage}_amax"] = getattr(p, f"_amax_{usage}").clone().numpy()
         return out
     return {"values": p.detach().clone().numpy()}
 
@@ -127,6 +177,8 @@ def _rows(full: dict, rank: int, world: int) -> dict:
     ms = rows // world
     sl = slice(rank * ms, (rank + 1) * ms)
     mx = full["rowwise_scale_inv"].dtype == np.uint8
+    if "rowwise_amax" in full:  # NVFP4 (TE nvfp4_tensor.py pre/post all-gather lines 579-717 at d0067d0)
+        return _nvfp4_rows(full, sl, rank, ms)
     out = {"rowwise_codes": full["rowwise_codes"][sl]}
     if mx:
         out["rowwise_scale_inv"] = _pad(full["rowwise_scale_inv"][sl], 0, 128)
@@ -140,6 +192,20 @@ def _rows(full: dict, rank: int, world: int) -> dict:
     if "columnwise_codes" in full:
         out["columnwise_codes"] = full["columnwise_codes"][:, sl]
         out["columnwise_scale_inv"] = _pad(full["columnwise_scale_inv"][:, b], 1, 4)
+    return out
+
+
+def _nvfp4_rows(full: dict, sl: slice, rank: int, ms: int) -> dict:
+    """NVFP4 shard: packed codes (2 per byte) and E4M3 scales split by rows (scale rows re-padded to 128),
+    the columnwise (K, M/2) codes and (K, M/16) scales split along dim 1 (scale columns re-padded to 4),
+    the amaxes (one per tensor) kept whole."""
+    out = {"rowwise_codes": full["rowwise_codes"][sl], "rowwise_amax": full["rowwise_amax"]}
+    out["rowwise_scale_inv"] = _pad(full["rowwise_scale_inv"][sl], 0, 128)
+    if "columnwise_codes" in full:
+        out["columnwise_codes"] = full["columnwise_codes"][:, rank * ms // 2 : (rank + 1) * ms // 2]
+        tiles = slice(rank * ms // 16, (rank + 1) * ms // 16)
+        out["columnwise_scale_inv"] = _pad(full["columnwise_scale_inv"][:, tiles], 1, 4)
+        out["columnwise_amax"] = full["columnwise_amax"]
     return out
 
 
@@ -158,6 +224,8 @@ def _payloads(recipe_name: str, model: nn.Module, world: int, per_layer: bool) -
             row = ms * k + ms * (-(-(k // 32) // 4) * 4)
             col = ms * k + (ms // 32) * (-(-k // 128) * 128)
             per_layer_bytes.append((row + bias, col + bias, row + col + bias))
+        elif base == "NVFP4BlockScaling":  # packed FP4 bytes + rowwise E4M3 scales; amax is metadata
+            per_layer_bytes.append((ms * k // 2 + ms * (-(-(k // 16) // 4) * 4) + bias,))
         elif base == "Float8BlockScaling":
             row = ms * k + 4 * (ms // 128) * (-(-((k + 127) // 128) // 4) * 4)
             per_layer_bytes.append((row + bias,))
@@ -171,10 +239,11 @@ def _payloads(recipe_name: str, model: nn.Module, world: int, per_layer: bool) -
 def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -> dict:
     from torch.distributed.fsdp import fully_shard
 
-    same_batch = recipe_name == "DelayedScaling"
+    same_batch = recipe_name.split("/")[0] in SAME_BATCH
     recipe = _recipe(recipe_name)
     dims = _dims(recipe_name)
-    model = _model(recipe_name, dims)
+    meta = recipe_name.endswith("/meta")
+    model = _model(recipe_name, dims, _local_init, "meta") if meta else _model(recipe_name, dims)
     attrs = {n: {k: v for k, v in vars(p).items() if not k.startswith("_")} for n, p in model.named_parameters()}
     for layer in model if per_layer else ():  # per layer: resharded after forward, gathered again in backward
         if list(layer.parameters()):
@@ -183,6 +252,11 @@ def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -
     for n, p in model.named_parameters():  # TE fsdp2_utils.restore_custom_attrs
         for k, v in attrs[n].items():
             setattr(p, k, v)
+    if meta:  # TE run_fsdp2_model.py: materialise and initialise the shards after fully_shard
+        model.to_empty(device="cpu")
+        for module in model.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
     hp_init = {n: p.get_high_precision_init_val().numpy().copy() for n, p in model.named_parameters() if "weight" in n}
 
     gathers: list[tuple[str, int]] = []
@@ -227,10 +301,12 @@ def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -
 
 
 def _reference_run(recipe_name: str, world: int) -> dict:
-    same_batch = recipe_name == "DelayedScaling"
+    same_batch = recipe_name.split("/")[0] in SAME_BATCH
     recipe = _recipe(recipe_name)
     dims = _dims(recipe_name)
-    model = _model(recipe_name, dims)
+    model = (
+        _model(recipe_name, dims, _whole_init(world)) if recipe_name.endswith("/meta") else _model(recipe_name, dims)
+    )
     hp_init = {n: p.get_high_precision_init_val().numpy().copy() for n, p in model.named_parameters() if "weight" in n}
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses, grads, params = [], [], []
@@ -264,6 +340,9 @@ def _worker(rank: int, world: int) -> dict:
     out[ROOT_ONLY, "reference"] = out["Float8CurrentScaling", "reference"]
     out[MX_ROOT_ONLY, "fsdp"] = _fsdp_run("MXFP8BlockScaling", rank, world, per_layer=False)
     out[MX_ROOT_ONLY, "reference"] = out["MXFP8BlockScaling", "reference"]
+    for recipe_name in META:
+        out[recipe_name, "fsdp"] = _fsdp_run(recipe_name, rank, world)
+        out[recipe_name, "reference"] = _reference_run(recipe_name, world)
     out["refusals"] = _refusals()
     return out
 
@@ -272,6 +351,8 @@ REFUSED = {  # recipe, dims (in, hidden, out), what the NotImplementedError name
     "MXFP8, 16-row shards": ("MXFP8BlockScaling", (32, 64, 32), "MXFP8Tensor under FSDP2"),
     "128x128 blocks, 64-row shards": ("Float8BlockScaling", (128, 128, 128), "Float8BlockwiseQTensor under FSDP2"),
     "1x128 blocks": ("Float8BlockScaling/1d", (128, 256, 256), "FSDP2 is only supported for Float8BlockwiseQTensors"),
+    "NVFP4, 8-row shards": ("NVFP4BlockScaling", (32, 32, 16), "NVFP4Tensor under FSDP2: FSDP2 requires shard_M (8)"),
+    "NVFP4 1x16 weights": ("NVFP4BlockScaling/1d", (32, 32, 32), "columnwise usage requires 2D quantization"),
 }
 
 
@@ -286,7 +367,9 @@ def _refusals() -> dict:
     out = {}
     for case, (recipe_name, dims, _) in REFUSED.items():
         torch.manual_seed(0)
-        if recipe_name.endswith("/1d"):
+        if recipe_name == "NVFP4BlockScaling/1d":
+            rec = R.NVFP4BlockScaling(disable_2d_quantization=True)
+        elif recipe_name.endswith("/1d"):
             rec = R.Float8BlockScaling(w_block_scaling_dim=1)
         else:
             rec = _recipe(recipe_name)
@@ -357,8 +440,9 @@ def test_fsdp2_shards_of_a_weight_share_one_scale_on_every_rank(results: list[di
     r0, r1 = (res[recipe_name, "fsdp"] for res in results)
     for step in range(STEPS):
         for i, (a, b) in enumerate(zip(r0["params"][step], r1["params"][step], strict=True)):
-            if "scale_inv" in a:
-                _same(a["scale_inv"], b["scale_inv"], f"step {step} param {i}: rank 0 vs rank 1")
+            for key in a:  # the per-tensor scale; NVFP4's global amaxes (MAX-reduced over the mesh)
+                if key == "scale_inv" or key.endswith("_amax"):
+                    _same(a[key], b[key], f"step {step} param {i} {key}: rank 0 vs rank 1")
 
 
 @pytest.mark.parametrize("recipe_name", RECIPES)
@@ -383,7 +467,7 @@ def test_fsdp2_refuses_block_scaled_weights_it_would_gather_in_high_precision(re
         assert got.startswith("NotImplementedError") and expected in got, f"rank {rank}: {got}"
 
 
-@pytest.mark.parametrize("recipe_name", ["MXFP8BlockScaling", "Float8BlockScaling"])
+@pytest.mark.parametrize("recipe_name", ["MXFP8BlockScaling", "Float8BlockScaling", "NVFP4BlockScaling"])
 def test_block_scaled_row_split_keeps_codes_scales_and_values(recipe_name: str) -> None:
     """One process, no process group: ``torch.chunk`` (aten split, FSDP2's sharding) of a block-scaled
     weight into aligned row shards gives tensors of the same class whose buffers are the shards of the
@@ -410,3 +494,16 @@ def test_block_scaled_row_split_keeps_codes_scales_and_values(recipe_name: str) 
         padded.narrow(0, 0, piece.shape[0]).copy_(piece)
         for k, v in _state(padded).items():
             _same(v, got[k], f"{recipe_name} shard {rank} {k} after new_zeros + copy_")
+
+
+@pytest.mark.parametrize("recipe_name", META)
+def test_meta_device_init_then_fully_shard_then_reset_parameters(results: list[dict], recipe_name: str) -> None:
+    """TE's FSDP2 flow (``tests/pytorch/distributed/fsdp2_tests/run_fsdp2_model.py`` lines 285-306, and
+    ``module/base.py`` ``reset_parameters`` lines 1813-1880 at d0067d0): each rank initialises its own
+    shard, quantizes it with the amax MAX-reduced over the mesh and registers a DTensor over it; the
+    high-precision init value is that rank's shard (the training itself is checked by the tests above)."""
+    for rank, res in enumerate(results):
+        run = res[recipe_name, "fsdp"]
+        assert run["hp_init"], "no high-precision init value was kept"
+        for n, got in run["hp_init"].items():
+            _same(got, _shard_values(got.shape, rank).numpy(), f"rank {rank} {n}")

@@ -41,6 +41,7 @@ __all__ = [
     "is_fp8_weight",
     "weight_quantizers",
     "update_weight_quantizers",
+    "reset_sharded_parameters",
 ]
 
 
@@ -113,6 +114,62 @@ def quantize_primary_weights(module: Any, names: list[str], recipe: Recipe, pres
         if preserve:
             _attach_high_precision_init_val(param, hp.detach().to("cpu", copy=True))
         module.register_parameter(name, param)
+
+
+def reset_sharded_parameters(module: Any) -> bool:
+    """TE ``base.py`` ``reset_parameters`` for FSDP2 (DTensor) parameters, TE's meta-device flow (build on
+    ``device="meta"``, ``fully_shard``, ``to_empty``, ``reset_parameters``): each rank initialises its local
+    shard with the parameter's ``init_fn`` (on CPU where it is still on meta), quantizes an FP8 weight's
+    shard (current scaling and NVFP4: the amax MAX-reduced over the mesh's shard group, so every shard has
+    one scale) and registers a DTensor over it with the parameter's mesh, placements, size and stride.
+    Returns False (nothing done) where the module has no DTensor parameter."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch < 2.5 keeps it under _tensor
+        from torch.distributed._tensor import DTensor
+    params = {name: getattr(module, name, None) for name in module._init_fns}
+    if not any(isinstance(p, DTensor) for p in params.values()):
+        return False
+    from ..tensor import Float8CurrentScalingQuantizer, NVFP4Quantizer
+
+    fp8 = getattr(module, "primary_weights_in_fp8", False)
+    for name, p in params.items():
+        if not isinstance(p, DTensor):
+            continue
+        local = p._local_tensor
+        if local.is_meta:
+            local = torch.empty_like(local, device="cpu")
+        with torch.no_grad():
+            module._init_fns[name](local)
+        value: Any = local
+        hp = None
+        if fp8 and name in module._weights():
+            if module._preserve_high_precision_init_val:
+                hp = local.detach().to("cpu", copy=True)
+            quantizer = _weight_quantizer(module, name, module._param_recipe)
+            quantizer.set_usage(rowwise=True, columnwise=torch.is_grad_enabled())
+            if isinstance(quantizer, Float8CurrentScalingQuantizer | NVFP4Quantizer):
+                mesh = p.device_mesh
+                quantizer = quantizer.copy()  # the module's own weight slot keeps its settings
+                quantizer.amax_reduction_group = mesh.get_group(mesh_dim="shard") if mesh.ndim > 1 else mesh.get_group()
+                quantizer.with_amax_reduction = True
+            with torch.no_grad():
+                value = _torch_owned(quantizer(local.detach()))
+        dtensor = DTensor.from_local(value, p.device_mesh, p.placements, shape=p.size(), stride=p.stride())
+        param = nn.Parameter(dtensor, requires_grad=p.requires_grad)
+        if hp is not None:
+            _attach_high_precision_init_val(param, hp)
+        nn.Module.register_parameter(module, name, param)
+    return True
+
+
+def _torch_owned(q: Any) -> Any:
+    """``q`` with every buffer in torch-allocated, resizable storage (a buffer made from numpy is not; FSDP2
+    keeps this shard as the parameter, so none may pin its storage)."""
+    for key, value in vars(q).items():
+        if isinstance(value, torch.Tensor) and not value.untyped_storage().resizable():
+            setattr(q, key, value.clone())
+    return q
 
 
 def _attach_high_precision_init_val(param: Any, value: torch.Tensor) -> None:

@@ -26,7 +26,7 @@ from ..quantization import (
     reduce_and_update_fp8_tensors,
 )
 from ._bias import bias_through_bf16
-from ._fp8_params import is_fp8_weight, quantize_primary_weights
+from ._fp8_params import is_fp8_weight, quantize_primary_weights, reset_sharded_parameters
 from ._gemm_state import _GemmState, _ScalingMeta
 from ._linear_function import LinearOptions, fp8_linear, hp_linear
 from ._operands import nan_skipping_amax
@@ -207,6 +207,8 @@ class TransformerEngineBaseModule(nn.Module):
         """Re-initialise every registered parameter with its ``init_fn`` (TE ``base.py``); inside
         ``quantized_model_init`` the weights are then quantized (FP8 primary weights)."""
         if defer_init:
+            return
+        if reset_sharded_parameters(self):  # FSDP2 after to_empty: TE's meta-device flow (_fp8_params.py)
             return
         fp8_names = []
         with torch.no_grad():

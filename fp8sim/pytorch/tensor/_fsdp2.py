@@ -25,7 +25,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["fsdp_pre_all_gather", "fsdp_post_all_gather", "as_strided", "current_scaling_update_quantized", "NoCtx"]
+__all__ = [
+    "fsdp_pre_all_gather",
+    "fsdp_post_all_gather",
+    "as_strided",
+    "current_scaling_update_quantized",
+    "NoCtx",
+    "untyped_storage",
+]
 
 
 class NoCtx:
@@ -138,3 +145,10 @@ def current_scaling_update_quantized(
         quantizer.with_amax_reduction = True
         quantizer.amax_reduction_group = group
     return Quantizer.update_quantized(quantizer, src, dst, noop_flag=noop_flag)
+
+
+def untyped_storage(self: Any) -> torch.UntypedStorage:
+    """TE's ``QuantizedTensor.untyped_storage`` (``quantized_tensor.py``): an empty storage, the bytes live
+    in the data buffers.  FSDP2's ``reset_sharded_param`` (after ``to_empty`` + ``reset_parameters``, TE's
+    meta-device flow) compares storage pointers, which a wrapper subclass's own storage lacks."""
+    return torch.UntypedStorage(0, device=self.device)

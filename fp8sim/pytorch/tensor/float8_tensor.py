@@ -252,6 +252,7 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
     amax_reduction_group: Any = None  # set by FSDP2 in fsdp_pre_all_gather (current scaling)
     fsdp_pre_all_gather = _fsdp2.fsdp_pre_all_gather
     fsdp_post_all_gather = _fsdp2.fsdp_post_all_gather
+    untyped_storage = _fsdp2.untyped_storage  # TE's; FSDP2's meta-device flow reads it
 
     def _init(
         self,

@@ -46,6 +46,7 @@ from ...scaling.nvfp4_te_sr import (
 from ...scaling.packing import pack_fp4, unpack_fp4
 from ...scaling.quantized import QuantizedTensor as _SimQT
 from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType, TE_DType
+from . import _fsdp2, _fsdp2_nvfp4
 from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
 from .quantized_tensor import Quantizer, _check_high_precision
 from .storage.nvfp4_tensor_storage import NVFP4TensorStorage
@@ -98,6 +99,8 @@ class NVFP4Quantizer(Quantizer):
             raise ValueError("nvfp4_4over6_err_mode must be 'MAE' or 'MSE'.")
         self.with_random_sign_mask = with_random_sign_mask
         self._calls = 0  # stochastic-rounding seed counter
+
+    update_quantized = _fsdp2.current_scaling_update_quantized  # honours dst.amax_reduction_group (FSDP2)
 
     def copy(self) -> NVFP4Quantizer:
         q = NVFP4Quantizer.__new__(NVFP4Quantizer)
@@ -325,6 +328,17 @@ class NVFP4Tensor(NVFP4TensorStorage, BlockScaledTensor):
 
     _extra_fields = ("amax_rowwise", "amax_columnwise", "with_2d_quantization", "nvfp4_use_4over6", "nvfp4_e4m3_max")
     _saved_fields = (*BlockScaledTensor._saved_fields, "_amax_rowwise", "_amax_columnwise")
+    fsdp_pre_all_gather = _fsdp2_nvfp4.fsdp_pre_all_gather
+    fsdp_post_all_gather = _fsdp2_nvfp4.fsdp_post_all_gather
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """The FSDP2 ops (``_fsdp2_nvfp4``); the rest run on the dequantized values."""
+        kwargs = kwargs or {}
+        out = _fsdp2_nvfp4.dispatch(func, args, kwargs)
+        if out is not NotImplemented:
+            return out
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
     def _init(self, **kwargs: Any) -> None:
         """TE ``NVFP4TensorStorage.__new__``: ``_nvfp4_e4m3_max`` is 448 unless the tensor is 4over6."""
