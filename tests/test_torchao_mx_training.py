@@ -169,3 +169,21 @@ def test_mx_cast_in_torch_ops_equals_the_numpy_reference(mode: str, dtype: torch
     ref = quantize_mx(x, "e4m3", axis=-1, scale_rule=mode, flavor="torchao")
     assert np.array_equal(got.scales, np.asarray(ref.scales))
     assert np.array_equal(got.codes, np.asarray(ref.codes))
+
+
+def test_bf16_dequantize_in_torch_ops_equals_the_float32_product_rounded_once() -> None:
+    """Every E4M3 code times E8M0 scales across the range (2^-127, 1, 2^127, NaN): the bf16 torch-op path
+    gives the float32 product (ml_dtypes values) rounded to bf16 by torch, bit for bit."""
+    import ml_dtypes
+
+    from fp8sim.torchao.mx_linear import _MX, _dequantize_bf16
+
+    codes = np.tile(np.arange(256, dtype=np.uint8), (6, 1))  # 6 rows x 256 codes = 8 blocks per row
+    scales = np.array([0, 1, 127, 200, 254, 255], np.uint8)[:, None].repeat(8, axis=1)
+    got = _dequantize_bf16(_MX(codes, scales))
+    vals = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    sc = np.where(scales == 255, np.float32("nan"), np.ldexp(np.float32(1), scales.astype(np.int32) - 127))
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = (vals.reshape(6, 8, 32) * sc.astype(np.float32)[:, :, None]).reshape(6, 256)
+    want = torch.from_numpy(ref).to(torch.bfloat16)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))

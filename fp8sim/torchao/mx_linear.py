@@ -172,12 +172,25 @@ def _to_mx_in_torch_ops(x: torch.Tensor, mode: ScaleCalculationMode) -> _MX:
 def _dequantize(t: _MX, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """torchao ``mx_tensor.to_dtype``: ``data.to(dtype) * get_fp_scale(scale).to(dtype)``; both factors are
     exact in float32 and bf16/fp16 arithmetic rounds the float32 product once, as here."""
+    if dtype == torch.bfloat16:
+        return _dequantize_bf16(t).to(device)
     vals = _code_values(E4M3).take(t.codes)  # decode through 256-entry tables: the same values, no checks
     scale = _code_values(E8M0).take(t.scales)
     rows, k = vals.shape
     with np.errstate(over="ignore", invalid="ignore"):  # each element times its block's scale, no repeat copy
         prod = (vals.reshape(rows, k // _BLOCK, _BLOCK) * scale[:, :, None]).reshape(rows, k)
     return torch.from_numpy(prod).to(device=device, dtype=dtype)
+
+
+def _dequantize_bf16(t: _MX) -> torch.Tensor:
+    """The bf16 case in torch ops: E4M3 codes and E8M0 scales are exact in bf16 (its exponent range is
+    float32's), and torch's bf16 multiply rounds the float32 product once, so the bits are those of the
+    float32 product rounded to bf16 (NaN to torch's one bf16 NaN either way).  Faster than the numpy path."""
+    codes = torch.from_numpy(np.ascontiguousarray(t.codes))
+    rows, k = codes.shape
+    vals = codes.view(torch.float8_e4m3fn).to(torch.bfloat16).view(rows, k // _BLOCK, _BLOCK)
+    scale = torch.from_numpy(_code_values(E8M0).take(t.scales)).to(torch.bfloat16)
+    return (vals * scale[:, :, None]).view(rows, k)
 
 
 _TABLES: dict[str, np.ndarray] = {}
