@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..cast import decode
+from ..cast._tables import decode_table
 from ..formats import E4M3, E8M0
 from ..gemm import scaled_mm
 from ..scaling.mx import quantize_mx
@@ -174,8 +174,8 @@ def _dequantize(t: _MX, dtype: torch.dtype, device: torch.device) -> torch.Tenso
     exact in float32 and bf16/fp16 arithmetic rounds the float32 product once, as here."""
     if dtype == torch.bfloat16:
         return _dequantize_bf16(t).to(device)
-    vals = _code_values(E4M3).take(t.codes)  # decode through 256-entry tables: the same values, no checks
-    scale = _code_values(E8M0).take(t.scales)
+    vals = decode_table(E4M3).take(t.codes)  # decode through 256-entry tables: the same values, no checks
+    scale = decode_table(E8M0).take(t.scales)
     rows, k = vals.shape
     with np.errstate(over="ignore", invalid="ignore"):  # each element times its block's scale, no repeat copy
         prod = (vals.reshape(rows, k // _BLOCK, _BLOCK) * scale[:, :, None]).reshape(rows, k)
@@ -189,19 +189,8 @@ def _dequantize_bf16(t: _MX) -> torch.Tensor:
     codes = torch.from_numpy(np.ascontiguousarray(t.codes))
     rows, k = codes.shape
     vals = codes.view(torch.float8_e4m3fn).to(torch.bfloat16).view(rows, k // _BLOCK, _BLOCK)
-    scale = torch.from_numpy(_code_values(E8M0).take(t.scales)).to(torch.bfloat16)
+    scale = torch.from_numpy(decode_table(E8M0).take(t.scales)).to(torch.bfloat16)
     return (vals * scale[:, :, None]).view(rows, k)
-
-
-_TABLES: dict[str, np.ndarray] = {}
-
-
-def _code_values(fmt: Any) -> np.ndarray:
-    """float32 value of every 8-bit code of ``fmt`` (fp8sim's ``decode``)."""
-    table = _TABLES.get(fmt.name)
-    if table is None:
-        table = _TABLES[fmt.name] = decode(np.arange(256, dtype=np.uint8), fmt).astype(np.float32)
-    return table
 
 
 def _mm(a: _MX, b: _MX, dtype: torch.dtype, device: torch.device, kernel: KernelPreference, acc: Any) -> torch.Tensor:

@@ -32,6 +32,8 @@ __all__ = [
     "current_scaling_update_quantized",
     "NoCtx",
     "untyped_storage",
+    "shard_dispatch",
+    "pad_dim",
 ]
 
 
@@ -152,3 +154,41 @@ def untyped_storage(self: Any) -> torch.UntypedStorage:
     in the data buffers.  FSDP2's ``reset_sharded_param`` (after ``to_empty`` + ``reset_parameters``, TE's
     meta-device flow) compares storage pointers, which a wrapper subclass's own storage lacks."""
     return torch.UntypedStorage(0, device=self.device)
+
+
+def pad_dim(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
+    """``t`` zero-padded at the end of ``dim`` (0 or 1) to a multiple of ``multiple`` (scale-grid padding)."""
+    pad = (multiple - t.shape[dim] % multiple) % multiple
+    if not pad:
+        return t
+    return torch.nn.functional.pad(t, (0, 0, 0, pad) if dim == 0 else (0, pad))
+
+
+def shard_dispatch(func: Any, args: tuple, kwargs: dict, new_zeros: Any, split: Any, refuse: Any) -> Any:
+    """The FSDP2 sharding ops on a block-scaled tensor (``new_zeros``, row ``split``, the full ``slice``, a
+    same-shape contiguous ``view``/``as_strided``), or ``NotImplemented`` for the class's other rules.
+    ``new_zeros(tensor, shape)`` and ``split(tensor, rows)`` are the format's; ``refuse(tensor, why)``
+    raises for a partial slice of a padded FSDP2 shard (uneven shards)."""
+    aten = torch.ops.aten
+    tensor = args[0]
+    if func == aten.new_zeros.default:
+        return new_zeros(tensor, tuple(args[1]))
+    if func == aten.split.Tensor:
+        dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
+        return NotImplemented if dim != 0 else (split(tensor, args[1]) or NotImplemented)
+    if func == aten.slice.Tensor:  # narrow(0, 0, length) of the padded shard
+        dim, start, end, step = (*args[1:], *(0, None, None, 1)[len(args) - 1 :])[:4]
+        size = tensor.shape[dim]
+        if (start or 0) == 0 and (end is None or end >= size) and step == 1:
+            return type(tensor).make_like(tensor)
+        if getattr(tensor, "_fp8sim_fsdp_padded", False):
+            refuse(tensor, f"uneven shards (a shard of {end} rows in a padded shard of {size})")
+        return NotImplemented
+    if func in (aten.view.default, aten.as_strided.default):
+        shape = tuple(args[1])
+        stride = tuple(args[2]) if func == aten.as_strided.default else None
+        offset = kwargs.get("storage_offset", args[3] if len(args) > 3 else 0) or 0
+        contiguous = stride is None or (stride == tuple(torch.empty(shape, device="meta").stride()) and offset == 0)
+        if shape == tuple(tensor.shape) and contiguous:
+            return type(tensor).make_like(tensor)
+    return NotImplemented

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ._fsdp2 import _param_group, _training_state_is_pre_backward
+from ._fsdp2 import _param_group, _training_state_is_pre_backward, pad_dim, shard_dispatch
 
 __all__ = ["dispatch", "fsdp_pre_all_gather", "fsdp_post_all_gather"]
 
@@ -82,13 +82,6 @@ def _new(tensor: Any, shape: tuple[int, ...], dtype: torch.dtype | None = None, 
     )
 
 
-def _pad_dim(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
-    pad = (multiple - t.shape[dim] % multiple) % multiple
-    if not pad:
-        return t
-    return torch.nn.functional.pad(t, (0, 0, 0, pad) if dim == 0 else (0, pad))
-
-
 def _new_zeros(tensor: Any, shape: tuple[int, ...]) -> Any:
     """The padded shard FSDP2 copies into: zero codes and zero scales in TE's padded layouts, the
     tensor's usages; marked so that a partial ``narrow`` of it (an uneven shard) is refused."""
@@ -126,15 +119,15 @@ def _split(tensor: Any, size: int) -> list[Any] | None:
     pieces["rowwise_data"] = [None] * n if row is None else list(row.split(size, 0))
     if mx:
         pieces["columnwise_data"] = [None] * n if col is None else list(col.split(size, 0))
-        pieces["rowwise_scale_inv"] = [None] * n if rs is None else [_pad_dim(s, 0, 128) for s in rs.split(size, 0)]
+        pieces["rowwise_scale_inv"] = [None] * n if rs is None else [pad_dim(s, 0, 128) for s in rs.split(size, 0)]
         cs_rows = size // _MX_ROWS
-        pieces["columnwise_scale_inv"] = [None] * n if cs is None else [_pad_dim(s, 0, 4) for s in cs.split(cs_rows, 0)]
+        pieces["columnwise_scale_inv"] = [None] * n if cs is None else [pad_dim(s, 0, 4) for s in cs.split(cs_rows, 0)]
     else:  # columnwise codes are (K, M): split along dim 1; their scale grid is (K/128, M/128 padded to 4)
         b = size // _BLOCK_ROWS
         pieces["columnwise_data"] = [None] * n if col is None else [p.contiguous() for p in col.split(size, -1)]
         pieces["rowwise_scale_inv"] = [None] * n if rs is None else list(rs[: rows // _BLOCK_ROWS].split(b, 0))
         pieces["columnwise_scale_inv"] = (
-            [None] * n if cs is None else [_pad_dim(s, 1, 4) for s in cs[:, : rows // _BLOCK_ROWS].split(b, 1)]
+            [None] * n if cs is None else [pad_dim(s, 1, 4) for s in cs[:, : rows // _BLOCK_ROWS].split(b, 1)]
         )
     shape = (size, *tensor.shape[1:])
     return [_new(tensor, shape, **{k: v[i] for k, v in pieces.items()}) for i in range(n)]
@@ -142,29 +135,7 @@ def _split(tensor: Any, size: int) -> list[Any] | None:
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     """The FSDP2 ops on a block-scaled tensor, or ``NotImplemented`` for the class's other rules."""
-    aten = torch.ops.aten
-    tensor = args[0]
-    if func == aten.new_zeros.default:
-        return _new_zeros(tensor, tuple(args[1]))
-    if func == aten.split.Tensor:
-        dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
-        return NotImplemented if dim != 0 else (_split(tensor, args[1]) or NotImplemented)
-    if func == aten.slice.Tensor:  # narrow(0, 0, length) of the padded shard
-        dim, start, end, step = (*args[1:], *(0, None, None, 1)[len(args) - 1 :])[:4]
-        size = tensor.shape[dim]
-        if (start or 0) == 0 and (end is None or end >= size) and step == 1:
-            return type(tensor).make_like(tensor)
-        if getattr(tensor, "_fp8sim_fsdp_padded", False):
-            _refuse(tensor, f"uneven shards (a shard of {end} rows in a padded shard of {size})")
-        return NotImplemented
-    if func in (aten.view.default, aten.as_strided.default):
-        shape = tuple(args[1])
-        stride = tuple(args[2]) if func == aten.as_strided.default else None
-        offset = kwargs.get("storage_offset", args[3] if len(args) > 3 else 0) or 0
-        contiguous = stride is None or (stride == tuple(torch.empty(shape, device="meta").stride()) and offset == 0)
-        if shape == tuple(tensor.shape) and contiguous:
-            return type(tensor).make_like(tensor)
-    return NotImplemented
+    return shard_dispatch(func, args, kwargs, _new_zeros, _split, _refuse)
 
 
 def fsdp_pre_all_gather(
@@ -218,9 +189,9 @@ def fsdp_post_all_gather(
         cd, cs = all_gather_outputs[-2:] if columnwise else (None, None)
         buffers = {
             "rowwise_data": rd,
-            "rowwise_scale_inv": None if rs is None else _pad_dim(rs, 0, 128),
+            "rowwise_scale_inv": None if rs is None else pad_dim(rs, 0, 128),
             "columnwise_data": cd,
-            "columnwise_scale_inv": None if cs is None else _pad_dim(cs, 0, 4),
+            "columnwise_scale_inv": None if cs is None else pad_dim(cs, 0, 4),
         }
     data = buffers["rowwise_data"] if buffers["rowwise_data"] is not None else buffers["columnwise_data"]
     if out is not None:

@@ -25,8 +25,7 @@ from typing import Any
 
 import torch
 
-from ._fsdp2 import _param_group
-from ._fsdp2_block import _pad_dim
+from ._fsdp2 import _param_group, pad_dim, shard_dispatch
 
 __all__ = ["dispatch", "fsdp_pre_all_gather", "fsdp_post_all_gather"]
 
@@ -94,10 +93,10 @@ def _split(tensor: Any, size: int) -> list[Any] | None:
     )
     pieces: dict[str, list[Any]] = {
         "rowwise_data": [None] * n if rd is None else list(rd.split(size, 0)),
-        "rowwise_scale_inv": [None] * n if rs is None else [_pad_dim(s, 0, 128) for s in rs[:rows].split(size, 0)],
+        "rowwise_scale_inv": [None] * n if rs is None else [pad_dim(s, 0, 128) for s in rs[:rows].split(size, 0)],
         "columnwise_data": [None] * n if cd is None else [p.contiguous() for p in cd.split(size // 2, 1)],
         "columnwise_scale_inv": (
-            [None] * n if cs is None else [_pad_dim(s, 1, 4) for s in cs[:, : rows // _B].split(size // _B, 1)]
+            [None] * n if cs is None else [pad_dim(s, 1, 4) for s in cs[:, : rows // _B].split(size // _B, 1)]
         ),
     }
     shape = (size, *tensor.shape[1:])
@@ -133,29 +132,7 @@ def _new_zeros(tensor: Any, shape: tuple[int, ...]) -> Any:
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     """The FSDP2 ops on an ``NVFP4Tensor``, or ``NotImplemented`` for the class's other rules."""
-    aten = torch.ops.aten
-    tensor = args[0]
-    if func == aten.new_zeros.default:
-        return _new_zeros(tensor, tuple(args[1]))
-    if func == aten.split.Tensor:
-        dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
-        return NotImplemented if dim != 0 else (_split(tensor, args[1]) or NotImplemented)
-    if func == aten.slice.Tensor:  # TE: the full slice is the tensor, a partial one raises
-        dim, start, end, step = (*args[1:], *(0, None, None, 1)[len(args) - 1 :])[:4]
-        size = tensor.shape[dim]
-        if (start or 0) == 0 and (end is None or end >= size) and step == 1:
-            return type(tensor).make_like(tensor)
-        if getattr(tensor, "_fp8sim_fsdp_padded", False):
-            _refuse(f"uneven shards (a shard of {end} rows in a padded shard of {size})")
-        return NotImplemented
-    if func in (aten.view.default, aten.as_strided.default):
-        shape = tuple(args[1])
-        stride = tuple(args[2]) if func == aten.as_strided.default else None
-        offset = kwargs.get("storage_offset", args[3] if len(args) > 3 else 0) or 0
-        contiguous = stride is None or (stride == tuple(torch.empty(shape, device="meta").stride()) and offset == 0)
-        if shape == tuple(tensor.shape) and contiguous:
-            return type(tensor).make_like(tensor)
-    return NotImplemented
+    return shard_dispatch(func, args, kwargs, _new_zeros, _split, lambda _t, why: _refuse(why))
 
 
 def fsdp_pre_all_gather(
@@ -194,7 +171,7 @@ def fsdp_post_all_gather(
     data, scales = all_gather_outputs[:2]
     buffers = {
         "rowwise_data": data,
-        "rowwise_scale_inv": _pad_dim(scales, 0, 128),
+        "rowwise_scale_inv": pad_dim(scales, 0, 128),
         "amax_rowwise": amax_rowwise,
         "amax_columnwise": amax_columnwise,
     }
