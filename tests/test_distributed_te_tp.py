@@ -52,6 +52,7 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 from _dist import ranks  # noqa: E402
 from _te_tp_attention import ATT_CASES, BLOCK_RECIPES, _per_shard_then_gather, _run_attention, _run_block  # noqa: E402
+from _te_tp_nvfp4_sr import run_nvfp4_sr  # noqa: E402
 
 S, H, F, STEPS, HIST = 16, 32, 64, 3, 2
 E4M3, E5M2 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
@@ -333,6 +334,7 @@ def _worker(rank: int, world: int) -> dict:
     res.update({f"{k}-{r}-{sp}": _run_attention(rank, k, r, sp, tp) for k, r, sp in ATT_CASES})
     res.update({f"block-{r}": _run_block(rank, r, tp) for r in BLOCK_RECIPES})
     res["per-shard"] = _per_shard_then_gather(rank, tp)
+    res["nvfp4-sr"] = run_nvfp4_sr(rank, tp)
     import fp8sim.pytorch as te
 
     errors = {}
@@ -510,8 +512,7 @@ def test_tp_errors_on_the_ranks(results: list) -> None:
     assert errors["divide"] == "31 is not divisible by 2"
     assert "Tensor parallel group not initialized" in errors["group"]
     assert "Amax reduction across tensor parallel group is necessary" in errors["reduce_amax"]
-    assert "NVFP4 stochastic rounding of a sequence-parallel all-gather" in errors["block"]
-    assert "disable_stochastic_rounding=True" in errors["block"]
+    assert "block" not in errors  # NVFP4 stochastic rounding under sequence parallelism runs (_te_tp_nvfp4_sr.py)
     assert errors["fp8_output"] == "fp8sim: fp8_output on a row-parallel layer with tp_size > 1"
     assert errors["fp8_grad"] == "fp8sim: an FP8 input or fp8_grad on a column-parallel layer with tp_size > 1"
     assert errors["row_scaled"] == "Row-scaled NVFP4 quantization does not support amax reduction."  # TE quantizer.cpp
@@ -533,3 +534,26 @@ def test_fp32_bias_gradient_is_not_rounded_to_bf16() -> None:
     want = g.sum(0)
     assert m.bias.grad.dtype == torch.float32 and torch.equal(m.bias.grad, want)
     assert not torch.equal(want, want.bfloat16().float())  # the test can tell the two apart
+
+
+@pytest.mark.parametrize("module", ["linear", "lnmlp"])
+def test_nvfp4_stochastic_rounding_of_a_sequence_parallel_grad_output_is_per_shard(results: list, module: str) -> None:
+    """TE's default NVFP4BlockScaling (SR on the grad output): the row-parallel ``Linear``'s dgrad and wgrad, and
+    ``LayerNormMLP``'s fc2 wgrad, equal a reference that quantizes each rank's shard with the GEMM's seeds and
+    the whole tensor's amaxes (:mod:`_te_tp_nvfp4_sr`); the whole tensor quantized at once (other SR bits) and
+    each shard with its own amax both give other gradients."""
+    for rank, res in enumerate(results):
+        r = res["nvfp4-sr"]
+        for k in ("dw", "dx") if module == "linear" else ("dw",):
+            key = f"{module}.{k}"
+            assert r[key] == 0, f"rank {rank} {key}: {r[key]} elements differ from the per-shard reference"
+            assert r[f"{key}.whole_differs"] > 0 and r[f"{key}.own_amax_differs"] > 0, (rank, key, r)
+
+
+def test_nvfp4_quantizer_all_gather_with_te_philox_bits_per_rank(results: list) -> None:
+    """``all_gather_nvfp4`` with ``te_rng_generator`` seeded per rank: codes are each shard's TE Philox cast
+    laid out as TE (rowwise along dim 0, columnwise along dim 1), identical on both ranks; scales and amaxes
+    are the whole tensor's quantization's, its codes (one stream over the whole tensor) are not."""
+    for rank, res in enumerate(results):
+        bad = [k for k, ok in res["nvfp4-sr"]["quantizer"].items() if not ok]
+        assert not bad, f"rank {rank}: {bad}"
