@@ -13,6 +13,8 @@ Philox ``rng_state``) and the whole tensor's amax, then concatenate.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 
@@ -34,7 +36,6 @@ def _grad_refs(dy: torch.Tensor, seed_row: int, seed_col: int) -> dict:
 
     shards = dy.chunk(2, 0)
     cols = [s.t().contiguous() for s in shards]  # (N, rows): the columnwise copy, RHT'd in bf16
-    a_row, a_col = _amax(dy), max(_amax(apply_rht(c)) for c in cols)
 
     def row(x: torch.Tensor, amax: float | None) -> torch.Tensor:
         return _dq(quantize_nvfp4(x.float(), stochastic=True, seed=seed_row, global_amax=amax))
@@ -42,20 +43,24 @@ def _grad_refs(dy: torch.Tensor, seed_row: int, seed_col: int) -> dict:
     def col(x: torch.Tensor, amax: float | None) -> torch.Tensor:
         return _dq(quantize_nvfp4(x, rht=True, stochastic=True, seed=seed_col, global_amax=amax))
 
+    whole = {"row_whole": row(dy, None), "col_whole": col(dy.t().contiguous(), None)}
+    if shards[0].shape[0] % 16:  # a shard TE cannot quantize: only the whole tensor's quantization
+        return whole
+    a_row, a_col = _amax(dy), max(_amax(apply_rht(c)) for c in cols)
     return {
+        **whole,
         "row": torch.cat([row(s, a_row) for s in shards]),
         "col": torch.cat([col(c, a_col) for c in cols], 1),
-        "row_whole": row(dy, None),
-        "col_whole": col(dy.t().contiguous(), None),
         "row_own_amax": torch.cat([row(s, None) for s in shards]),
         "col_own_amax": torch.cat([col(c, None) for c in cols], 1),
     }
 
 
-def _row_linear_grads(rank: int, tp: object, lnmlp: bool) -> dict:
+def _row_linear_grads(rank: int, tp: object, lnmlp: bool, rows: int = S) -> dict:
     """A row-parallel sequence-parallel ``Linear`` (or ``LayerNormMLP``'s fc2) under TE's default
     ``NVFP4BlockScaling()`` (SR on for the grad output): its dgrad and wgrad against the per-shard reference.
-    Reference GEMMs: torch's float32 matmul of the dequantized operands, as one process computes them."""
+    Reference GEMMs: torch's float32 matmul of the dequantized operands, as one process computes them.
+    ``rows`` 16 (8 a rank): a shard TE cannot quantize, gathered in high precision (TE's warning)."""
     import fp8sim.pytorch as te
     from fp8sim.recipe import NVFP4BlockScaling
     from fp8sim.scaling.nvfp4 import quantize_nvfp4
@@ -64,8 +69,8 @@ def _row_linear_grads(rank: int, tp: object, lnmlp: bool) -> dict:
     dt = torch.bfloat16
     g = torch.Generator().manual_seed(500 + lnmlp)
     w = (torch.randn(N, K, generator=g) * 0.1).to(dt)
-    dy = (torch.randn(S, N, generator=g) * 1e-2).to(dt)
-    dy[S // 2 :] *= 3  # the two shards' amaxes differ: an unreduced amax changes the scales
+    dy = (torch.randn(rows, N, generator=g) * 1e-2).to(dt)
+    dy[rows // 2 :] *= 3  # the two shards' amaxes differ: an unreduced amax changes the scales
     seen = {}
     if lnmlp:
         m = te.LayerNormMLP(N, K, tp_group=tp, sequence_parallel=True, set_parallel_mode=True, params_dtype=dt)
@@ -85,23 +90,81 @@ def _row_linear_grads(rank: int, tp: object, lnmlp: bool) -> dict:
         with torch.no_grad():
             m.weight.copy_(w.chunk(2, 1)[rank])
         weight, state = m.weight, m.fp8_gemms["gemm"]
-        xl = (torch.randn(S, K, generator=g)).to(dt).chunk(2, 1)[rank].clone().requires_grad_()
+        xl = (torch.randn(rows, K, generator=g)).to(dt).chunk(2, 1)[rank].clone().requires_grad_()
         seen["x"] = xl.detach()
     with te.autocast(recipe=NVFP4BlockScaling()):
         y = m(xl)
     c = state.calls  # the GEMM's SR counter: the grad output's rowwise copy draws c + 1, its columnwise c + 2
-    y.backward(dy.chunk(2, 0)[rank])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y.backward(dy.chunk(2, 0)[rank])
+    fallback = "Cannot quantize input tensor. Performing all-gather in high precision."  # TE distributed.py 1404
     ref = _grad_refs(dy, c + 1, c + 2)
     w_col = _dq(quantize_nvfp4(weight.detach().float().t().contiguous(), block_2d=True)).t()  # 16x16 weight tiles
     x_col = _dq(quantize_nvfp4(seen["x"].bfloat16().t().contiguous(), rht=True)).t()  # input, RHT'd columnwise
-    out = {"dw": weight.grad}
-    for k in ("", "_whole", "_own_amax"):
+    out = {"dw": weight.grad, "warned": any(str(w.message) == fallback for w in caught)}
+    for k in [k for k in ("", "_whole", "_own_amax") if f"col{k}" in ref]:
         out[f"dw_want{k}"] = torch.matmul(ref[f"col{k}"], x_col).to(dt)
     if not lnmlp:
         out["dx"] = xl.grad
-        for k in ("", "_whole", "_own_amax"):
+        for k in [k for k in ("", "_whole", "_own_amax") if f"row{k}" in ref]:
             out[f"dx_want{k}"] = torch.matmul(ref[f"row{k}"], w_col).to(dt)
     return out
+
+
+def _column_input(rank: int, tp: object) -> dict:
+    """A column-parallel sequence-parallel ``Linear`` under a custom NVFP4 recipe with SR on the input
+    (``fp4_quant_fwd_inp = QParams(random_hadamard_transform=True, stochastic_rounding=True)``; TE's quantizer
+    refuses SR only with 4over6 or row scaling, csrc/quantizer.cpp 2563-2577): the forward output (rowwise copy,
+    seed ``c + 1``) and wgrad (the gathered columnwise copy, seed ``c + 4`` after the weight's two) against
+    the per-shard reference; the grad output is this rank's and quantized whole (seeds ``b + 1``, ``b + 2``)."""
+    import fp8sim.pytorch as te
+    from fp8sim.recipe import NVFP4BlockScaling, QParams
+    from fp8sim.scaling.nvfp4 import apply_rht, quantize_nvfp4
+
+    te.FP8GlobalStateManager.reset()
+    dt = torch.bfloat16
+    g = torch.Generator().manual_seed(700)
+    w = (torch.randn(N, K, generator=g) * 0.1).to(dt)
+    x = torch.randn(S, K, generator=g).to(dt)
+    x[S // 2 :] *= 2
+    dy = (torch.randn(S, N // 2, generator=g) * 1e-2).to(dt)
+    recipe = NVFP4BlockScaling()
+    recipe.fp4_quant_fwd_inp = QParams(random_hadamard_transform=True, stochastic_rounding=True)
+    m = te.Linear(K, N, bias=False, tp_group=tp, parallel_mode="column", sequence_parallel=True, params_dtype=dt)
+    with torch.no_grad():
+        m.weight.copy_(w.chunk(2, 0)[rank])
+    xl = x.chunk(2, 0)[rank].clone().requires_grad_()
+    c = m.fp8_gemms["gemm"].calls
+    with te.autocast(recipe=recipe):
+        y = m(xl)
+    b = m.fp8_gemms["gemm"].calls
+    y.backward(dy)
+    shards = x.chunk(2, 0)
+    cols = [s.t().contiguous() for s in shards]
+    a_col = max(_amax(apply_rht(t)) for t in cols)
+
+    def rows(amax: float | None) -> torch.Tensor:
+        return torch.cat(
+            [_dq(quantize_nvfp4(s.float(), stochastic=True, seed=c + 1, global_amax=amax)) for s in shards]
+        )
+
+    x_col = torch.cat(
+        [_dq(quantize_nvfp4(t, rht=True, stochastic=True, seed=c + 4, global_amax=a_col)) for t in cols], 1
+    )
+    x_whole = _dq(quantize_nvfp4(x.t().contiguous(), rht=True, stochastic=True, seed=c + 4))
+    wl = m.weight.detach()
+    w_row = _dq(quantize_nvfp4(wl.float(), block_2d=True))
+    dy_col = _dq(quantize_nvfp4(dy.t().contiguous(), rht=True, stochastic=True, seed=b + 2))
+    want_y = torch.matmul(rows(_amax(x)), w_row.t()).to(dt)
+    whole_y = torch.matmul(_dq(quantize_nvfp4(x.float(), stochastic=True, seed=c + 1)), w_row.t()).to(dt)
+    return {
+        "y": int((y != want_y).sum()),
+        "y.whole_differs": int((y != whole_y).sum()),
+        "y.own_amax_differs": int((y != torch.matmul(rows(None), w_row.t()).to(dt)).sum()),
+        "dw": int((m.weight.grad != torch.matmul(dy_col, x_col.t()).to(dt)).sum()),
+        "dw.whole_differs": int((m.weight.grad != torch.matmul(dy_col, x_whole.t()).to(dt)).sum()),
+    }
 
 
 def _quantizer_gather(rank: int, tp: object) -> dict:
@@ -156,5 +219,9 @@ def run_nvfp4_sr(rank: int, tp: object) -> dict:
             res[f"{name}.{k}"] = int((o[k] != o[f"{k}_want"]).sum())
             res[f"{name}.{k}.whole_differs"] = int((o[k] != o[f"{k}_want_whole"]).sum())
             res[f"{name}.{k}.own_amax_differs"] = int((o[k] != o[f"{k}_want_own_amax"]).sum())
+    small = _row_linear_grads(rank, tp, False, rows=16)  # 8 rows a rank: TE's high-precision gather
+    res["fallback"] = {"warned": small["warned"], "dx": int((small["dx"] != small["dx_want_whole"]).sum())}
+    res["fallback"]["dw"] = int((small["dw"] != small["dw_want_whole"]).sum())
+    res["column"] = _column_input(rank, tp)
     res["quantizer"] = _quantizer_gather(rank, tp)
     return res
