@@ -557,3 +557,21 @@ def test_nvfp4_quantizer_all_gather_with_te_philox_bits_per_rank(results: list) 
     for rank, res in enumerate(results):
         bad = [k for k, ok in res["nvfp4-sr"]["quantizer"].items() if not ok]
         assert not bad, f"rank {rank}: {bad}"
+
+
+def test_nvfp4_stochastic_rounding_of_a_sequence_parallel_column_input_is_per_shard(results: list) -> None:
+    """A custom NVFP4 recipe with SR on the input: the column-parallel layer's output (gathered rowwise copy) and
+    wgrad (gathered columnwise copy) equal the per-shard reference; the whole tensor's SR bits, or each shard's
+    own amax, give other outputs."""
+    for rank, res in enumerate(results):
+        r = res["nvfp4-sr"]["column"]
+        assert r["y"] == 0 and r["dw"] == 0, f"rank {rank}: {r}"
+        assert r["y.whole_differs"] > 0 and r["y.own_amax_differs"] > 0 and r["dw.whole_differs"] > 0, (rank, r)
+
+
+def test_nvfp4_sequence_parallel_shard_te_cannot_quantize_is_gathered_in_high_precision(results: list) -> None:
+    """8 rows a rank (not a multiple of 16, TE ``NVFP4Quantizer.is_quantizable``): TE warns and gathers in high
+    precision, then quantizes the whole grad output; dgrad and wgrad equal that reference."""
+    for rank, res in enumerate(results):
+        r = res["nvfp4-sr"]["fallback"]
+        assert r == {"warned": True, "dx": 0, "dw": 0}, f"rank {rank}: {r}"
