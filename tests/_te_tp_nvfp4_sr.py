@@ -3,7 +3,7 @@
 TE quantizes each rank's shard of the tensor a sequence-parallel layer gathers, with that rank's random bits
 and the amax MAX-reduced over ``tp_group``, then gathers data and scales (TE at d0067d0:
 ``transformer_engine/pytorch/distributed.py`` ``_all_gather_nvfp4`` 1332-1525, the data and scales gathered
-1439-1508 and de-interleaved by ``_swap_first_dims`` 1257-1281 / ``_post_process_nvfp4_gather`` 1284-1303;
+1434-1512 and de-interleaved by ``_swap_first_dims`` 1258-1283 / ``_post_process_nvfp4_gather`` 1286-1303;
 ``module/base.py`` ``grad_output_preprocess`` 1721-1751 gathers a row-parallel grad output with its
 quantizer; ``module/linear.py`` 810-824 sets its amax reduction group).  The references here quantize each
 shard on its own with fp8sim's single-process NVFP4 quantizer (``fp8sim.scaling.quantize_nvfp4`` with the
@@ -98,7 +98,7 @@ def _row_linear_grads(rank: int, tp: object, lnmlp: bool, rows: int = S) -> dict
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         y.backward(dy.chunk(2, 0)[rank])
-    fallback = "Cannot quantize input tensor. Performing all-gather in high precision."  # TE distributed.py 1404
+    fallback = "Cannot quantize input tensor. Performing all-gather in high precision."  # TE distributed.py 1391
     ref = _grad_refs(dy, c + 1, c + 2)
     w_col = _dq(quantize_nvfp4(weight.detach().float().t().contiguous(), block_2d=True)).t()  # 16x16 weight tiles
     x_col = _dq(quantize_nvfp4(seen["x"].bfloat16().t().contiguous(), rht=True)).t()  # input, RHT'd columnwise

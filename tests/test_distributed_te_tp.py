@@ -35,7 +35,8 @@ run as one process between the test's own sums over the ranks (:func:`_run_atten
 current scaling, sequence parallel off and on, also with ``fp8_dpa`` / ``fp8_mha`` (FP8 attention on each
 rank's heads, its hand-offs and DPA's reduced delayed-scaling state against the reference's); and MXFP8,
 Float8Block and NVFP4 block scaling under sequence parallel (:func:`_run_block`), with TE's per-shard
-quantize-then-gather written out (:func:`_per_shard_then_gather`).
+quantize-then-gather written out (:func:`_per_shard_then_gather`); and NVFP4 stochastic rounding of the
+gathered grad output / input, per rank shard (:mod:`_te_tp_nvfp4_sr`).
 """
 
 from __future__ import annotations

@@ -26,8 +26,11 @@ path gives the codes and scales of the whole tensor: rowwise blocks run along K 
 quantizable check puts every columnwise block (32, 128 or 16 rows) inside one shard; NVFP4's rowwise and
 post-RHT columnwise amaxes are MAX-reduced over ``tp_group`` first (``with_amax_reduction``), i.e. the whole
 tensor's.  fp8sim therefore gathers in high precision and quantizes the whole (test_distributed_te_tp.py
-checks the per-shard path against it).  Refused: NVFP4 stochastic rounding of a gathered tensor (each rank
-draws its own random bits for its shard; ``disable_stochastic_rounding=True`` lifts it).
+checks the per-shard path against it).  Not so under NVFP4 stochastic rounding (TE's default for the grad
+output, or a column-parallel input whose QParams ask for it): each rank draws its own random bits for its
+shard, so the GEMM's two quantizations of the gathered tensor run per shard (``_tp_nvfp4``: this rank's rows,
+the reduced amaxes, its GEMM's SR seeds, codes and scales gathered as TE lays them), or, for a shard TE cannot
+quantize, on the whole tensor after TE's warning.
 """
 
 from __future__ import annotations

@@ -119,8 +119,7 @@ def _shard_operand(local: torch.Tensor, qp: Any, k_axis: int, seed: int, group: 
     world, _ = _world_rank(group)
     columnwise = k_axis == 0
     rht = qp.random_hadamard_transform and columnwise
-    xt = local.detach()
-    xt = xt.to(torch.bfloat16) if rht and xt.dtype != torch.bfloat16 else xt if rht else xt.float()
+    xt = local.detach().to(torch.bfloat16 if rht else torch.float32)  # TE's RHT kernel takes bf16
     xt = xt.t().contiguous() if columnwise else xt.contiguous()
     amax = _max_over(nan_skipping_amax(apply_rht(xt) if rht else xt), group)
     q = quantize_nvfp4(
