@@ -184,8 +184,14 @@ def _quantizer_gather(rank: int, tp: object) -> dict:
     whole_q = NVFP4Quantizer(stochastic_rounding=True)
     whole_q.te_rng_generator = TEPhiloxGenerator(seed=1000)
     whole = whole_q(x)
+    rht = {"with_rht": True, "with_post_rht_amax": True, "stochastic_rounding": True}
+    q_rht = NVFP4Quantizer(with_amax_reduction=True, amax_reduction_group=tp, **rht)
+    q_rht.te_rng_generator = TEPhiloxGenerator(seed=2000 + rank)
+    got_rht, whole_rht = all_gather_nvfp4(x.chunk(2, 0)[rank], tp, q_rht), NVFP4Quantizer(**rht)(x)
+    pre = all_gather_nvfp4(q(x.chunk(2, 0)[rank]), tp, q)  # an NVFP4Tensor input: its own data gathered
     codes_r = unpack_fp4(got._rowwise_data.reshape(S, N // 2))
     codes_c = unpack_fp4(got._columnwise_data)
+    fields = ("_rowwise_scale_inv", "_columnwise_scale_inv", "_amax_rowwise", "_amax_columnwise")
     want_r = torch.cat([torch.from_numpy(r.rowwise.codes) for r in refs])
     want_c = torch.cat([torch.from_numpy(r.columnwise.codes) for r in refs], 1)
     return {
@@ -193,10 +199,9 @@ def _quantizer_gather(rank: int, tp: object) -> dict:
         "codes_rowwise": torch.equal(codes_r, want_r),
         "codes_columnwise": torch.equal(codes_c, want_c),
         "whole_codes_differ": not torch.equal(got._rowwise_data, whole._rowwise_data),
-        "scales": all(
-            torch.equal(getattr(got, f), getattr(whole, f))
-            for f in ("_rowwise_scale_inv", "_columnwise_scale_inv", "_amax_rowwise", "_amax_columnwise")
-        ),
+        "scales": all(torch.equal(getattr(got, f), getattr(whole, f)) for f in fields),
+        "scales_rht": all(torch.equal(getattr(got_rht, f), getattr(whole_rht, f)) for f in fields),
+        "nvfp4_input_scales": all(torch.equal(getattr(pre, f), getattr(whole, f)) for f in fields),
         "dequantized_near": bool((got.dequantize().float() - x.float()).abs().max() < 2 * _amax(x) / 6),
         "same_on_ranks": _same_on_ranks(got._rowwise_data, tp) and _same_on_ranks(got._columnwise_data, tp),
     }

@@ -554,7 +554,8 @@ def test_nvfp4_stochastic_rounding_of_a_sequence_parallel_grad_output_is_per_sha
 def test_nvfp4_quantizer_all_gather_with_te_philox_bits_per_rank(results: list) -> None:
     """``all_gather_nvfp4`` with ``te_rng_generator`` seeded per rank: codes are each shard's TE Philox cast
     laid out as TE (rowwise along dim 0, columnwise along dim 1), identical on both ranks; scales and amaxes
-    are the whole tensor's quantization's, its codes (one stream over the whole tensor) are not."""
+    are the whole tensor's quantization's, its codes (one stream over the whole tensor) are not; the scales and
+    amaxes also with RHT (the post-RHT columnwise amax reduced) and for an ``NVFP4Tensor`` input."""
     for rank, res in enumerate(results):
         bad = [k for k, ok in res["nvfp4-sr"]["quantizer"].items() if not ok]
         assert not bad, f"rank {rank}: {bad}"

@@ -38,7 +38,8 @@ from ._operands import Operand, nan_skipping_amax
 __all__ = ["all_gather_nvfp4", "set_shard_hook", "sr_gather_qparams", "te_quantizable"]
 
 _B = 16
-_FALLBACK = "Cannot quantize input tensor. Performing all-gather in high precision."  # TE's warning
+_FALLBACK = "Cannot quantize input tensor. Performing all-gather in high precision."  # TE's warnings
+_MISMATCH = "Input and quantizer do not have matching usages. Dequantizing and requantizing to NVFP4."
 
 
 def te_quantizable(shape: tuple[int, ...], row_scaled: bool = False) -> bool:
@@ -167,20 +168,29 @@ def set_shard_hook(g: Any, recipe: Any, kind: str, shard_shape: tuple[int, ...],
 
 
 def all_gather_nvfp4(inp: torch.Tensor, group: Any, quantizer: Any) -> Any:
-    """TE ``_all_gather_nvfp4`` for a high-precision ``inp`` (this rank's rows): ``quantizer(inp)`` on this
-    rank (set ``with_amax_reduction`` and ``amax_reduction_group`` as TE's layers do), data and scales
-    gathered and laid out as TE lays them, in an ``NVFP4Tensor`` of the gathered shape."""
+    """TE ``_all_gather_nvfp4``: this rank's rows ``inp`` (high precision: ``quantizer(inp)`` on this rank,
+    with ``with_amax_reduction`` and ``amax_reduction_group`` set as TE's layers set them; or an
+    ``NVFP4Tensor``), data and scales of the quantizer's usages gathered and laid out as TE lays them, in an
+    ``NVFP4Tensor`` of the gathered shape."""
     from ..tensor.nvfp4_tensor import NVFP4Tensor
 
     world, _ = _world_rank(group)
     shape = tuple(inp.shape)
     out_shape = (shape[0] * world, *shape[1:])
-    if not te_quantizable(shape, quantizer.row_scaled_nvfp4):
+    if isinstance(inp, NVFP4Tensor):  # TE: its data as it is, unless the quantizer wants a copy it lacks
+        local = inp
+        if (quantizer.rowwise_usage and inp._rowwise_data is None) or (
+            quantizer.columnwise_usage and inp._columnwise_data is None
+        ):
+            warnings.warn(_MISMATCH, stacklevel=2)
+            local = quantizer(inp.dequantize(dtype=inp.dtype))
+    elif not te_quantizable(shape, quantizer.row_scaled_nvfp4):
         from ._tp import gather_along_first_dim
 
         warnings.warn(_FALLBACK, stacklevel=2)
         return quantizer(gather_along_first_dim(inp, group))
-    local = quantizer(inp)
+    else:
+        local = quantizer(inp)
     m, k = math.prod(shape[:-1]), shape[-1]
     names = ("rowwise_data", "rowwise_scale_inv", "amax_rowwise", "columnwise_data", "columnwise_scale_inv")
     fields: dict[str, Any] = dict.fromkeys((*names, "amax_columnwise"))
