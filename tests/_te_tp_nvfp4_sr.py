@@ -167,6 +167,23 @@ def _column_input(rank: int, tp: object) -> dict:
     }
 
 
+def _4over6_sr_refusal(tp: object) -> str:
+    """SR on a 4over6 input under sequence parallelism: TE's refusal (csrc/quantizer.cpp 2563-2564), not a
+    per-shard gather."""
+    import fp8sim.pytorch as te
+    from fp8sim.recipe import NVFP4BlockScaling, QParams
+
+    recipe = NVFP4BlockScaling(nvfp4_4over6="activations")
+    recipe.fp4_quant_fwd_inp = QParams(stochastic_rounding=True)
+    m = te.Linear(K, N, tp_group=tp, parallel_mode="column", sequence_parallel=True)
+    try:
+        with te.autocast(recipe=recipe):
+            m(torch.randn(S // 2, K))
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
 def _quantizer_gather(rank: int, tp: object) -> dict:
     """``all_gather_nvfp4`` with ``NVFP4Quantizer.te_rng_generator`` seeded per rank: the gathered codes are each
     shard's TE Philox cast (``quantize_nvfp4_te_sr`` with the rank's ``rng_state`` and the whole tensor's
@@ -229,4 +246,5 @@ def run_nvfp4_sr(rank: int, tp: object) -> dict:
     res["fallback"]["dw"] = int((small["dw"] != small["dw_want_whole"]).sum())
     res["column"] = _column_input(rank, tp)
     res["quantizer"] = _quantizer_gather(rank, tp)
+    res["4over6"] = _4over6_sr_refusal(tp)
     return res

@@ -564,10 +564,11 @@ def test_nvfp4_quantizer_all_gather_with_te_philox_bits_per_rank(results: list) 
 def test_nvfp4_stochastic_rounding_of_a_sequence_parallel_column_input_is_per_shard(results: list) -> None:
     """A custom NVFP4 recipe with SR on the input: the column-parallel layer's output (gathered rowwise copy) and
     wgrad (gathered columnwise copy) equal the per-shard reference; the whole tensor's SR bits, or each shard's
-    own amax, give other outputs."""
+    own amax, give other outputs.  SR on a 4over6 input keeps TE's refusal."""
     for rank, res in enumerate(results):
         r = res["nvfp4-sr"]["column"]
         assert r["y"] == 0 and r["dw"] == 0, f"rank {rank}: {r}"
+        assert res["nvfp4-sr"]["4over6"] == "NVFP4 4over6 quantization does not support stochastic rounding."
         assert r["y.whole_differs"] > 0 and r["y.own_amax_differs"] > 0 and r["dw.whole_differs"] > 0, (rank, r)
 
 

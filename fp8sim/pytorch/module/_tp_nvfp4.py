@@ -34,6 +34,7 @@ from ...scaling.nvfp4 import apply_rht, quantize_nvfp4
 from ...scaling.packing import pack_fp4, unpack_fp4
 from ...scaling.quantized import QuantizedTensor
 from ._operands import Operand, nan_skipping_amax
+from ._quantizers import _4over6_scope
 
 __all__ = ["all_gather_nvfp4", "set_shard_hook", "sr_gather_qparams", "te_quantizable"]
 
@@ -52,6 +53,8 @@ def sr_gather_qparams(recipe: Any, kind: str) -> Any:
     when ``recipe`` is NVFP4 and rounds that tensor stochastically, else None (the whole tensor's
     quantization after a high-precision gather is then TE's per-shard result, bit for bit)."""
     if not isinstance(recipe, NVFP4BlockScaling) or getattr(recipe, "backward_override", None) is not None:
+        return None
+    if kind == "input" and _4over6_scope(recipe.nvfp4_4over6, kind):  # the GEMM raises TE's 4over6 SR refusal
         return None
     qp = recipe.fp4_quant_bwd_grad if kind == "grad" else recipe.fp4_quant_fwd_inp
     return qp if qp.stochastic_rounding else None
