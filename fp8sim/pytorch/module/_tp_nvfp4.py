@@ -16,7 +16,9 @@ Two faces: :func:`all_gather_nvfp4` for an ``NVFP4Quantizer`` (its SR bits: fp8s
 ``te_rng_generator``, TE's Philox stream with this rank's ``rng_state``), and :func:`set_shard_hook`, which
 ``module/_tp.py`` hands to a GEMM's state so that the module's own quantization of the gathered input
 (column-parallel) or grad output (row-parallel) runs per shard, drawing its seeds from the GEMM's counter
-at the point the whole-tensor quantization would have drawn them.
+at the point the whole-tensor quantization would have drawn them.  That counter advances alike on every rank,
+so each rank's shard takes the bits of the same local positions (TE: each rank's own CUDA generator state;
+the modules have no ``te_rng_generator``, TE's Philox bits are the quantizer face's).
 """
 
 from __future__ import annotations
