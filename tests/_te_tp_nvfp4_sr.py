@@ -206,6 +206,9 @@ def _quantizer_gather(rank: int, tp: object) -> dict:
     q_rht.te_rng_generator = TEPhiloxGenerator(seed=2000 + rank)
     got_rht, whole_rht = all_gather_nvfp4(x.chunk(2, 0)[rank], tp, q_rht), NVFP4Quantizer(**rht)(x)
     pre = all_gather_nvfp4(q(x.chunk(2, 0)[rank]), tp, q)  # an NVFP4Tensor input: its own data gathered
+    rn = {"with_rht": True, "with_post_rht_amax": True}  # round to nearest: every field is the whole tensor's
+    q_rn = NVFP4Quantizer(with_amax_reduction=True, amax_reduction_group=tp, **rn)
+    got_rn, whole_rn = all_gather_nvfp4(x.chunk(2, 0)[rank], tp, q_rn), NVFP4Quantizer(**rn)(x)
     codes_r = unpack_fp4(got._rowwise_data.reshape(S, N // 2))
     codes_c = unpack_fp4(got._columnwise_data)
     fields = ("_rowwise_scale_inv", "_columnwise_scale_inv", "_amax_rowwise", "_amax_columnwise")
@@ -218,6 +221,10 @@ def _quantizer_gather(rank: int, tp: object) -> dict:
         "whole_codes_differ": not torch.equal(got._rowwise_data, whole._rowwise_data),
         "scales": all(torch.equal(getattr(got, f), getattr(whole, f)) for f in fields),
         "scales_rht": all(torch.equal(getattr(got_rht, f), getattr(whole_rht, f)) for f in fields),
+        "rn_all_fields": all(
+            torch.equal(getattr(got_rn, f), getattr(whole_rn, f))
+            for f in (*fields, "_rowwise_data", "_columnwise_data")
+        ),
         "nvfp4_input_scales": all(torch.equal(getattr(pre, f), getattr(whole, f)) for f in fields),
         "dequantized_near": bool((got.dequantize().float() - x.float()).abs().max() < 2 * _amax(x) / 6),
         "same_on_ranks": _same_on_ranks(got._rowwise_data, tp) and _same_on_ranks(got._columnwise_data, tp),

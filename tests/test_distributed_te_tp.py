@@ -578,3 +578,22 @@ def test_nvfp4_sequence_parallel_shard_te_cannot_quantize_is_gathered_in_high_pr
     for rank, res in enumerate(results):
         r = res["nvfp4-sr"]["fallback"]
         assert r == {"warned": True, "dx": 0, "dw": 0}, f"rank {rank}: {r}"
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_nvfp4_columnwise_gather_is_deinterleaved_as_te_swap_first_dims(world: int) -> None:
+    """TE ``distributed.py`` ``_swap_first_dims`` (1258-1283): the transposed shards gathered along dim 0,
+    ``(world * d0, d1)``, become the shards side by side along dim 1, ``(d0, world * d1)``."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from fp8sim.pytorch.module._tp_nvfp4 import _swap_first_dims
+
+    @settings(max_examples=20, deadline=None)
+    @given(st.integers(1, 5), st.integers(1, 5), st.integers(0, 2**31 - 1))
+    def check(d0: int, d1: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        shards = [torch.randint(0, 256, (d0, d1), generator=g, dtype=torch.uint8) for _ in range(world)]
+        assert torch.equal(_swap_first_dims(torch.cat(shards, 0), world), torch.cat(shards, 1))
+
+    check()
