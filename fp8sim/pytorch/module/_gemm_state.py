@@ -53,7 +53,7 @@ class _GemmState:
 
     def _quantize(self, x: torch.Tensor, recipe: Recipe, kind: str, k_axis: int) -> Operand:
         self.calls += 1
-        hook = self.shard_hooks.get(kind)
+        hook = self.__dict__.get("shard_hooks", {}).get(kind)  # a state unpickled from before has none
         if hook is not None:
             return hook(x, k_axis, self.calls)
         scaler = self.bwd if kind == "grad" else self.fwd

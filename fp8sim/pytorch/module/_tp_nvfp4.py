@@ -160,7 +160,8 @@ def set_shard_hook(g: Any, recipe: Any, kind: str, shard_shape: tuple[int, ...],
     """Make GEMM state ``g``'s next two quantizations of ``kind`` (the gathered tensor's rowwise and columnwise
     copies) per shard, where TE's result is not the whole tensor's (stochastic rounding); otherwise clear it.
     A shard TE cannot quantize keeps the high-precision gather (TE's warning)."""
-    g.shard_hooks.pop(kind, None)
+    hooks = g.__dict__.setdefault("shard_hooks", {})
+    hooks.pop(kind, None)
     qp = sr_gather_qparams(recipe, kind)
     if qp is None:
         return
@@ -169,7 +170,7 @@ def set_shard_hook(g: Any, recipe: Any, kind: str, shard_shape: tuple[int, ...],
         return
     _, rank = _world_rank(group)
     m = math.prod(shard_shape[:-1])
-    g.shard_hooks[kind] = _ShardHook(g.shard_hooks, kind, qp, (rank * m, (rank + 1) * m), group)
+    hooks[kind] = _ShardHook(hooks, kind, qp, (rank * m, (rank + 1) * m), group)
 
 
 def all_gather_nvfp4(inp: torch.Tensor, group: Any, quantizer: Any) -> Any:
