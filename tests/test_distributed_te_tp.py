@@ -35,7 +35,8 @@ run as one process between the test's own sums over the ranks (:func:`_run_atten
 current scaling, sequence parallel off and on, also with ``fp8_dpa`` / ``fp8_mha`` (FP8 attention on each
 rank's heads, its hand-offs and DPA's reduced delayed-scaling state against the reference's); and MXFP8,
 Float8Block and NVFP4 block scaling under sequence parallel (:func:`_run_block`), with TE's per-shard
-quantize-then-gather written out (:func:`_per_shard_then_gather`).
+quantize-then-gather written out (:func:`_per_shard_then_gather`); and NVFP4 stochastic rounding of the
+gathered grad output / input, per rank shard (:mod:`_te_tp_nvfp4_sr`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 from _dist import ranks  # noqa: E402
 from _te_tp_attention import ATT_CASES, BLOCK_RECIPES, _per_shard_then_gather, _run_attention, _run_block  # noqa: E402
+from _te_tp_nvfp4_sr import run_nvfp4_sr  # noqa: E402
 
 S, H, F, STEPS, HIST = 16, 32, 64, 3, 2
 E4M3, E5M2 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
@@ -333,6 +335,7 @@ def _worker(rank: int, world: int) -> dict:
     res.update({f"{k}-{r}-{sp}": _run_attention(rank, k, r, sp, tp) for k, r, sp in ATT_CASES})
     res.update({f"block-{r}": _run_block(rank, r, tp) for r in BLOCK_RECIPES})
     res["per-shard"] = _per_shard_then_gather(rank, tp)
+    res["nvfp4-sr"] = run_nvfp4_sr(rank, tp)
     import fp8sim.pytorch as te
 
     errors = {}
@@ -510,8 +513,7 @@ def test_tp_errors_on_the_ranks(results: list) -> None:
     assert errors["divide"] == "31 is not divisible by 2"
     assert "Tensor parallel group not initialized" in errors["group"]
     assert "Amax reduction across tensor parallel group is necessary" in errors["reduce_amax"]
-    assert "NVFP4 stochastic rounding of a sequence-parallel all-gather" in errors["block"]
-    assert "disable_stochastic_rounding=True" in errors["block"]
+    assert "block" not in errors  # NVFP4 stochastic rounding under sequence parallelism runs (_te_tp_nvfp4_sr.py)
     assert errors["fp8_output"] == "fp8sim: fp8_output on a row-parallel layer with tp_size > 1"
     assert errors["fp8_grad"] == "fp8sim: an FP8 input or fp8_grad on a column-parallel layer with tp_size > 1"
     assert errors["row_scaled"] == "Row-scaled NVFP4 quantization does not support amax reduction."  # TE quantizer.cpp
@@ -533,3 +535,65 @@ def test_fp32_bias_gradient_is_not_rounded_to_bf16() -> None:
     want = g.sum(0)
     assert m.bias.grad.dtype == torch.float32 and torch.equal(m.bias.grad, want)
     assert not torch.equal(want, want.bfloat16().float())  # the test can tell the two apart
+
+
+@pytest.mark.parametrize("module", ["linear", "lnmlp"])
+def test_nvfp4_stochastic_rounding_of_a_sequence_parallel_grad_output_is_per_shard(results: list, module: str) -> None:
+    """TE's default NVFP4BlockScaling (SR on the grad output): the row-parallel ``Linear``'s dgrad and wgrad, and
+    ``LayerNormMLP``'s fc2 wgrad, equal a reference that quantizes each rank's shard with the GEMM's seeds and
+    the whole tensor's amaxes (:mod:`_te_tp_nvfp4_sr`); the whole tensor quantized at once (other SR bits) and
+    each shard with its own amax both give other gradients."""
+    for rank, res in enumerate(results):
+        r = res["nvfp4-sr"]
+        for k in ("dw", "dx") if module == "linear" else ("dw",):
+            key = f"{module}.{k}"
+            assert r[key] == 0, f"rank {rank} {key}: {r[key]} elements differ from the per-shard reference"
+            assert r[f"{key}.whole_differs"] > 0 and r[f"{key}.own_amax_differs"] > 0, (rank, key, r)
+
+
+def test_nvfp4_quantizer_all_gather_with_te_philox_bits_per_rank(results: list) -> None:
+    """``all_gather_nvfp4`` with ``te_rng_generator`` seeded per rank: codes are each shard's TE Philox cast
+    laid out as TE (rowwise along dim 0, columnwise along dim 1), identical on both ranks; scales and amaxes
+    are the whole tensor's quantization's, its codes (one stream over the whole tensor) are not; the scales and
+    amaxes also with RHT (the post-RHT columnwise amax reduced) and for an ``NVFP4Tensor`` input."""
+    for rank, res in enumerate(results):
+        bad = [k for k, ok in res["nvfp4-sr"]["quantizer"].items() if not ok]
+        assert not bad, f"rank {rank}: {bad}"
+
+
+def test_nvfp4_stochastic_rounding_of_a_sequence_parallel_column_input_is_per_shard(results: list) -> None:
+    """A custom NVFP4 recipe with SR on the input: the column-parallel layer's output (gathered rowwise copy) and
+    wgrad (gathered columnwise copy) equal the per-shard reference; the whole tensor's SR bits, or each shard's
+    own amax, give other outputs.  SR on a 4over6 input keeps TE's refusal."""
+    for rank, res in enumerate(results):
+        r = res["nvfp4-sr"]["column"]
+        assert r["y"] == 0 and r["dw"] == 0, f"rank {rank}: {r}"
+        assert res["nvfp4-sr"]["4over6"] == "NVFP4 4over6 quantization does not support stochastic rounding."
+        assert r["y.whole_differs"] > 0 and r["y.own_amax_differs"] > 0 and r["dw.whole_differs"] > 0, (rank, r)
+
+
+def test_nvfp4_sequence_parallel_shard_te_cannot_quantize_is_gathered_in_high_precision(results: list) -> None:
+    """8 rows a rank (not a multiple of 16, TE ``NVFP4Quantizer.is_quantizable``): TE warns and gathers in high
+    precision, then quantizes the whole grad output; dgrad and wgrad equal that reference."""
+    for rank, res in enumerate(results):
+        r = res["nvfp4-sr"]["fallback"]
+        assert r == {"warned": True, "dx": 0, "dw": 0}, f"rank {rank}: {r}"
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_nvfp4_columnwise_gather_is_deinterleaved_as_te_swap_first_dims(world: int) -> None:
+    """TE ``distributed.py`` ``_swap_first_dims`` (1258-1283): the transposed shards gathered along dim 0,
+    ``(world * d0, d1)``, become the shards side by side along dim 1, ``(d0, world * d1)``."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from fp8sim.pytorch.module._tp_nvfp4 import _swap_first_dims
+
+    @settings(max_examples=20, deadline=None)
+    @given(st.integers(1, 5), st.integers(1, 5), st.integers(0, 2**31 - 1))
+    def check(d0: int, d1: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        shards = [torch.randint(0, 256, (d0, d1), generator=g, dtype=torch.uint8) for _ in range(world)]
+        assert torch.equal(_swap_first_dims(torch.cat(shards, 0), world), torch.cat(shards, 1))
+
+    check()

@@ -27,6 +27,8 @@ class _GemmState:
         self.calls = 0
         self.stats: dict | None = None
         self.key: tuple | None = None
+        # kind -> hook(x, k_axis, seed): a sequence-parallel gather quantizes per shard (module/_tp_nvfp4.py)
+        self.shard_hooks: dict = {}
 
     def ensure(self, recipe: Recipe, group: Any = None) -> None:
         """Delayed-scaling state for ``recipe``: created once, then carried over to a new
@@ -51,6 +53,9 @@ class _GemmState:
 
     def _quantize(self, x: torch.Tensor, recipe: Recipe, kind: str, k_axis: int) -> Operand:
         self.calls += 1
+        hook = self.__dict__.get("shard_hooks", {}).get(kind)  # a state unpickled from before has none
+        if hook is not None:
+            return hook(x, k_axis, self.calls)
         scaler = self.bwd if kind == "grad" else self.fwd
         index = {"input": 0, "weight": 1, "grad": 0}[kind]
         return quantize_operand(x, recipe, kind, k_axis, scaler=scaler, index=index, seed=self.calls, stats=self.stats)

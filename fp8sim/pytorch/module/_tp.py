@@ -26,8 +26,11 @@ path gives the codes and scales of the whole tensor: rowwise blocks run along K 
 quantizable check puts every columnwise block (32, 128 or 16 rows) inside one shard; NVFP4's rowwise and
 post-RHT columnwise amaxes are MAX-reduced over ``tp_group`` first (``with_amax_reduction``), i.e. the whole
 tensor's.  fp8sim therefore gathers in high precision and quantizes the whole (test_distributed_te_tp.py
-checks the per-shard path against it).  Refused: NVFP4 stochastic rounding of a gathered tensor (each rank
-draws its own random bits for its shard; ``disable_stochastic_rounding=True`` lifts it).
+checks the per-shard path against it).  Not so under NVFP4 stochastic rounding (TE's default for the grad
+output, or a column-parallel input whose QParams ask for it): each rank draws its own random bits for its
+shard, so the GEMM's two quantizations of the gathered tensor run per shard (``_tp_nvfp4``: this rank's rows,
+the reduced amaxes, its GEMM's SR seeds, codes and scales gathered as TE lays them), or, for a shard TE cannot
+quantize, on the whole tensor after TE's warning.
 """
 
 from __future__ import annotations
@@ -170,7 +173,8 @@ class _GatherInput(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, module: Any, name: str, slot: dict) -> torch.Tensor:  # type: ignore[override]
         ctx.group, ctx.dtype = module.tp_group, x.dtype
         recipe = _fp8_per_tensor()
-        if recipe is None:
+        if recipe is None:  # NVFP4 with stochastic rounding: the GEMM quantizes each rank's shard (_tp_nvfp4)
+            _nvfp4_shards(module, name, "input", tuple(x.shape))
             return gather_along_first_dim(x, module.tp_group)
         g = module.fp8_gemms[name]
         g.ensure(recipe, current_state().group)
@@ -212,6 +216,7 @@ class _ReduceOutput(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, out: torch.Tensor, module: Any, name: str, slot: _GradSlot, recipe: Any) -> torch.Tensor:  # type: ignore[override]
         ctx.module, ctx.name, ctx.slot, ctx.recipe = module, name, slot, recipe
+        ctx.block = get_recipe() if recipe is None and current_state().enabled else None
         if module.sequence_parallel:
             return reduce_scatter_along_first_dim(out, module.tp_group)
         return allreduce(out, module.tp_group)
@@ -223,6 +228,8 @@ class _ReduceOutput(torch.autograd.Function):
             return dy, None, None, None, None
         recipe = ctx.recipe
         if recipe is None or getattr(recipe, "backward_override", None) is not None:  # TE: a high-precision gather
+            if ctx.block is not None:  # NVFP4 with stochastic rounding: per-shard quantization (_tp_nvfp4)
+                _nvfp4_shards(m, ctx.name, "grad", tuple(dy.shape), ctx.block)
             return gather_along_first_dim(dy, m.tp_group), None, None, None, None
         op = _quantize_local(m.fp8_gemms[ctx.name], dy, recipe, "grad", m.tp_group)
         h = _gather_fp8(op, tuple(dy.shape), m.tp_group)
@@ -251,22 +258,25 @@ def check_tp_forward(module: Any) -> None:
         )
 
 
+def _nvfp4_shards(module: Any, name: str, kind: str, shard_shape: tuple, recipe: Any = None) -> None:
+    """GEMM ``name``'s quantizations of the gathered ``kind`` made per shard where TE's differ from the whole
+    tensor's (NVFP4 stochastic rounding: each rank rounds its own shard, ``_tp_nvfp4``), else cleared."""
+    from ._tp_nvfp4 import set_shard_hook
+
+    g = module.fp8_gemms[name]
+    if recipe is None:
+        recipe = get_recipe() if current_state().enabled else None
+    set_shard_hook(g, recipe, kind, shard_shape, module.tp_group)
+
+
 def _check_gathered_sr(module: Any, mode: str) -> None:
-    """NVFP4 stochastic rounding of the tensor a sequence-parallel layer gathers (row: the grad output), and
-    TE's refusal of a row-scaled input with the amax reduction sequence parallel puts on it (column)."""
-    if not (module.sequence_parallel and current_state().enabled):
+    """TE's refusal of a row-scaled NVFP4 input with the amax reduction sequence parallel puts on it (column).
+    NVFP4 stochastic rounding of a gathered tensor is emulated per shard (``_tp_nvfp4``)."""
+    if not (module.sequence_parallel and current_state().enabled) or mode != "column":
         return
     recipe = get_recipe()
-    if not isinstance(recipe, NVFP4BlockScaling) or (mode == "row" and not torch.is_grad_enabled()):
-        return
-    if mode == "column" and recipe.row_scaled_activation:  # TE sets with_amax_reduction on the input quantizer
+    if isinstance(recipe, NVFP4BlockScaling) and recipe.row_scaled_activation:
         raise RuntimeError("Row-scaled NVFP4 quantization does not support amax reduction.")
-    qp = recipe.fp4_quant_bwd_grad if mode == "row" else recipe.fp4_quant_fwd_inp
-    if qp.stochastic_rounding:
-        raise NotImplementedError(
-            "fp8sim: NVFP4 stochastic rounding of a sequence-parallel all-gather (each rank rounds its own shard"
-            " with its own random bits) is not emulated; use NVFP4BlockScaling(disable_stochastic_rounding=True)"
-        )
 
 
 def tp_linear(
