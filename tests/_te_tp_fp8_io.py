@@ -8,12 +8,12 @@ The reference is TE d0067d0 read step by step:
   ``Float8Tensor`` of the activation dtype), then ``allreduce`` (``distributed.py`` 2095-2109) or
   ``reduce_scatter_along_first_dim`` (931-958) runs on it; 1085-1132: the column-parallel dgrad GEMM with
   ``grad_input_quantizer``, then the same two; 2075-2076: a row-parallel bias added after them.
-* ``quantized_tensor.py`` 985-1040 ``QuantizedTensor.__torch_dispatch__``: an op whose ``_schema.is_mutable``
+* ``quantized_tensor.py`` 858-1028 ``QuantizedTensor.__torch_dispatch__``: an op whose ``_schema.is_mutable``
   is False runs on ``maybe_unwrap``-ped (dequantized, nominal-dtype) copies.  torch's ``c10d.allreduce_`` and
   ``c10d._reduce_scatter_base_`` carry no alias annotation, so the all-reduce leaves the ``Float8Tensor`` as
   it was (each rank's own FP8 partial sum) while the reduce-scatter writes the sum of the dequantized
-  partials into its plain ``torch.empty(dtype=inp.dtype)`` output.  :func:`_te_dispatch` checks both facts
-  on gloo with a tensor subclass holding just that dispatch branch.
+  partials into its plain ``torch.empty(dtype=inp.dtype)`` output.  :func:`te_dispatch_worker` checks both
+  facts on gloo with a tensor subclass holding just that dispatch branch (a slow test of its own).
 * ``distributed.py`` 989-1080 ``_all_gather_fp8``: an FP8 input is gathered as it is, every rank's codes
   read with this rank's ``_scale_inv``.
 
@@ -181,14 +181,16 @@ def _manual_handoff(x: torch.Tensor, scale: np.float32) -> torch.Tensor:
     return attach((vals * torch.tensor(sinv, dtype=torch.float32)).requires_grad_(), h)
 
 
-def _fp8_input(rank: int, tp: object, recipe_name: str, sp: bool) -> dict:
-    """An FP8 input to a column-parallel layer: delayed scaling from a producer ``Linear(fp8_output=True)``,
-    current scaling from a hand-made FP8 tensor with a scale of its own on each rank.  Under sequence parallel
-    the codes are gathered and read with this rank's scale_inv (the reference: a one-process shard fed the
-    gathered codes), without it used as they are; the gradient to the producer (no ``fp8_grad``) is
-    ``g_0 + g_1`` (this rank's rows under sequence parallel), high precision."""
+def _fp8_input(rank: int, tp: object, recipe_name: str, sp: bool) -> list[dict]:
+    """An FP8 input to a column-parallel layer, 2 steps: delayed scaling from a producer
+    ``Linear(fp8_output=True)`` (its OUTPUT scale is not the consumer's INPUT scale in step 2), current scaling
+    from a hand-made FP8 tensor with a scale of its own on each rank.  Under sequence parallel the codes are
+    gathered and read with this rank's scale_inv (the reference: a one-process shard fed the gathered codes),
+    without it used as they are; the gradient to the producer (no ``fp8_grad``) is ``g_0 + g_1`` (this rank's
+    rows under sequence parallel), high precision."""
     import fp8sim.pytorch as te
-    from fp8sim.pytorch.module._fp8_handoff import handoff_of
+    from fp8sim.formats import get_format
+    from fp8sim.pytorch.module._fp8_handoff import FP8Handoff, attach, handoff_of
     from fp8sim.recipe import DelayedScaling, Float8CurrentScaling
 
     torch.manual_seed(12)
@@ -199,40 +201,44 @@ def _fp8_input(rank: int, tp: object, recipe_name: str, sp: bool) -> dict:
     prod = _lin(K0, K, pw, None, torch.float32)
     recipe = DelayedScaling(amax_history_len=2) if recipe_name == "delayed" else Float8CurrentScaling()
     rows = (lambda t: t.chunk(2, 0)[rank]) if sp else (lambda t: t)
-    g = torch.Generator().manual_seed(40 + rank)
-    z = torch.randn(S // 2 if sp else S, K0, generator=g) * (1 + rank)
-    dyl = torch.randn(S, N // 2, generator=g) * 1e-2
-    with te.autocast(recipe=recipe):
-        if recipe_name == "delayed":
-            h = prod(z, fp8_output=True)
-        else:  # a scale of this rank's own: the other rank's codes are read with the wrong one, as in TE
-            h = _manual_handoff(z @ pw.t(), np.float32(448) / np.float32((z @ pw.t()).abs().max().item()))
-        h.retain_grad()
-        y = m(h)
-    y.backward(dyl)
-    hh = handoff_of(h)
-    codes = torch.cat(_gather(hh.codes)) if sp else hh.codes
-    from fp8sim.formats import get_format
-    from fp8sim.pytorch.module._fp8_handoff import FP8Handoff, attach
-
-    vals = torch.from_numpy(codes.numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float32))
-    xr = attach((vals * torch.tensor(hh.sinv)).requires_grad_(), FP8Handoff(vals, codes, hh.sinv, get_format("e4m3")))
-    with te.autocast(recipe=recipe):
-        yr = ref(xr)
-    yr.backward(dyl)
-    gs = _gather(xr.grad)
-    res = {"y": _ne(y, yr), "dx": _ne(h.grad, rows(gs[0] + gs[1]))}  # dgrad all-reduced / reduce-scattered
-    res["dw"] = _ne(m.weight.grad, ref.weight.grad)
-    res["fp8_grad_handoff"] = int(hh.grad is not None)  # no FP8 dgrad asked for: the producer gets a plain one
-    if recipe_name == "current" and sp:  # reading each rank's codes with that rank's own scale would differ
-        sinvs = _gather(torch.tensor([hh.sinv], dtype=torch.float32))
-        own = torch.cat([v * s for v, s in zip(vals.chunk(2, 0), sinvs, strict=True)])
-        res["alt"] = int(sinvs[0].item() == sinvs[1].item() or torch.equal(own, xr.detach()))
-    return res
+    out = []
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(40 + 2 * step + rank)
+        z = torch.randn(S // 2 if sp else S, K0, generator=g) * (1 + rank + step)
+        dyl = torch.randn(S, N // 2, generator=g) * 1e-2
+        with te.autocast(recipe=recipe):
+            if recipe_name == "delayed":
+                h = prod(z, fp8_output=True)
+            else:  # a scale of this rank's own: the other rank's codes are read with the wrong one, as in TE
+                h = _manual_handoff(z @ pw.t(), np.float32(448) / np.float32((z @ pw.t()).abs().max().item()))
+            h.retain_grad()
+            y = m(h)
+        y.backward(dyl)
+        hh = handoff_of(h)
+        codes = torch.cat(_gather(hh.codes)) if sp else hh.codes
+        vals = torch.from_numpy(codes.numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float32))
+        xr = (vals * torch.tensor(hh.sinv)).requires_grad_()
+        attach(xr, FP8Handoff(vals, codes, hh.sinv, get_format("e4m3")))
+        with te.autocast(recipe=recipe):
+            yr = ref(xr)
+        yr.backward(dyl)
+        gs = _gather(xr.grad)
+        res = {"y": _ne(y, yr), "dx": _ne(h.grad, rows(gs[0] + gs[1]))}  # dgrad all-reduced / reduce-scattered
+        res["dw"] = _ne(m.weight.grad, ref.weight.grad)
+        res["state"] = int(recipe_name == "delayed" and _state(m) != _state(ref))
+        res["fp8_grad_handoff"] = int(hh.grad is not None)  # no FP8 dgrad asked for: the producer gets a plain one
+        if sp:  # the alternative: each rank's codes read with that rank's own scale (TE assumes one scale)
+            sinvs = _gather(torch.tensor([hh.sinv], dtype=torch.float32))
+            own = torch.cat([v * s for v, s in zip(vals.chunk(2, 0), sinvs, strict=True)])
+            res["alt"] = int(recipe_name == "current" and torch.equal(own, xr.detach()))
+        for t in (m.weight, ref.weight, prod.weight):
+            t.grad = None
+        out.append(res)
+    return out
 
 
 class _TEDispatch(torch.Tensor):
-    """Only the branch of TE's ``QuantizedTensor.__torch_dispatch__`` (quantized_tensor.py 1014-1040) that the
+    """Only the branch of TE's ``QuantizedTensor.__torch_dispatch__`` (quantized_tensor.py 1023-1028) that the
     c10d ops reach: not mutable, so the arguments are dequantized copies (here: ``_d`` in bf16)."""
 
     @staticmethod
@@ -253,9 +259,11 @@ class _TEDispatch(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl
 
 
-def _te_dispatch(rank: int) -> dict:
+def te_dispatch_worker(rank: int, world: int) -> dict:
     """``dist.all_reduce`` on such a tensor leaves its data; ``reduce_scatter_tensor`` into a plain output sums
-    the dequantized inputs."""
+    the dequantized inputs (its own spawn, marked slow: the first c10d op on a tensor subclass imports
+    ``torch.distributed.tensor``, about 2 s)."""
+    torch.set_num_threads(1)
     t = _TEDispatch(torch.tensor([1.0 + rank, 10.0 + rank]))
     dist.all_reduce(t)
     out = torch.empty(1, dtype=torch.bfloat16)
@@ -265,8 +273,13 @@ def _te_dispatch(rank: int) -> dict:
     return {
         "allreduce_keeps": torch.equal(t._d, torch.tensor([1.0 + rank, 10.0 + rank])),
         "reduce_scatter_sums": out.item() == (3.0 if rank == 0 else 21.0),
-        "mutable": bool(torch.ops.c10d.allreduce_.default._schema.is_mutable),
     }
+
+
+def _schemas() -> dict:
+    """Whether torch marks the c10d ops TE's tensors meet mutable (TE's dispatch branches on it)."""
+    ops = {"allreduce_": torch.ops.c10d.allreduce_, "reduce_scatter": torch.ops.c10d._reduce_scatter_base_}
+    return {name: bool(op.default._schema.is_mutable) for name, op in ops.items()}
 
 
 def run_fp8_io(rank: int, tp: object) -> dict:
@@ -274,7 +287,7 @@ def run_fp8_io(rank: int, tp: object) -> dict:
     import fp8sim.pytorch as te
 
     te.FP8GlobalStateManager.reset()
-    res: dict = {"dispatch": _te_dispatch(rank)}
+    res: dict = {"schemas": _schemas()}
     for sp, bias, dt in ((False, False, torch.float32), (False, True, torch.float32), (True, True, torch.float32)):
         res[f"row-{sp}-{bias}"] = _row(rank, tp, sp, bias, dt)
     res["row-bf16"] = _row(rank, tp, True, True, torch.bfloat16)

@@ -530,12 +530,21 @@ def _fp8_io_bad(results: list, key: str) -> list:
     return [(r, i, k, n) for r, per in enumerate(steps) for i, st in enumerate(per) for k, n in st.items() if n]
 
 
-def test_torch_collectives_on_a_te_quantized_tensor_take_the_non_mutable_branch(results: list) -> None:
-    """The premise of the emulation (quantized_tensor.py 985-1040): ``c10d.allreduce_`` is not marked mutable,
-    so ``dist.all_reduce`` on a tensor with TE's dispatch leaves its data; ``reduce_scatter_tensor`` into a
-    plain output writes the sum of the dequantized inputs."""
+def test_torch_marks_the_c10d_ops_te_tensors_meet_not_mutable(results: list) -> None:
+    """The premise of the emulation (quantized_tensor.py 1010: the branch on ``func._schema.is_mutable``):
+    ``c10d.allreduce_`` and ``c10d._reduce_scatter_base_`` are not marked mutable on this torch."""
     for res in results:
-        assert res["fp8-io"]["dispatch"] == {"allreduce_keeps": True, "reduce_scatter_sums": True, "mutable": False}
+        assert res["fp8-io"]["schemas"] == {"allreduce_": False, "reduce_scatter": False}
+
+
+@pytest.mark.slow
+def test_all_reduce_of_a_tensor_with_te_dispatch_leaves_it_and_reduce_scatter_sums() -> None:
+    """TE's non-mutable dispatch branch on 2 gloo ranks: ``dist.all_reduce`` leaves the tensor's data (each rank's
+    own), ``reduce_scatter_tensor`` into a plain output writes the sum of the dequantized inputs."""
+    from _te_tp_fp8_io import te_dispatch_worker
+
+    for res in ranks(te_dispatch_worker, world_size=2):
+        assert res == {"allreduce_keeps": True, "reduce_scatter_sums": True}
 
 
 @pytest.mark.parametrize("case", ["row-False-False", "row-False-True", "row-True-True", "row-bf16"])

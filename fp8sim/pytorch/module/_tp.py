@@ -18,6 +18,11 @@ current scaling reduces the amax of a sequence-parallel input (column) or grad o
 ``tp_group`` (``set_quantizer_amax_reduction_group``), every other amax stays local.  FP8 payloads travel
 through :mod:`fp8sim.distributed` as byte views (gloo refuses float8).
 
+FP8 boundaries (``fp8_output`` row-parallel, ``fp8_grad`` column-parallel, an FP8 input) meet the collectives
+as TE's ``Float8Tensor`` does (``_tp_fp8_io``): an all-reduce leaves the FP8 tensor this rank's unreduced
+partial (TE's dispatch; an ``UpstreamQuirkWarning``), a reduce-scatter returns the high-precision sum of the
+dequantized FP8 partials, an FP8 input is gathered as it is.
+
 Block recipes under sequence parallelism (TE ``distributed.py`` ``_all_gather_mxfp8``,
 ``_start_all_gather_fp8_blockwise``, ``_all_gather_nvfp4``): TE quantizes each rank's shard and gathers
 data and scales, or, where the shard is not quantizable (rows or columns not a multiple of the block;

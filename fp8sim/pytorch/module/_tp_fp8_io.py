@@ -4,7 +4,7 @@
 TE hands the collective its quantized tensor (``module/linear.py`` 536-578: the row GEMM writes the output
 with ``output_quantizer``, then ``allreduce`` / ``reduce_scatter_along_first_dim``; 1085-1132: the column
 dgrad GEMM with ``grad_input_quantizer``, then the same two).  ``torch.distributed`` on a ``Float8Tensor``
-runs through ``QuantizedTensor.__torch_dispatch__`` (``quantized_tensor.py`` 985-1040).  torch registers the
+runs through ``QuantizedTensor.__torch_dispatch__`` (``quantized_tensor.py`` 858-1028).  torch registers the
 c10d ops without alias annotations (``c10d::allreduce_(Tensor[] tensors, ...)``, ``_schema.is_mutable`` is
 False on torch 2.13), so they take the "default op" branch: the arguments are dequantized (to the tensor's
 nominal dtype, the activation dtype) into new tensors and the collective runs on those.  Hence:
@@ -20,7 +20,7 @@ nominal dtype, the activation dtype) into new tensors and the collective runs on
 * a row-parallel bias is added after the collective (``gemm_bias_unfused_add``): ``Float8Tensor + bias``
   is a plain tensor, so the FP8 hand-off is dropped there too.
 * an FP8 input to a column-parallel layer under sequence parallel is gathered as it is
-  (``distributed.py`` ``_all_gather_fp8`` 1010-1060: no re-quantization; every rank's codes read with this
+  (``distributed.py`` ``_all_gather_fp8`` 989-1080: no re-quantization; every rank's codes read with this
   rank's ``scale_inv``); without sequence parallel it is used as it is.
 """
 
