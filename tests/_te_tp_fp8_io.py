@@ -182,12 +182,14 @@ def _manual_handoff(x: torch.Tensor, scale: np.float32) -> torch.Tensor:
 
 
 def _fp8_input(rank: int, tp: object, recipe_name: str, sp: bool) -> list[dict]:
-    """An FP8 input to a column-parallel layer, 2 steps: delayed scaling from a producer
-    ``Linear(fp8_output=True)`` (its OUTPUT scale is not the consumer's INPUT scale in step 2), current scaling
-    from a hand-made FP8 tensor with a scale of its own on each rank.  Under sequence parallel the codes are
-    gathered and read with this rank's scale_inv (the reference: a one-process shard fed the gathered codes),
-    without it used as they are; the gradient to the producer (no ``fp8_grad``) is ``g_0 + g_1`` (this rank's
-    rows under sequence parallel), high precision."""
+    """An FP8 input to a column-parallel layer, 2 steps.  Delayed scaling: from a producer
+    ``Linear(fp8_output=True)`` (its OUTPUT scale is not the consumer's INPUT scale in step 2), the consumer
+    with ``fp8_grad=True``; current scaling: a hand-made FP8 tensor with a scale of its own on each rank, a
+    high-precision dgrad.  Under sequence parallel the codes are gathered and read with this rank's scale_inv
+    (the reference: a one-process shard fed the gathered codes), without it used as they are.  The gradient to
+    the producer: ``g_0 + g_1`` (this rank's rows under sequence parallel), high precision, except the FP8
+    dgrad under tensor parallel: this rank's FP8 partial, its codes handed to the producer (TE's all-reduce
+    leaves the Float8Tensor)."""
     import fp8sim.pytorch as te
     from fp8sim.formats import get_format
     from fp8sim.pytorch.module._fp8_handoff import FP8Handoff, attach, handoff_of
@@ -199,38 +201,47 @@ def _fp8_input(rank: int, tp: object, recipe_name: str, sp: bool) -> list[dict]:
     m = _lin(K, N, wr, br, torch.float32, parallel_mode="column", tp_group=tp, sequence_parallel=sp)
     ref = _lin(K, N // 2, wr, br, torch.float32)
     prod = _lin(K0, K, pw, None, torch.float32)
-    recipe = DelayedScaling(amax_history_len=2) if recipe_name == "delayed" else Float8CurrentScaling()
+    delayed = recipe_name == "delayed"
+    recipe = DelayedScaling(amax_history_len=2) if delayed else Float8CurrentScaling()
+    local = delayed and not sp  # the FP8 dgrad stays this rank's
     rows = (lambda t: t.chunk(2, 0)[rank]) if sp else (lambda t: t)
     out = []
     for step in range(STEPS):
         g = torch.Generator().manual_seed(40 + 2 * step + rank)
         z = torch.randn(S // 2 if sp else S, K0, generator=g) * (1 + rank + step)
         dyl = torch.randn(S, N // 2, generator=g) * 1e-2
-        with te.autocast(recipe=recipe):
-            if recipe_name == "delayed":
+        with warnings.catch_warnings(record=True) as caught, te.autocast(recipe=recipe):
+            warnings.simplefilter("always")
+            if delayed:
                 h = prod(z, fp8_output=True)
             else:  # a scale of this rank's own: the other rank's codes are read with the wrong one, as in TE
                 h = _manual_handoff(z @ pw.t(), np.float32(448) / np.float32((z @ pw.t()).abs().max().item()))
             h.retain_grad()
-            y = m(h)
+            y = m(h, fp8_grad=delayed)
         y.backward(dyl)
         hh = handoff_of(h)
         codes = torch.cat(_gather(hh.codes)) if sp else hh.codes
         vals = torch.from_numpy(codes.numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float32))
         xr = (vals * torch.tensor(hh.sinv)).requires_grad_()
-        attach(xr, FP8Handoff(vals, codes, hh.sinv, get_format("e4m3")))
+        hr = FP8Handoff(vals, codes, hh.sinv, get_format("e4m3"))
+        attach(xr, hr)
         with te.autocast(recipe=recipe):
-            yr = ref(xr)
+            yr = ref(xr, fp8_grad=delayed)
         yr.backward(dyl)
         gs = _gather(xr.grad)
-        res = {"y": _ne(y, yr), "dx": _ne(h.grad, rows(gs[0] + gs[1]))}  # dgrad all-reduced / reduce-scattered
+        res = {"y": _ne(y, yr), "dx": _ne(h.grad, xr.grad if local else rows(gs[0] + gs[1]))}
         res["dw"] = _ne(m.weight.grad, ref.weight.grad)
-        res["state"] = int(recipe_name == "delayed" and _state(m) != _state(ref))
-        res["fp8_grad_handoff"] = int(hh.grad is not None)  # no FP8 dgrad asked for: the producer gets a plain one
+        res["state"] = int(delayed and _state(m) != _state(ref))
+        res["quirk"] = int(_quirk(caught) != int(local))
+        if local:  # the producer's FP8 grad output: this rank's dgrad codes
+            res["fp8_grad"] = int(hh.grad is None or not torch.equal(hh.grad.codes, hr.grad.codes))
+            res["alt"] = int(not _ne(h.grad, gs[0] + gs[1]))
+        else:  # a high-precision gradient: no FP8 data for the producer
+            res["fp8_grad"] = int(hh.grad is not None)
         if sp:  # the alternative: each rank's codes read with that rank's own scale (TE assumes one scale)
             sinvs = _gather(torch.tensor([hh.sinv], dtype=torch.float32))
             own = torch.cat([v * s for v, s in zip(vals.chunk(2, 0), sinvs, strict=True)])
-            res["alt"] = int(recipe_name == "current" and torch.equal(own, xr.detach()))
+            res["alt"] = int(not delayed and torch.equal(own, xr.detach()))
         for t in (m.weight, ref.weight, prod.weight):
             t.grad = None
         out.append(res)
