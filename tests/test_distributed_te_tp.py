@@ -554,7 +554,8 @@ def test_row_parallel_fp8_output_is_the_per_rank_fp8_partial_as_te_computes_it(r
     bias; sequence parallel (fp32 and bf16) this rank's rows of the sum of the dequantized FP8 partials, high
     precision; the bias after; gradients and the FP8 state equal the one-process shard's; the sum TE does not
     take differs."""
-    assert not _fp8_io_bad(results, case)
+    bad = _fp8_io_bad(results, case)
+    assert not bad, f"(rank, step, check, elements differing): {bad}"
 
 
 @pytest.mark.parametrize("sp", [False, True])
@@ -562,13 +563,29 @@ def test_column_parallel_fp8_grad_is_the_per_rank_fp8_dgrad_as_te_computes_it(re
     """Column-parallel ``Linear(fp8_grad=True)``, delayed scaling, 2 steps: the input gradient is this rank's FP8
     dgrad (tensor parallel, an UpstreamQuirkWarning) or this rank's rows of ``g_0 + g_1`` of the dequantized FP8
     dgrads (sequence parallel); the sum of unquantized dgrads differs."""
-    assert not _fp8_io_bad(results, f"col-{sp}")
+    bad = _fp8_io_bad(results, f"col-{sp}")
+    assert not bad, f"(rank, step, check, elements differing): {bad}"
 
 
 @pytest.mark.parametrize("recipe", ["delayed", "current"])
 @pytest.mark.parametrize("sp", [False, True])
 def test_fp8_input_to_a_column_parallel_layer_is_gathered_as_it_is(results: list, recipe: str, sp: bool) -> None:
-    """An FP8 input (a producer's ``fp8_output`` under delayed scaling, a hand-made FP8 tensor with a scale of its
-    own on each rank under current scaling): under sequence parallel every rank's codes read with this rank's
-    scale_inv (TE ``_all_gather_fp8``), else used as they are; the producer's gradient is high precision."""
-    assert not _fp8_io_bad(results, f"in-{recipe}-{sp}")
+    """An FP8 input (delayed: a producer's ``fp8_output``, the layer with ``fp8_grad``; current: a hand-made FP8
+    tensor with a scale of its own on each rank): under sequence parallel every rank's codes read with this rank's
+    scale_inv (TE ``_all_gather_fp8``), else used as they are; the producer's gradient is the high-precision
+    reduction, or under tensor parallel with ``fp8_grad`` this rank's FP8 dgrad, its codes handed over."""
+    bad = _fp8_io_bad(results, f"in-{recipe}-{sp}")
+    assert not bad, f"(rank, step, check, elements differing): {bad}"
+
+
+def test_the_fp8_all_reduce_quirk_warns_and_a_mutable_all_reduce_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp8sim reproduces TE's unreduced FP8 tensor only where torch's ``c10d.allreduce_`` is not mutable (TE's
+    dispatch branch); a torch that marked it mutable would make TE re-quantize the sum, which is refused."""
+    from fp8sim._upstream_quirk import UpstreamQuirkWarning
+    from fp8sim.pytorch.module import _tp_fp8_io as fio
+
+    with pytest.warns(UpstreamQuirkWarning, match="te-fp8-allreduce-noop"):
+        fio.check_allreduce_keeps_fp8("output")
+    monkeypatch.setattr(fio, "_allreduce_is_mutable", lambda: True)
+    with pytest.raises(NotImplementedError, match="marks c10d.allreduce_ mutable"):
+        fio.check_allreduce_keeps_fp8("dgrad")

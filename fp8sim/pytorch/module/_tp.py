@@ -293,7 +293,7 @@ def tp_linear(
             x = fio.GatherFP8Input.apply(inp, h_in, module.tp_group, slot)  # TE gathers an FP8 input as it is
         elif module.sequence_parallel:
             x = _GatherInput.apply(inp, module, name, slot)
-        elif (io or {}).get("fp8_grad"):
+        elif (io or {}).get("fp8_grad") and torch.is_grad_enabled():
             fio.check_allreduce_keeps_fp8("dgrad")
             x = fio.LocalDgrad.apply(inp)
         else:

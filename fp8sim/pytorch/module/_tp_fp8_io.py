@@ -11,8 +11,8 @@ nominal dtype, the activation dtype) into new tensors and the collective runs on
 
 * ``allreduce`` (tensor parallel): the reduced sum lands in a temporary; the FP8 tensor keeps this rank's
   partial sum.  TE returns each rank's own FP8 partial output (row) or FP8 partial dgrad (column),
-  unreduced; fp8sim reproduces that and warns (:class:`~fp8sim.UpstreamQuirkWarning`).  A torch that marks
-  the op mutable would send TE down its re-quantizing branch instead: fp8sim refuses there.
+  unreduced; fp8sim reproduces that and warns (``UpstreamQuirkWarning``).  A torch that marks the op
+  mutable would send TE down its re-quantizing branch instead: fp8sim refuses there.
 * ``reduce_scatter_along_first_dim`` (sequence parallel): the output buffer is a plain
   ``torch.empty(.., dtype=inp.dtype)``, so the result is high precision: the sum over ranks of each rank's
   dequantized FP8 partial, with no FP8 data on it.  fp8sim's collectives already sum the dequantized
@@ -44,10 +44,14 @@ QUIRK = (
 )
 
 
+def _allreduce_is_mutable() -> bool:
+    return bool(torch.ops.c10d.allreduce_.default._schema.is_mutable)
+
+
 def check_allreduce_keeps_fp8(what: str) -> None:
     """Warn that TE's all-reduce of an FP8 ``what`` leaves it unreduced; refuse where this torch would make TE
     take the re-quantizing (mutable-op) branch instead."""
-    if torch.ops.c10d.allreduce_.default._schema.is_mutable:
+    if _allreduce_is_mutable():
         raise NotImplementedError(
             f"fp8sim: a tensor-parallel FP8 {what}: this torch marks c10d.allreduce_ mutable, so TE's "
             "QuantizedTensor would re-quantize the all-reduced sum; that is not emulated"
