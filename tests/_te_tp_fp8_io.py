@@ -64,6 +64,8 @@ def _ne(a: torch.Tensor | None, b: torch.Tensor | None) -> int:
 
 def _state(m: object) -> tuple:
     g = m.fp8_gemms["gemm"]
+    if g.fwd is None:  # current scaling: no state
+        return ()
     return tuple(a.tobytes() for a in (g.fwd.scale, g.fwd.amax_history, g.bwd.scale, g.bwd.amax_history))
 
 
@@ -75,20 +77,28 @@ def _quirk(caught: list) -> int:
     )
 
 
-def _row(rank: int, tp: object, sp: bool, bias: bool, dt: torch.dtype) -> list[dict]:
-    """Row-parallel ``Linear(fp8_output=True)`` under DelayedScaling for 2 steps (the second with the OUTPUT
-    slot's scale from the reduced amax) against this rank's one-process shard ``ref`` (``fp8_output``) and
-    ``ref_u`` (no FP8 output)."""
+def _recipe(name: str) -> object:
+    """The recipe of a case: delayed scaling (2-entry history) or current scaling with power-of-2 scales (the
+    OUTPUT / GRAD_INPUT slots then round their scales, the QParams slots do not: TE quantization.py 1487-1495)."""
+    from fp8sim.recipe import DelayedScaling, Float8CurrentScaling
+
+    return DelayedScaling(amax_history_len=2) if name == "delayed" else Float8CurrentScaling(use_power_2_scales=True)
+
+
+def _row(rank: int, tp: object, sp: bool, bias: bool, dt: torch.dtype, recipe_name: str = "delayed") -> list[dict]:
+    """Row-parallel ``Linear(fp8_output=True)`` for 2 steps (delayed scaling: the second with the OUTPUT slot's
+    scale from the reduced amax; current scaling: each rank's partial D in the activation dtype cast with its own
+    amax, TE's output quantizer has no amax reduction) against this rank's one-process shard ``ref``
+    (``fp8_output``) and ``ref_u`` (no FP8 output)."""
     import fp8sim.pytorch as te
     from fp8sim.pytorch.module._fp8_handoff import handoff_of
-    from fp8sim.recipe import DelayedScaling
 
     torch.manual_seed(10)
     w, b = (torch.randn(N, K) * 0.2).to(dt), (torch.randn(N) * 0.1).to(dt)
     wr = w.chunk(2, 1)[rank]
     m = _lin(K, N, wr, b if bias else None, dt, parallel_mode="row", tp_group=tp, sequence_parallel=sp)
     ref, ref_u = _lin(K // 2, N, wr, None, dt), _lin(K // 2, N, wr, None, dt)
-    recipe = DelayedScaling(amax_history_len=2)
+    recipe = _recipe(recipe_name)
     rows = (lambda t: t.chunk(2, 0)[rank]) if sp else (lambda t: t)
     add = (lambda t: t + b) if bias else (lambda t: t)
     out = []
@@ -124,19 +134,18 @@ def _row(rank: int, tp: object, sp: bool, bias: bool, dt: torch.dtype) -> list[d
     return out
 
 
-def _column(rank: int, tp: object, sp: bool) -> list[dict]:
-    """Column-parallel ``Linear(fp8_grad=True)`` under DelayedScaling for 2 steps against this rank's
+def _column(rank: int, tp: object, sp: bool, recipe_name: str = "delayed") -> list[dict]:
+    """Column-parallel ``Linear(fp8_grad=True)`` (delayed or current scaling) for 2 steps against this rank's
     one-process shard with ``fp8_grad`` (``ref``) and without (``ref_u``): the input gradient is this rank's
     FP8 partial dgrad (TP: TE's all-reduce leaves it) or this rank's rows of ``g_0 + g_1`` (SP)."""
     import fp8sim.pytorch as te
-    from fp8sim.recipe import DelayedScaling
 
     torch.manual_seed(11)
     w, b = torch.randn(N, K) * 0.2, torch.randn(N) * 0.1
     wr, br = w.chunk(2, 0)[rank], b.chunk(2)[rank]
     m = _lin(K, N, wr, br, torch.float32, parallel_mode="column", tp_group=tp, sequence_parallel=sp)
     ref, ref_u = _lin(K, N // 2, wr, br, torch.float32), _lin(K, N // 2, wr, br, torch.float32)
-    recipe = DelayedScaling(amax_history_len=2)
+    recipe = _recipe(recipe_name)
     rows = (lambda t: t.chunk(2, 0)[rank]) if sp else (lambda t: t)
     out = []
     for step in range(STEPS):
@@ -182,18 +191,17 @@ def _manual_handoff(x: torch.Tensor, scale: np.float32) -> torch.Tensor:
 
 
 def _fp8_input(rank: int, tp: object, recipe_name: str, sp: bool) -> list[dict]:
-    """An FP8 input to a column-parallel layer, 2 steps.  Delayed scaling: from a producer
-    ``Linear(fp8_output=True)`` (its OUTPUT scale is not the consumer's INPUT scale in step 2), the consumer
-    with ``fp8_grad=True``; current scaling: a hand-made FP8 tensor with a scale of its own on each rank, a
-    high-precision dgrad.  Under sequence parallel the codes are gathered and read with this rank's scale_inv
-    (the reference: a one-process shard fed the gathered codes), without it used as they are.  The gradient to
-    the producer: ``g_0 + g_1`` (this rank's rows under sequence parallel), high precision, except the FP8
-    dgrad under tensor parallel: this rank's FP8 partial, its codes handed to the producer (TE's all-reduce
-    leaves the Float8Tensor)."""
+    """An FP8 input to a column-parallel layer, 2 steps.  "delayed" / "current-fp8": from a producer
+    ``Linear(fp8_output=True)`` (delayed: its OUTPUT scale is not the consumer's INPUT scale in step 2;
+    current: each rank's own amax), the consumer with ``fp8_grad=True``; "current": a hand-made FP8 tensor
+    with a scale of its own on each rank, a high-precision dgrad.  Under sequence parallel the codes are
+    gathered and read with this rank's scale_inv (the reference: a one-process shard fed the gathered codes),
+    without it used as they are.  The gradient to the producer: ``g_0 + g_1`` (this rank's rows under
+    sequence parallel), high precision, except the FP8 dgrad under tensor parallel: this rank's FP8 partial,
+    its codes handed to the producer (TE's all-reduce leaves the Float8Tensor)."""
     import fp8sim.pytorch as te
     from fp8sim.formats import get_format
     from fp8sim.pytorch.module._fp8_handoff import FP8Handoff, attach, handoff_of
-    from fp8sim.recipe import DelayedScaling, Float8CurrentScaling
 
     torch.manual_seed(12)
     w, b, pw = torch.randn(N, K) * 0.2, torch.randn(N) * 0.1, torch.randn(K, K0) * 0.3
@@ -201,23 +209,23 @@ def _fp8_input(rank: int, tp: object, recipe_name: str, sp: bool) -> list[dict]:
     m = _lin(K, N, wr, br, torch.float32, parallel_mode="column", tp_group=tp, sequence_parallel=sp)
     ref = _lin(K, N // 2, wr, br, torch.float32)
     prod = _lin(K0, K, pw, None, torch.float32)
-    delayed = recipe_name == "delayed"
-    recipe = DelayedScaling(amax_history_len=2) if delayed else Float8CurrentScaling()
-    local = delayed and not sp  # the FP8 dgrad stays this rank's
+    delayed, producer = recipe_name == "delayed", recipe_name != "current"
+    recipe = _recipe("delayed" if delayed else "current")
+    local = producer and not sp  # the FP8 dgrad stays this rank's
     rows = (lambda t: t.chunk(2, 0)[rank]) if sp else (lambda t: t)
     out = []
     for step in range(STEPS):
         g = torch.Generator().manual_seed(40 + 2 * step + rank)
-        z = torch.randn(S // 2 if sp else S, K0, generator=g) * (1 + rank + step)
+        z = torch.randn(S // 2 if sp else S, K0, generator=g) * (1 + 3 * rank + step)
         dyl = torch.randn(S, N // 2, generator=g) * 1e-2
         with warnings.catch_warnings(record=True) as caught, te.autocast(recipe=recipe):
             warnings.simplefilter("always")
-            if delayed:
+            if producer:
                 h = prod(z, fp8_output=True)
             else:  # a scale of this rank's own: the other rank's codes are read with the wrong one, as in TE
                 h = _manual_handoff(z @ pw.t(), np.float32(448) / np.float32((z @ pw.t()).abs().max().item()))
             h.retain_grad()
-            y = m(h, fp8_grad=delayed)
+            y = m(h, fp8_grad=producer)
         y.backward(dyl)
         hh = handoff_of(h)
         codes = torch.cat(_gather(hh.codes)) if sp else hh.codes
@@ -226,7 +234,7 @@ def _fp8_input(rank: int, tp: object, recipe_name: str, sp: bool) -> list[dict]:
         hr = FP8Handoff(vals, codes, hh.sinv, get_format("e4m3"))
         attach(xr, hr)
         with te.autocast(recipe=recipe):
-            yr = ref(xr, fp8_grad=delayed)
+            yr = ref(xr, fp8_grad=producer)
         yr.backward(dyl)
         gs = _gather(xr.grad)
         res = {"y": _ne(y, yr), "dx": _ne(h.grad, xr.grad if local else rows(gs[0] + gs[1]))}
@@ -241,7 +249,7 @@ def _fp8_input(rank: int, tp: object, recipe_name: str, sp: bool) -> list[dict]:
         if sp:  # the alternative: each rank's codes read with that rank's own scale (TE assumes one scale)
             sinvs = _gather(torch.tensor([hh.sinv], dtype=torch.float32))
             own = torch.cat([v * s for v, s in zip(vals.chunk(2, 0), sinvs, strict=True)])
-            res["alt"] = int(not delayed and torch.equal(own, xr.detach()))
+            res["alt"] = int(not delayed and (torch.equal(sinvs[0], sinvs[1]) or torch.equal(own, xr.detach())))
         for t in (m.weight, ref.weight, prod.weight):
             t.grad = None
         out.append(res)
@@ -304,4 +312,9 @@ def run_fp8_io(rank: int, tp: object) -> dict:
     res["row-bf16"] = _row(rank, tp, True, True, torch.bfloat16)
     res.update({f"col-{sp}": _column(rank, tp, sp) for sp in (False, True)})
     res.update({f"in-{r}-{sp}": _fp8_input(rank, tp, r, sp) for r in ("delayed", "current") for sp in (False, True)})
+    # current scaling (unfused casts, no state): the same TP arithmetic on the FP8 partials
+    for sp, bias, dt in ((False, False, torch.float32), (True, True, torch.bfloat16)):
+        res[f"row-cs-{sp}-{bias}"] = _row(rank, tp, sp, bias, dt, "current")
+    res.update({f"col-cs-{sp}": _column(rank, tp, sp, "current") for sp in (False, True)})
+    res.update({f"in-current-fp8-{sp}": _fp8_input(rank, tp, "current-fp8", sp) for sp in (False, True)})
     return res

@@ -547,9 +547,12 @@ def test_all_reduce_of_a_tensor_with_te_dispatch_leaves_it_and_reduce_scatter_su
         assert res == {"allreduce_keeps": True, "reduce_scatter_sums": True}
 
 
-@pytest.mark.parametrize("case", ["row-False-False", "row-False-True", "row-True-True", "row-bf16"])
+@pytest.mark.parametrize(
+    "case", ["row-False-False", "row-False-True", "row-True-True", "row-bf16", "row-cs-False-False", "row-cs-True-True"]
+)
 def test_row_parallel_fp8_output_is_the_per_rank_fp8_partial_as_te_computes_it(results: list, case: str) -> None:
-    """Row-parallel ``Linear(fp8_output=True)``, delayed scaling, 2 steps: tensor parallel gives this rank's FP8
+    """Row-parallel ``Linear(fp8_output=True)``, delayed (and, ``-cs-``, current) scaling, 2 steps: tensor parallel
+    gives this rank's FP8
     partial (TE's all-reduce leaves the Float8Tensor; an UpstreamQuirkWarning), its codes attached without a
     bias; sequence parallel (fp32 and bf16) this rank's rows of the sum of the dequantized FP8 partials, high
     precision; the bias after; gradients and the FP8 state equal the one-process shard's; the sum TE does not
@@ -558,22 +561,26 @@ def test_row_parallel_fp8_output_is_the_per_rank_fp8_partial_as_te_computes_it(r
     assert not bad, f"(rank, step, check, elements differing): {bad}"
 
 
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
 @pytest.mark.parametrize("sp", [False, True])
-def test_column_parallel_fp8_grad_is_the_per_rank_fp8_dgrad_as_te_computes_it(results: list, sp: bool) -> None:
-    """Column-parallel ``Linear(fp8_grad=True)``, delayed scaling, 2 steps: the input gradient is this rank's FP8
-    dgrad (tensor parallel, an UpstreamQuirkWarning) or this rank's rows of ``g_0 + g_1`` of the dequantized FP8
-    dgrads (sequence parallel); the sum of unquantized dgrads differs."""
-    bad = _fp8_io_bad(results, f"col-{sp}")
+def test_column_parallel_fp8_grad_is_the_per_rank_fp8_dgrad_as_te_computes_it(
+    results: list, sp: bool, recipe: str
+) -> None:
+    """Column-parallel ``Linear(fp8_grad=True)``, delayed or current scaling, 2 steps: the input gradient is this
+    rank's FP8 dgrad (tensor parallel, an UpstreamQuirkWarning) or this rank's rows of ``g_0 + g_1`` of the
+    dequantized FP8 dgrads (sequence parallel); the sum of unquantized dgrads differs."""
+    bad = _fp8_io_bad(results, f"col-{sp}" if recipe == "delayed" else f"col-cs-{sp}")
     assert not bad, f"(rank, step, check, elements differing): {bad}"
 
 
-@pytest.mark.parametrize("recipe", ["delayed", "current"])
+@pytest.mark.parametrize("recipe", ["delayed", "current", "current-fp8"])
 @pytest.mark.parametrize("sp", [False, True])
 def test_fp8_input_to_a_column_parallel_layer_is_gathered_as_it_is(results: list, recipe: str, sp: bool) -> None:
-    """An FP8 input (delayed: a producer's ``fp8_output``, the layer with ``fp8_grad``; current: a hand-made FP8
-    tensor with a scale of its own on each rank): under sequence parallel every rank's codes read with this rank's
-    scale_inv (TE ``_all_gather_fp8``), else used as they are; the producer's gradient is the high-precision
-    reduction, or under tensor parallel with ``fp8_grad`` this rank's FP8 dgrad, its codes handed over."""
+    """An FP8 input (delayed, current-fp8: a producer's ``fp8_output``, the layer with ``fp8_grad``; current:
+    a hand-made FP8 tensor with a scale of its own on each rank): under sequence parallel every rank's codes
+    read with this rank's scale_inv (TE ``_all_gather_fp8``), else used as they are; the producer's gradient
+    is the high-precision reduction, or under tensor parallel with ``fp8_grad`` this rank's FP8 dgrad, its
+    codes handed over."""
     bad = _fp8_io_bad(results, f"in-{recipe}-{sp}")
     assert not bad, f"(rank, step, check, elements differing): {bad}"
 

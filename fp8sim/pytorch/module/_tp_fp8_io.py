@@ -19,6 +19,10 @@ nominal dtype, the activation dtype) into new tensors and the collective runs on
   partials; here the FP8 hand-off is kept off the result.
 * a row-parallel bias is added after the collective (``gemm_bias_unfused_add``): ``Float8Tensor + bias``
   is a plain tensor, so the FP8 hand-off is dropped there too.
+* the same holds under current scaling: each rank's partial (D in the activation dtype, cast with this rank's
+  own amax: ``linear.py`` 351-355 and 809-825 give an amax reduction group to the input quantizer (column) and the
+  grad-output quantizer (row, sequence parallel) only, never to the output or grad-input one) is what the collective
+  meets, so the code below is recipe-agnostic.
 * an FP8 input to a column-parallel layer under sequence parallel is gathered as it is
   (``distributed.py`` ``_all_gather_fp8`` 989-1080: no re-quantization; every rank's codes read with this
   rank's ``scale_inv``); without sequence parallel it is used as it is.
