@@ -26,6 +26,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -49,7 +51,10 @@ def _cs_cast(x: torch.Tensor, fmt: str, pow2: bool) -> tuple[torch.Tensor, torch
     dt, fmax = _ML[fmt]
     xf = x.detach().float().numpy()
     amax = np.float32(np.abs(xf).max())
-    scale = np.float32(1) if amax == 0 or not np.isfinite(amax) else np.float32(fmax) / amax
+    with np.errstate(over="ignore", divide="ignore"):
+        scale = np.float32(1) if amax == 0 or not np.isfinite(amax) else np.float32(fmax) / amax
+    if np.isinf(scale):  # current_scaling.cu 274-275: value_for_inf is FLT_MAX
+        scale = np.finfo(np.float32).max
     if pow2:  # keep sign and exponent bits
         scale = (np.array(scale, np.float32).view(np.uint32) & np.uint32(0xFF800000)).view(np.float32)[()]
     q = np.clip(xf * np.float32(scale), -fmax, fmax).astype(dt)
@@ -113,6 +118,17 @@ def test_fp8_boundary_flags_outside_fp8_autocast_are_ignored_as_te_does(module: 
     assert outs[1][3] is None
 
 
+def test_dot_product_attention_fp8_output_outside_fp8_autocast_is_ignored() -> None:
+    """TE ``DotProductAttention(fp8_output=True)`` outside FP8 autocast: no FP8 (``fp8_meta["recipe"]`` unused,
+    ``FusedAttnFunc`` not in FP8), the plain output's bits and no FP8 data on it."""
+    torch.manual_seed(9)
+    dpa = te.DotProductAttention(2, 8, attention_dropout=0.0)
+    q, k, v = (torch.randn(4, 2, 2, 8) for _ in range(3))
+    y = dpa(q, k, v, fp8_output=True)
+    _assert_bits(y, dpa(q, k, v), "O")
+    assert handoff_of(y) is None
+
+
 # -- 2. Float8CurrentScaling -----------------------------------------------------------------------------------
 
 
@@ -167,6 +183,38 @@ def test_linear_fp8_output_and_fp8_grad_under_current_scaling_match_te(
     _assert_bits(x.grad, _mm(vgi, sgi, vwp, swp).to(dt), "producer dgrad")
     _assert_bits(prod.weight.grad, _mm(vgi.t(), sgi, vx, sx).to(dt), "producer wgrad")
     _assert_bits(prod.bias.grad, _deq(vgi, sgi, dt).float().sum(0).to(dt), "producer bias grad")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**16),
+    exponent=st.one_of(st.integers(-130, -118), st.integers(-20, 40)),  # -118 and below: scale FLT_MAX
+    zero=st.booleans(),
+    nobias=st.booleans(),
+    pow2=st.booleans(),
+    bf16=st.booleans(),
+)
+def test_current_scaling_fp8_output_is_te_cast_of_the_plain_result_for_any_magnitude(
+    seed: int, exponent: int, zero: bool, nobias: bool, pow2: bool, bf16: bool
+) -> None:
+    """Law: under Float8CurrentScaling the FP8 output's codes and scale_inv are TE's quantizer applied to the
+    call without ``fp8_output`` (the GEMM's D in the activation dtype), at any magnitude: an all-zero D
+    (amax 0: scale 1), a tiny D whose scale overflows float32 (FLT_MAX), a huge one (recipe_common.cuh 14-49)."""
+    dt = torch.bfloat16 if bf16 else torch.float32
+    m = _linear(16, 16, dt, seed % 97)
+    if zero or nobias:  # without a bias D has the input's magnitude
+        with torch.no_grad():
+            m.bias.zero_()
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(8, 16, generator=g, dtype=torch.float64) * (0.0 if zero else 2.0**exponent)).to(dt)
+    with te.autocast(recipe=Float8CurrentScaling(use_power_2_scales=pow2)):
+        plain = m(x)
+        y = m(x, fp8_output=True)
+    vo, co, so = _cs_cast(plain, "e4m3", pow2)
+    h = handoff_of(y)
+    assert h is not None and h.sinv == so, (h and h.sinv, so)
+    _assert_bits(h.codes, co, "OUTPUT codes")
+    _assert_bits(y.detach(), _deq(vo, so, dt), "output")
 
 
 @pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
