@@ -266,5 +266,6 @@ def test_fp8_boundaries_under_block_scaled_recipes_are_refused_naming_the_recipe
     activation-dtype D) but the output is rowwise only (linear.py 520-521); fp8sim's FP8 hand-off carries one
     per-tensor scale, so these are refused with the recipe named (the flags without FP8 stay ignored)."""
     m = te.Linear(32, 32)
-    with te.autocast(recipe=recipe), pytest.raises(NotImplementedError, match=type(recipe).__name__):
+    with te.autocast(recipe=recipe), pytest.raises(NotImplementedError, match=type(recipe).__name__) as excinfo:
         m(torch.randn(32, 32), **{flag: True})
+    assert "block-scaled FP8 hand-off is not emulated" in str(excinfo.value)

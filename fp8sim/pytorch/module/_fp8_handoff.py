@@ -65,7 +65,7 @@ def fp8_boundaries(inp: Any, fp8_output: bool, fp8_grad: bool) -> dict | None:
     Outside FP8 autocast TE ignores ``fp8_output``/``fp8_grad`` (``linear.py`` ``_get_quantizers``: no
     quantizers when FP8 is off), and so does fp8sim.  Inside, fp8sim emulates them under the per-tensor
     recipes (DelayedScaling, Float8CurrentScaling) and refuses them under the block recipes."""
-    from ...recipe import Recipe
+    from ...recipe import Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling, Recipe
     from ..quantization import current_state, get_recipe
 
     st = current_state()
@@ -73,14 +73,18 @@ def fp8_boundaries(inp: Any, fp8_output: bool, fp8_grad: bool) -> dict | None:
         return None
     recipe: Recipe = get_recipe()
     if (fp8_output or fp8_grad) and not isinstance(recipe, PER_TENSOR):
-        # TE general_gemm (gemm.cpp 218-229, 392-396) casts the GEMM output with any quantizer, unfused; a
-        # block-scaled output is rowwise only (linear.py 520-521) and fp8sim's hand-off carries one scale
-        raise NotImplementedError(
+        msg = (
             "transformer_engine.pytorch: FP8 outputs (fp8_output / fp8_grad) are emulated by fp8sim under"
-            f" DelayedScaling and Float8CurrentScaling only; not under {type(recipe).__name__} (TE writes the"
-            " GEMM output in the activation dtype, then casts it with the block-scaled OUTPUT / GRAD_INPUT"
-            " quantizer, rowwise only: a block-scaled FP8 hand-off is not emulated)"
+            f" DelayedScaling and Float8CurrentScaling only; not under {type(recipe).__name__}"
         )
+        if isinstance(recipe, (MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling)):
+            # TE general_gemm (gemm.cpp 218-233, 392-396) casts the GEMM output with any quantizer, unfused; a
+            # block-scaled output is rowwise only (linear.py 520-521) and fp8sim's hand-off carries one scale
+            msg += (
+                " (TE writes the GEMM output in the activation dtype, then casts it with the block-scaled OUTPUT /"
+                " GRAD_INPUT quantizer, rowwise only: a block-scaled FP8 hand-off is not emulated)"
+            )
+        raise NotImplementedError(msg)
     h = handoff_of(inp)
     if h is None and not (fp8_output or fp8_grad):
         return None
