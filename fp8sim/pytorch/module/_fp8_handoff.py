@@ -78,8 +78,9 @@ def fp8_boundaries(inp: Any, fp8_output: bool, fp8_grad: bool) -> dict | None:
             f" DelayedScaling and Float8CurrentScaling only; not under {type(recipe).__name__}"
         )
         if isinstance(recipe, (MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling)):
-            # TE general_gemm (gemm.cpp 218-233, 392-396) casts the GEMM output with any quantizer, unfused; a
-            # block-scaled output is rowwise only (linear.py 520-521) and fp8sim's hand-off carries one scale
+            # TE general_gemm takes these output quantizers (cpp_extensions/gemm.py 169-175) and casts the
+            # GEMM output unfused (gemm.cpp 218-233, 392-396); the output is rowwise only (linear.py 520-521)
+            # and fp8sim's hand-off carries one per-tensor scale
             msg += (
                 " (TE writes the GEMM output in the activation dtype, then casts it with the block-scaled OUTPUT /"
                 " GRAD_INPUT quantizer, rowwise only: a block-scaled FP8 hand-off is not emulated)"
