@@ -20,8 +20,10 @@ The reference is TE d0067d0 read step by step:
 Each rank's partial is fp8sim's one-process ``Linear`` on the rank's shard (``fp8_output`` / ``fp8_grad`` on
 one rank are tested against TE references elsewhere); the test writes out only the TP arithmetic: no sum
 (all-reduce of an FP8 tensor), ``p_0 + p_1`` of the dequantized partials then this rank's rows
-(reduce-scatter), the bias after.  Every "unquantized partials summed" alternative is checked to differ, so a
-sum taken before the FP8 cast would fail.
+(reduce-scatter), the bias after.  The row and column cases run under delayed and current scaling (each
+rank's partial cast unfused with its own amax), and an FP8 input also from a current-scaling producer.
+Every "unquantized partials summed" alternative is checked to differ, so a sum taken before the FP8 cast
+would fail.
 """
 
 from __future__ import annotations

@@ -116,6 +116,8 @@ def test_fp8_boundary_flags_outside_fp8_autocast_are_ignored_as_te_does(module: 
     for what, a, b in zip(("y", "dx", "dw"), outs[0][:3], outs[1][:3], strict=True):
         _assert_bits(b, a, what)
     assert outs[1][3] is None
+    if module == "Linear":  # and both are torch's own linear
+        _assert_bits(outs[1][0], torch.nn.functional.linear(x, m.weight, m.bias).detach(), "y vs F.linear")
 
 
 def test_dot_product_attention_fp8_output_outside_fp8_autocast_is_ignored() -> None:
