@@ -221,31 +221,46 @@ def test_current_scaling_fp8_output_is_te_cast_of_the_plain_result_for_any_magni
 
 @pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_layernorm_linear_fp8_output_under_current_scaling_is_its_result_cast_unfused(
+def test_layernorm_linear_fp8_output_under_current_scaling_cast_unfused_and_fp8_grad_output_used_as_is(
     dt: torch.dtype, normalization: str
 ) -> None:
     """``LayerNormLinear(fp8_output=True)`` under Float8CurrentScaling(use_power_2_scales=True)
     (layernorm_linear.py 394-413: the GEMM's OUTPUT quantizer through ``general_gemm``): the result of the call
     without the flag (the GEMM's D in the activation dtype) cast by the OUTPUT slot as TE's quantizer does;
-    the consumer ``Linear`` takes its codes and scale_inv as they are; the FP8 grad the consumer writes is
-    this module's grad output (its input gradient equals the one from that grad's dequantized value fed to a
-    plain call only where the GRAD_OUTPUT re-cast is the identity, so the codes are checked instead)."""
+    the consumer ``Linear(fp8_grad=True)`` takes its codes and scale_inv as they are, and its FP8 dgrad
+    (GRAD_INPUT slot) is this module's grad output as it is: the wgrad from those codes and the norm output's
+    INPUT cast (layernorm_linear.py backward; ``return_layernorm_output`` gives the norm output); a GRAD_OUTPUT
+    re-cast (its QParams do not round the scale to a power of 2) would give other bits."""
     recipe = Float8CurrentScaling(use_power_2_scales=True)
+    p_in, p_w, p_g = (
+        q.power_2_scale for q in (recipe.fp8_quant_fwd_inp, recipe.fp8_quant_fwd_weight, recipe.fp8_quant_bwd_grad)
+    )
     torch.manual_seed(6)
-    lnl = te.LayerNormLinear(16, 32, normalization=normalization, params_dtype=dt)
+    lnl = te.LayerNormLinear(16, 32, normalization=normalization, params_dtype=dt, return_layernorm_output=True)
     cons = _linear(32, 16, dt, 7)
     x = (torch.randn(8, 16) * 2).to(dt)
+    dz = (torch.randn(8, 16) * 1e-3).to(dt)
     with te.autocast(recipe=recipe):
-        plain = lnl(x).detach()
-        y = lnl(x.clone().requires_grad_(), fp8_output=True)
-        z = cons(y)
+        plain = lnl(x)[0].detach()
+        y, ln = lnl(x.clone().requires_grad_(), fp8_output=True)
+        z = cons(y, fp8_grad=True)
+    z.backward(dz)
     vo, co, so = _cs_cast(plain, "e4m3", True)
     h = handoff_of(y)
     assert h is not None and h.sinv == so
     _assert_bits(h.codes, co, "OUTPUT codes")
     _assert_bits(y.detach(), _deq(vo, so, dt), "output")
-    vwc, _, swc = _cs_cast(cons.weight, "e4m3", recipe.fp8_quant_fwd_weight.power_2_scale)
+    vwc, _, swc = _cs_cast(cons.weight, "e4m3", p_w)
     _assert_bits(z.detach(), _mm(vo, so, vwc.t(), swc, cons.bias).to(dt), "consumer output")
+    vdz, _, sdz = _cs_cast(dz, "e5m2", p_g)
+    vg, cg, sg = _cs_cast(_mm(vdz, sdz, vwc, swc).to(dt), "e5m2", True)
+    assert h.grad is not None and h.grad.sinv == sg
+    _assert_bits(h.grad.codes, cg, "GRAD_INPUT codes")
+    vln, _, sln = _cs_cast(ln, "e4m3", p_in)
+    _assert_bits(lnl.weight.grad, _mm(vg.t(), sg, vln, sln).to(dt), "wgrad from the FP8 grad output")
+    if not p_g:
+        vr, _, sr = _cs_cast(_deq(vg, sg, dt), "e5m2", p_g)
+        assert not torch.equal(_mm(vr.t(), sr, vln, sln).to(dt), lnl.weight.grad)
 
 
 def test_layernorm_linear_fp8_grad_inside_fp8_autocast_is_refused() -> None:
