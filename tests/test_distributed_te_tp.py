@@ -53,6 +53,7 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 from _dist import ranks  # noqa: E402
 from _te_tp_attention import ATT_CASES, BLOCK_RECIPES, _per_shard_then_gather, _run_attention, _run_block  # noqa: E402
+from _te_tp_fp8_io import run_fp8_io  # noqa: E402
 from _te_tp_nvfp4_sr import run_nvfp4_sr  # noqa: E402
 
 S, H, F, STEPS, HIST = 16, 32, 64, 3, 2
@@ -336,6 +337,7 @@ def _worker(rank: int, world: int) -> dict:
     res.update({f"block-{r}": _run_block(rank, r, tp) for r in BLOCK_RECIPES})
     res["per-shard"] = _per_shard_then_gather(rank, tp)
     res["nvfp4-sr"] = run_nvfp4_sr(rank, tp)
+    res["fp8-io"] = run_fp8_io(rank, tp)
     import fp8sim.pytorch as te
 
     errors = {}
@@ -369,18 +371,6 @@ def _worker(rank: int, world: int) -> dict:
             sp(torch.randn(16, 32))
     except RuntimeError as exc:
         errors["row_scaled"] = str(exc)
-    row = te.Linear(32, 32, tp_group=tp, parallel_mode="row")
-    try:  # a row-parallel FP8 output would quantize a partial sum
-        with te.autocast(recipe=DelayedScaling()):
-            row(torch.randn(16, 16), fp8_output=True)
-    except NotImplementedError as exc:
-        errors["fp8_output"] = str(exc)
-    col = te.Linear(32, 32, tp_group=tp, parallel_mode="column")
-    try:  # a column-parallel FP8 dgrad would quantize a partial sum before its all-reduce
-        with te.autocast(recipe=DelayedScaling()):
-            col(torch.randn(16, 32), fp8_grad=True)
-    except NotImplementedError as exc:
-        errors["fp8_grad"] = str(exc)
     res["errors"] = errors
     res["sizes"] = (tuple(lin.weight.shape), tuple(te.Linear(32, 64, tp_group=tp, parallel_mode="row").weight.shape))
     return res
@@ -514,8 +504,6 @@ def test_tp_errors_on_the_ranks(results: list) -> None:
     assert "Tensor parallel group not initialized" in errors["group"]
     assert "Amax reduction across tensor parallel group is necessary" in errors["reduce_amax"]
     assert "block" not in errors  # NVFP4 stochastic rounding under sequence parallelism runs (_te_tp_nvfp4_sr.py)
-    assert errors["fp8_output"] == "fp8sim: fp8_output on a row-parallel layer with tp_size > 1"
-    assert errors["fp8_grad"] == "fp8sim: an FP8 input or fp8_grad on a column-parallel layer with tp_size > 1"
     assert errors["row_scaled"] == "Row-scaled NVFP4 quantization does not support amax reduction."  # TE quantizer.cpp
     assert results[0]["sizes"] == ((32, 32), (64, 16))
 
@@ -597,3 +585,78 @@ def test_nvfp4_columnwise_gather_is_deinterleaved_as_te_swap_first_dims(world: i
         assert torch.equal(_swap_first_dims(torch.cat(shards, 0), world), torch.cat(shards, 1))
 
     check()
+
+
+# -- FP8 boundaries across the collectives (tests/_te_tp_fp8_io.py) --------------------------------------
+def _fp8_io_bad(results: list, key: str) -> list:
+    steps = [results[r]["fp8-io"][key] for r in range(2)]
+    steps = [s if isinstance(s, list) else [s] for s in steps]
+    return [(r, i, k, n) for r, per in enumerate(steps) for i, st in enumerate(per) for k, n in st.items() if n]
+
+
+def test_torch_marks_the_c10d_ops_te_tensors_meet_not_mutable(results: list) -> None:
+    """The premise of the emulation (quantized_tensor.py 1010: the branch on ``func._schema.is_mutable``):
+    ``c10d.allreduce_`` and ``c10d._reduce_scatter_base_`` are not marked mutable on this torch."""
+    for res in results:
+        assert res["fp8-io"]["schemas"] == {"allreduce_": False, "reduce_scatter": False}
+
+
+@pytest.mark.slow
+def test_all_reduce_of_a_tensor_with_te_dispatch_leaves_it_and_reduce_scatter_sums() -> None:
+    """TE's non-mutable dispatch branch on 2 gloo ranks: ``dist.all_reduce`` leaves the tensor's data (each rank's
+    own), ``reduce_scatter_tensor`` into a plain output writes the sum of the dequantized inputs."""
+    from _te_tp_fp8_io import te_dispatch_worker
+
+    for res in ranks(te_dispatch_worker, world_size=2):
+        assert res == {"allreduce_keeps": True, "reduce_scatter_sums": True}
+
+
+@pytest.mark.parametrize(
+    "case", ["row-False-False", "row-False-True", "row-True-True", "row-bf16", "row-cs-False-False", "row-cs-True-True"]
+)
+def test_row_parallel_fp8_output_is_the_per_rank_fp8_partial_as_te_computes_it(results: list, case: str) -> None:
+    """Row-parallel ``Linear(fp8_output=True)``, delayed (and, ``-cs-``, current) scaling, 2 steps: tensor parallel
+    gives this rank's FP8
+    partial (TE's all-reduce leaves the Float8Tensor; an UpstreamQuirkWarning), its codes attached without a
+    bias; sequence parallel (fp32 and bf16) this rank's rows of the sum of the dequantized FP8 partials, high
+    precision; the bias after; gradients and the FP8 state equal the one-process shard's; the sum TE does not
+    take differs."""
+    bad = _fp8_io_bad(results, case)
+    assert not bad, f"(rank, step, check, elements differing): {bad}"
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+@pytest.mark.parametrize("sp", [False, True])
+def test_column_parallel_fp8_grad_is_the_per_rank_fp8_dgrad_as_te_computes_it(
+    results: list, sp: bool, recipe: str
+) -> None:
+    """Column-parallel ``Linear(fp8_grad=True)``, delayed or current scaling, 2 steps: the input gradient is this
+    rank's FP8 dgrad (tensor parallel, an UpstreamQuirkWarning) or this rank's rows of ``g_0 + g_1`` of the
+    dequantized FP8 dgrads (sequence parallel); the sum of unquantized dgrads differs."""
+    bad = _fp8_io_bad(results, f"col-{sp}" if recipe == "delayed" else f"col-cs-{sp}")
+    assert not bad, f"(rank, step, check, elements differing): {bad}"
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current", "current-fp8"])
+@pytest.mark.parametrize("sp", [False, True])
+def test_fp8_input_to_a_column_parallel_layer_is_gathered_as_it_is(results: list, recipe: str, sp: bool) -> None:
+    """An FP8 input (delayed, current-fp8: a producer's ``fp8_output``, the layer with ``fp8_grad``; current:
+    a hand-made FP8 tensor with a scale of its own on each rank): under sequence parallel every rank's codes
+    read with this rank's scale_inv (TE ``_all_gather_fp8``), else used as they are; the producer's gradient
+    is the high-precision reduction, or under tensor parallel with ``fp8_grad`` this rank's FP8 dgrad, its
+    codes handed over."""
+    bad = _fp8_io_bad(results, f"in-{recipe}-{sp}")
+    assert not bad, f"(rank, step, check, elements differing): {bad}"
+
+
+def test_the_fp8_all_reduce_quirk_warns_and_a_mutable_all_reduce_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp8sim reproduces TE's unreduced FP8 tensor only where torch's ``c10d.allreduce_`` is not mutable (TE's
+    dispatch branch); a torch that marked it mutable would make TE re-quantize the sum, which is refused."""
+    from fp8sim._upstream_quirk import UpstreamQuirkWarning
+    from fp8sim.pytorch.module import _tp_fp8_io as fio
+
+    with pytest.warns(UpstreamQuirkWarning, match="te-fp8-allreduce-noop"):
+        fio.check_allreduce_keeps_fp8("output")
+    monkeypatch.setattr(fio, "_allreduce_is_mutable", lambda: True)
+    with pytest.raises(NotImplementedError, match="marks c10d.allreduce_ mutable"):
+        fio.check_allreduce_keeps_fp8("dgrad")

@@ -251,13 +251,6 @@ def test_mha_fp8_output_under_current_scaling_feeds_proj_bit_for_bit():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_linear_fp8_output_outside_delayed_scaling_is_refused():
-    lin = te.Linear(16, 16)
-    with te.autocast(enabled=True, recipe=Float8CurrentScaling()):
-        with pytest.raises(NotImplementedError, match="DelayedScaling"):
-            lin(torch.randn(8, 16), fp8_output=True)
-
-
 @pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
 def test_layernorm_linear_fp8_output_is_the_gemm_result_cast_with_the_output_slot(normalization):
     """``LayerNormLinear(fp8_output=True)`` (TE ``layernorm_linear.py``: the GEMM's output quantizer is

@@ -128,11 +128,6 @@ def test_parallel_arguments_take_single_process_semantics() -> None:
         te.Linear(16, 16, parallel_mode="diag")
 
 
-def test_fp8_outputs_are_refused_not_ignored() -> None:
-    with pytest.raises(NotImplementedError, match="fp8_output"):
-        te.Linear(16, 16)(torch.randn(8, 16), fp8_output=True)
-
-
 def test_outside_autocast_the_input_dtype_must_match_the_parameters() -> None:
     """TE base.py set_activation_dtype: TypeError naming both dtypes."""
     with pytest.raises(TypeError, match="Data types for parameters must match when outside of autocasted region"):

@@ -14,11 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ...formats import FloatFormat
+from ...recipe import DelayedScaling, tensor_format
+from ...scaling.current import compute_scale_from_amax
+from ._operands import PER_TENSOR, Operand, _per_tensor, nan_skipping_amax, quantize_operand
 
-__all__ = ["ATTR", "FP8Handoff", "attach", "handoff_of"]
+__all__ = ["ATTR", "FP8Handoff", "attach", "handoff_of", "boundary_cast"]
 
 ATTR = "_fp8sim_fp8"
 
@@ -58,25 +62,54 @@ def handoff_of(t: Any) -> FP8Handoff | None:
 
 def fp8_boundaries(inp: Any, fp8_output: bool, fp8_grad: bool) -> dict | None:
     """The FP8-boundary options of one Linear/LayerNormLinear call (``LinearOptions`` fields), or None.
-    TE ignores ``fp8_output``/``fp8_grad`` outside FP8 autocast; fp8sim emulates them under delayed
-    scaling (the recipe TE's MultiheadAttention asks them under) and refuses them elsewhere."""
-    from ...recipe import DelayedScaling
+    Outside FP8 autocast TE ignores ``fp8_output``/``fp8_grad`` (``linear.py`` ``_get_quantizers``: no
+    quantizers when FP8 is off), and so does fp8sim.  Inside, fp8sim emulates them under the per-tensor
+    recipes (DelayedScaling, Float8CurrentScaling) and refuses them under the block recipes."""
+    from ...recipe import Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling, Recipe
     from ..quantization import current_state, get_recipe
 
     st = current_state()
-    recipe = get_recipe() if st.enabled else None
-    if (fp8_output or fp8_grad) and not isinstance(recipe, DelayedScaling):
-        # TE ignores them outside FP8 autocast; fp8sim refuses rather than ignore a request it cannot honour
-        raise NotImplementedError(
-            "transformer_engine.pytorch: FP8 outputs (fp8_output / fp8_grad) are emulated by fp8sim inside"
-            f" autocast under DelayedScaling only; got {type(recipe).__name__ if st.enabled else 'FP8 disabled'}"
-        )
     if not st.enabled:
         return None
+    recipe: Recipe = get_recipe()
+    if (fp8_output or fp8_grad) and not isinstance(recipe, PER_TENSOR):
+        msg = (
+            "transformer_engine.pytorch: FP8 outputs (fp8_output / fp8_grad) are emulated by fp8sim under"
+            f" DelayedScaling and Float8CurrentScaling only; not under {type(recipe).__name__}"
+        )
+        if isinstance(recipe, (MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling)):
+            # TE general_gemm takes these output quantizers (cpp_extensions/gemm.py 169-175) and casts the
+            # GEMM output unfused (gemm.cpp 218-233, 392-396); the output is rowwise only (linear.py 520-521)
+            # and fp8sim's hand-off carries one per-tensor scale
+            msg += (
+                " (TE writes the GEMM output in the activation dtype, then casts it with the block-scaled OUTPUT /"
+                " GRAD_INPUT quantizer, rowwise only: a block-scaled FP8 hand-off is not emulated)"
+            )
+        raise NotImplementedError(msg)
     h = handoff_of(inp)
     if h is None and not (fp8_output or fp8_grad):
         return None
     return {"input_fp8": h, "fp8_output": fp8_output, "fp8_grad": fp8_grad}
+
+
+def boundary_cast(d: torch.Tensor, recipe: Any, forward: bool, scaler: Any, index: int, act: torch.dtype) -> Operand:
+    """A GEMM result ``d`` (float32) written in FP8 by TE's ``general_gemm`` with an output quantizer: the
+    OUTPUT slot (``forward``, fwd index 2) or the GRAD_INPUT slot (bwd index 1).
+
+    Delayed scaling is fused (gemm.cpp 224-228: a ``Float8Quantizer`` with FP8 operands): cuBLAS takes the
+    amax of its float32 result and casts it with the slot's scale.  Current scaling is unfused (gemm.cpp
+    218-233, 392-396): the GEMM writes ``d`` in the activation dtype ``act``, then the slot's
+    ``Float8CurrentScalingQuantizer`` (quantizer.cpp 980-1033) takes its amax, the scale (the recipe-wide
+    ``use_power_2_scales``, amax epsilon 0: ``quantization.py`` ``Float8CurrentScalingRecipeState.make_quantizers``;
+    ``linear.py`` ``_customize_quantizers_float8_current_scaling`` reconfigures only the input, weight and
+    grad-output slots from the QParams) and casts."""
+    if isinstance(recipe, DelayedScaling):
+        return quantize_operand(d, recipe, "input" if forward else "grad", 1, scaler=scaler, index=index)
+    fmt = tensor_format(recipe.fp8_format, forward)
+    da = d.to(act)
+    amax = np.float32(nan_skipping_amax(da))
+    scale = compute_scale_from_amax(amax, fmt.max, pow2=bool(recipe.use_power_2_scales), eps=0.0)
+    return _per_tensor(da, fmt, float(scale), None)
 
 
 def attach_output(module: Any, out: torch.Tensor, fp8_io: dict | None) -> torch.Tensor:

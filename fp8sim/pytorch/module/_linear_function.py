@@ -16,9 +16,9 @@ import torch
 
 from ...recipe import Recipe
 from ..quantization import current_state, reduce_and_update_fp8_tensors
-from ._fp8_handoff import FP8Handoff
+from ._fp8_handoff import FP8Handoff, boundary_cast
 from ._gemm import gemm
-from ._operands import Operand, quantize_operand
+from ._operands import Operand
 
 __all__ = ["fp8_linear", "hp_linear", "LinearOptions"]
 
@@ -34,7 +34,7 @@ class LinearOptions:
     # the output rounded to the activation dtype but held in float32, so that the consumer's gradient
     # reaches the GEMM unrounded (TE's fused dact+quantize under delayed scaling)
     output_fp32: bool = False
-    # FP8 boundaries (TE ``Linear(fp8_output=, fp8_grad=)`` and a ``Float8Tensor`` input; delayed scaling):
+    # FP8 boundaries (TE ``Linear(fp8_output=, fp8_grad=)`` and a ``Float8Tensor`` input; per-tensor recipes):
     input_fp8: FP8Handoff | None = None  # the input's codes and scale_inv: the INPUT quantizer is skipped
     fp8_output: bool = False  # the output written in FP8 with the OUTPUT slot (fwd index 2)
     fp8_grad: bool = False  # dgrad written in FP8 with the GRAD_INPUT slot (bwd index 1)
@@ -89,8 +89,8 @@ class _FP8Linear(torch.autograd.Function):
         ctx.opts, ctx.is_first_microbatch = opts, is_first_microbatch
         ctx.has_bias, ctx.inp_shape, ctx.dtypes = bias is not None, inp.shape, (act_dtype, weight.dtype, inp.dtype)
         ctx.region = _region_modules() if ctx.first else []  # the live list: later modules join it
-        if opts.fp8_output:  # cuBLAS: amax of the float32 result (bias included), then the FP8 cast
-            oq = quantize_operand(out, recipe, "input", 1, scaler=module.fwd, index=2)
+        if opts.fp8_output:  # the result (bias included) cast with the OUTPUT slot, fused or not (boundary_cast)
+            oq = boundary_cast(out, recipe, True, module.fwd, 2, act_dtype)
             shape = (*inp.shape[:-1], out.shape[-1])
             opts.out_handoff = FP8Handoff(oq.vals.reshape(shape), oq.codes.reshape(shape), oq.scale_inv, oq.fmt)
             out = oq.dequant()
@@ -123,7 +123,7 @@ class _FP8Linear(torch.autograd.Function):
                 dy_row = module._quantize(dy, recipe, "grad", 1)
             dgrad = gemm(dy_row, ctx.w_col, recipe, "dgrad", acc)
             if opts.fp8_grad:  # dgrad written in FP8 (GRAD_INPUT slot); the producer takes the codes
-                gq = quantize_operand(dgrad, recipe, "grad", 1, scaler=module.bwd, index=1)
+                gq = boundary_cast(dgrad, recipe, False, module.bwd, 1, act)
                 if opts.input_fp8 is not None:
                     shape = ctx.inp_shape
                     opts.input_fp8.grad = FP8Handoff(

@@ -18,6 +18,11 @@ current scaling reduces the amax of a sequence-parallel input (column) or grad o
 ``tp_group`` (``set_quantizer_amax_reduction_group``), every other amax stays local.  FP8 payloads travel
 through :mod:`fp8sim.distributed` as byte views (gloo refuses float8).
 
+FP8 boundaries (``fp8_output`` row-parallel, ``fp8_grad`` column-parallel, an FP8 input) meet the collectives
+as TE's ``Float8Tensor`` does (``_tp_fp8_io``): an all-reduce leaves the FP8 tensor this rank's unreduced
+partial (TE's dispatch; an ``UpstreamQuirkWarning``), a reduce-scatter returns the high-precision sum of the
+dequantized FP8 partials, an FP8 input is gathered as it is.
+
 Block recipes under sequence parallelism (TE ``distributed.py`` ``_all_gather_mxfp8``,
 ``_start_all_gather_fp8_blockwise``, ``_all_gather_nvfp4``): TE quantizes each rank's shard and gathers
 data and scales, or, where the shard is not quantizable (rows or columns not a multiple of the block;
@@ -285,13 +290,22 @@ def tp_linear(
     """``run(x, fp8_io)`` (GEMM ``name`` on this rank's shard, without the bias in row mode) wrapped in
     TE's TP collectives for ``mode`` ("column" or "row"); ``bias``: the row-parallel bias, added in the
     output's dtype after the reduction; ``io``: the caller's FP8 boundaries (``fp8_output``, ``fp8_grad``,
-    an FP8 input), each on this rank's side of the collectives (``_with_io``)."""
+    an FP8 input), on this rank's side of the collectives, and where they meet one, as TE's
+    ``Float8Tensor`` meets it (``_tp_fp8_io``)."""
+    from . import _tp_fp8_io as fio
+
     check_tp_forward(module)
     _check_gathered_sr(module, mode)
     if mode == "column":
         slot: dict = {}
-        if module.sequence_parallel:
+        h_in = (io or {}).get("input_fp8")
+        if module.sequence_parallel and h_in is not None and _fp8_per_tensor() is not None:
+            x = fio.GatherFP8Input.apply(inp, h_in, module.tp_group, slot)  # TE gathers an FP8 input as it is
+        elif module.sequence_parallel:
             x = _GatherInput.apply(inp, module, name, slot)
+        elif (io or {}).get("fp8_grad") and torch.is_grad_enabled():
+            fio.check_allreduce_keeps_fp8("dgrad")
+            x = fio.LocalDgrad.apply(inp)
         else:
             x = _CopyToTP.apply(inp, module.tp_group)
         fp8_io = None
@@ -303,7 +317,17 @@ def tp_linear(
     fp8_io = None
     if module.sequence_parallel and recipe is not None:
         fp8_io = {"input_fp8": None, "fp8_output": False, "fp8_grad": False, "out_handoff": gslot}
-    out = _ReduceOutput.apply(run(inp, _with_io(fp8_io, io)), module, name, gslot, recipe)
+    fp8_out = bool(io and io.get("fp8_output"))
+    if fp8_out and not module.sequence_parallel:
+        fio.check_allreduce_keeps_fp8("output")
+    part = run(inp, _with_io(fp8_io, io))
+    if fp8_out and (module.sequence_parallel or bias is not None):  # TE returns a high-precision tensor
+        h_out = fio.drop_output_handoff(module)
+        gslot = h_out if h_out is not None else gslot  # its ``grad``: the gathered FP8 grad output
+    if fp8_out and not module.sequence_parallel:
+        out = part  # TE's all-reduce leaves the Float8Tensor as it is (``_tp_fp8_io``)
+    else:
+        out = _ReduceOutput.apply(part, module, name, gslot, recipe)
     if bias is not None:
         out = out + bias.to(out.dtype)
     return out
@@ -312,13 +336,13 @@ def tp_linear(
 def _with_io(fp8_io: dict | None, io: dict | None) -> dict | None:
     """The collectives' FP8 options merged with the caller's.  The caller's boundaries are local to the rank
     (TE ``multi_head_attention.py``: the column-parallel QKV output and its FP8 grad, the row-parallel
-    proj's FP8 input and FP8 dgrad are this rank's heads), so they pass through; a column-parallel
-    FP8 input would be an FP8 tensor the layer gathers itself, which the collectives already provide."""
+    proj's FP8 input and FP8 dgrad are this rank's heads), so they pass through; an FP8 input the
+    collectives gathered (column + sequence parallel) replaces the caller's local one."""
     if not io:
         return fp8_io
     merged = dict(fp8_io or {"input_fp8": None})
     merged.update(fp8_output=io["fp8_output"], fp8_grad=io["fp8_grad"])
-    if io.get("input_fp8") is not None:
+    if io.get("input_fp8") is not None and merged.get("input_fp8") is None:
         merged["input_fp8"] = io["input_fp8"]
     return merged
 
@@ -327,14 +351,8 @@ def module_tp_linear(
     module: Any, mode: str, name: str, x: torch.Tensor, w: torch.Tensor, b: Any, *args: Any, **kw: Any
 ) -> torch.Tensor:
     """``module._linear(name, x, w, b, *args, **kw)`` on this rank's shard in TE's collectives for ``mode``,
-    with the caller's FP8 hand-offs (``fp8_io``) on this rank's side.  An FP8 input to a column-parallel
-    layer (its all-gather of an FP8 tensor), its FP8 dgrad (a partial sum before the all-reduce) and a
-    row-parallel FP8 output (a partial sum before the reduction) are refused."""
+    with the caller's FP8 hand-offs (``fp8_io``) where TE puts them (:func:`tp_linear`)."""
     io = kw.pop("fp8_io", None)
-    if io and mode == "column" and (io.get("input_fp8") is not None or io.get("fp8_grad")):
-        raise NotImplementedError("fp8sim: an FP8 input or fp8_grad on a column-parallel layer with tp_size > 1")
-    if io and mode == "row" and io.get("fp8_output"):
-        raise NotImplementedError("fp8sim: fp8_output on a row-parallel layer with tp_size > 1")
     row = mode == "row"
 
     def run(xx: torch.Tensor, fp8_io: dict | None) -> torch.Tensor:

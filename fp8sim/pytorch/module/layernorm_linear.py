@@ -120,12 +120,26 @@ class LayerNormLinear(TransformerEngineBaseModule):
         return self.weight_names[:1]
 
     @no_torch_dynamo
-    def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None, fp8_output: bool = False) -> Any:
+    def forward(
+        self,
+        inp: torch.Tensor,
+        is_first_microbatch: bool | None = None,
+        fp8_output: bool | None = False,
+        fp8_grad: bool | None = False,
+    ) -> Any:
         """``norm(inp) W^T + b``; with ``return_bias`` the bias comes back apart, with
         ``return_layernorm_output`` the norm output too: ``out``, ``(out, bias)``, ``(out, ln_out)`` or
-        ``(out, bias, ln_out)`` (TE's order).  ``fp8_output=True`` (delayed scaling): the output is
-        written in FP8 with the OUTPUT slot's scale (see ``Linear.forward``)."""
-        fp8_io = fp8_boundaries(None, bool(fp8_output), False)
+        ``(out, bias, ln_out)`` (TE's order).  ``fp8_output=True`` (delayed or current scaling): the output
+        is written in FP8 with the OUTPUT slot (see ``Linear.forward``).  ``fp8_grad``: ignored outside
+        FP8 autocast (TE), refused inside: TE hands the FP8 dgrad straight to its C++ norm backward."""
+        fp8_io = fp8_boundaries(None, bool(fp8_output), bool(fp8_grad))
+        if fp8_io and fp8_io["fp8_grad"]:
+            # layernorm_linear.py 1133-1161: the dgrad GEMM's Float8Tensor output goes to tex.layernorm_bwd /
+            # tex.rmsnorm_bwd, which read it as a plain at::Tensor; what that computes is not emulated
+            raise NotImplementedError(
+                "transformer_engine.pytorch.LayerNormLinear: fp8_grad=True inside FP8 autocast is not emulated by"
+                " fp8sim (TE passes the FP8 dgrad to the C++ norm backward as a plain tensor)"
+            )
         self._check_input_dtype(inp)
         x, ln, act, fused = norm_for_gemm(self, inp, self.return_layernorm_output)
         weight = cat_params(self, self.weight_names)

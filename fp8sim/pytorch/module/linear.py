@@ -107,10 +107,12 @@ class Linear(TransformerEngineBaseModule):
         fp8_grad: bool | None = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``inp W^T + b`` (``return_bias=True``: ``(inp W^T, b)``, the bias in the activation dtype).
-        Under delayed scaling ``fp8_output=True`` writes the output in FP8 with the OUTPUT slot's scale
-        and ``fp8_grad=True`` the input gradient with the GRAD_INPUT slot's (the tensors come back
-        dequantized, the FP8 data attached for an FP8 consumer); an input that carries FP8 data (DPA's
-        O) is used with its codes and scale_inv, the INPUT quantizer skipped (TE: a Float8Tensor input)."""
+        Inside FP8 autocast (delayed or current scaling) ``fp8_output=True`` writes the output in FP8 with
+        the OUTPUT slot and ``fp8_grad=True`` the input gradient with the GRAD_INPUT slot (the tensors come
+        back dequantized, the FP8 data attached for an FP8 consumer; current scaling casts the result after
+        rounding it to the activation dtype, TE's unfused cast); outside autocast both are ignored, as in TE.
+        An input that carries FP8 data (DPA's O) is used with its codes and scale_inv, the INPUT quantizer
+        skipped (TE: a Float8Tensor input)."""
         fp8_io = fp8_boundaries(inp, bool(fp8_output), bool(fp8_grad))
         self._check_input_dtype(inp)
         weight = cat_params(self, self.weight_names)
