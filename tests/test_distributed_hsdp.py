@@ -27,10 +27,14 @@ matter).  Checks, all in the one 4-rank spawn shared with ``test_distributed_tor
 - torchao-style ``enable_fsdp_float8_all_gather`` (dynamic and precomputed scales): losses and the full
   parameters after every step bit-identical to one process; the gathered scale identical on all 4 ranks;
   the pre-all-gather codes and scale, and the precomputed scale, of each rank equal real torchao's.
-- TE-style FP8 primary weights, Float8CurrentScaling (per tensor) and MXFP8BlockScaling (blocks): losses,
+- TE-style FP8 primary weights, Float8CurrentScaling (per tensor), MXFP8BlockScaling and NVFP4BlockScaling
+  (blocks; NVFP4 with one micro-batch for all ranks, see ``test_distributed_fsdp_fp8_params``): losses,
   the reduce-scattered gradient shards and every buffer of every weight shard bit-identical to the
   reference's rows (``test_distributed_fsdp_fp8_params._rows``, 2 shards); scales identical on all 4
-  ranks; the current-scaling amax group is the rank's shard group.
+  ranks; the current-scaling and NVFP4 amax group is the rank's shard group.  Also TE's meta-device flow
+  (``Float8CurrentScaling/meta``): each rank initialises its shard (values by shard index, so the replicas
+  agree) and ``reset_parameters`` quantizes it with the amax MAX-reduced over the shard group (``base.py``
+  lines 1856-1862); a reduction over the replicate group instead, or none, gives each shard its own scale.
 """
 
 from __future__ import annotations
@@ -50,7 +54,10 @@ from torch import nn  # noqa: E402
 
 STEPS = 2
 MESH = (2, 2)  # replicate, shard
-TE_RECIPES = ("Float8CurrentScaling", "MXFP8BlockScaling")
+TE_RECIPES = ("Float8CurrentScaling", "MXFP8BlockScaling", "NVFP4BlockScaling")
+META = "Float8CurrentScaling/meta"  # TE's meta-device flow: each shard initialised and quantized on its rank
+TE_RUNS = (*TE_RECIPES, META)
+AMAX_GROUPED = ("Float8CurrentScaling", "NVFP4BlockScaling", META)  # the shard's amax_reduction_group is set
 AO_RUNS = ("ag", "ag_precompute")
 
 
@@ -189,15 +196,28 @@ def _te_run(recipe_name: str, rank: int, mesh) -> dict:
 
     recipe = fp._recipe(recipe_name)
     dims = fp._dims(recipe_name)
-    model = fp._model(recipe_name, dims)
+    if recipe_name == META:  # the shard's values depend on its shard index only: the replicas are equal
+
+        def init(w: torch.Tensor) -> None:
+            w.copy_(fp._shard_values(tuple(w.shape), _shard_index(rank)))
+
+        model = fp._model(recipe_name, dims, init, "meta")
+    else:
+        model = fp._model(recipe_name, dims)
     for layer in model:
         if list(layer.parameters()):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    if recipe_name == META:  # TE run_fsdp2_model.py lines 300-306; amax MAX-reduced over the shard group
+        model.to_empty(device="cpu")
+        for module in model.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
     opt = torch.optim.SGD(model.parameters(), lr=fp.LR)
     losses, grads, params = [], [], []
+    same_batch = recipe_name in fp.SAME_BATCH
     for step in range(STEPS):
-        x, y = fp._data(step, rank, dims)
+        x, y = fp._data(step, 0 if same_batch else rank, dims)
         losses.append(fp._step(model, recipe, x, y, dist.group.WORLD).item())
         grads.append([p.grad._local_tensor.numpy().copy() for p in model.parameters()])
         opt.step()
@@ -213,15 +233,20 @@ def _te_run(recipe_name: str, rank: int, mesh) -> dict:
 def _te_reference(recipe_name: str, world: int) -> dict:
     recipe = fp._recipe(recipe_name)
     dims = fp._dims(recipe_name)
-    model = fp._model(recipe_name, dims)
+    model = (
+        fp._model(recipe_name, dims, fp._whole_init(MESH[1])) if recipe_name == META else fp._model(recipe_name, dims)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=fp.LR)
     losses, grads, params = [], [], []
+    same_batch = recipe_name in fp.SAME_BATCH  # NVFP4: one pass, as its SR bits are drawn per pass
     for step in range(STEPS):
         micro, step_losses = [], []
-        for r in range(world):
+        for r in range(1 if same_batch else world):
             step_losses.append(fp._step(model, recipe, *fp._data(step, r, dims)).item())
             micro.append([p.grad.clone() for p in model.parameters()])
             opt.zero_grad()
+        if same_batch:  # four equal gradients: FSDP2's mean is the gradient itself
+            micro, step_losses = micro * world, step_losses * world
         for i, p in enumerate(model.parameters()):
             p.grad = _hsdp_mean([g[i] for g in micro])
         losses.append(step_losses)
@@ -238,11 +263,11 @@ def hsdp_worker(rank: int, world: int) -> dict:
     out: dict = {"against_torchao": _ao_against_torchao(rank, mesh)}
     for run in AO_RUNS:
         out[run] = _ao_run(rank, run, mesh)
-    for recipe_name in TE_RECIPES:
+    for recipe_name in TE_RUNS:
         out[recipe_name] = _te_run(recipe_name, rank, mesh)
     if rank == 0:
         out["reference"] = {"ao": _ao_reference(world)}
-        out["reference"].update({name: _te_reference(name, world) for name in TE_RECIPES})
+        out["reference"].update({name: _te_reference(name, world) for name in TE_RUNS})
     return out
 
 
@@ -283,7 +308,7 @@ def test_hsdp_float8_all_gather_trains_bit_identically_to_one_process(results: l
         assert got["scales"] == results[0][run]["scales"], f"{run}: rank {rank}'s gathered scales differ from rank 0's"
 
 
-@pytest.mark.parametrize("recipe_name", TE_RECIPES)
+@pytest.mark.parametrize("recipe_name", TE_RUNS)
 def test_hsdp_fp8_primary_weights_train_bit_identically_to_one_process(results: list[dict], recipe_name: str) -> None:
     ref = results[0]["reference"][recipe_name]
     for rank, res in enumerate(results):
@@ -299,13 +324,13 @@ def test_hsdp_fp8_primary_weights_train_bit_identically_to_one_process(results: 
                     _same(got[k], want[k], f"{recipe_name} rank {rank} step {step} param {i} {k}")
 
 
-@pytest.mark.parametrize("recipe_name", TE_RECIPES)
+@pytest.mark.parametrize("recipe_name", TE_RUNS)
 def test_hsdp_scales_are_identical_on_every_rank_and_reduced_over_the_shard_group(
     results: list[dict], recipe_name: str
 ) -> None:
-    """Scales (per-tensor ``scale_inv``; MXFP8's E8M0 block scales of each shard, equal on its replica)
-    identical across ranks; a current-scaling shard MAX-reduces its amax over its shard group (TE
-    ``float8_tensor.py`` line 963 with FSDP2's shard mesh)."""
+    """Scales (per-tensor ``scale_inv``; the block scales of each shard, equal on its replica; NVFP4's
+    global amaxes) identical across ranks; a current-scaling or NVFP4 shard MAX-reduces its amax over its
+    shard group (TE ``float8_tensor.py`` line 963, ``nvfp4_tensor.py`` line 595, with FSDP2's shard mesh)."""
     for rank, res in enumerate(results):
         run = res[recipe_name]
         peer = results[rank ^ MESH[1]][recipe_name]  # the same shard on the other replica
@@ -313,9 +338,10 @@ def test_hsdp_scales_are_identical_on_every_rank_and_reduced_over_the_shard_grou
             for i, (a, b) in enumerate(zip(run["params"][step], peer["params"][step], strict=True)):
                 for key in a:
                     _same(a[key], b[key], f"rank {rank} vs {rank ^ MESH[1]} step {step} param {i} {key}")
-                if "scale_inv" in a:  # per tensor: one scale for the whole weight, on all 4 ranks
-                    _same(a["scale_inv"], results[0][recipe_name]["params"][step][i]["scale_inv"], f"param {i}")
-        if recipe_name == "Float8CurrentScaling":
+                for key in a:  # per tensor: one scale (NVFP4: one global amax) for the whole weight, on all 4 ranks
+                    if key == "scale_inv" or key.endswith("_amax"):
+                        _same(a[key], results[0][recipe_name]["params"][step][i][key], f"step {step} param {i} {key}")
+        if recipe_name in AMAX_GROUPED:
             shard_group = [rank - _shard_index(rank) + s for s in range(MESH[1])]
             weights = [g for g in run["amax_groups"] if g is not None]
             assert weights and all(g == shard_group for g in weights), (rank, run["amax_groups"])
