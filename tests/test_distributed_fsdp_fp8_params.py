@@ -373,6 +373,45 @@ def _worker(rank: int, world: int) -> dict:
         out[recipe_name, "fsdp"] = _fsdp_run(recipe_name, rank, world)
         out[recipe_name, "reference"] = _reference_run(recipe_name, world)
     out["refusals"] = _refusals()
+    out["recompute"] = _recompute(rank)
+    return out
+
+
+class _Checkpointed(nn.Sequential):
+    """Linear, ReLU, Linear with the first Linear under ``te.checkpoint`` (its forward recomputed in the backward)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import fp8sim.pytorch as te
+
+        return self[2](self[1](te.checkpoint(self[0], x)))
+
+
+def _recompute(rank: int) -> dict:
+    """MXFP8 primary weights, the first layer checkpointed, one step on the same micro-batch on both ranks:
+    resharded after forward (the default), the recompute finds only the backward's columnwise gather and
+    raises TE's error; with ``reshard_after_forward=False`` it trains, the loss, input gradient and weight
+    gradient shards equal to the one-process checkpointed run's."""
+    from torch.distributed.fsdp import fully_shard
+
+    dims = _dims("MXFP8BlockScaling")
+    recipe = _recipe("MXFP8BlockScaling")
+    out: dict = {}
+    for name, reshard in (("resharded", True), ("kept", False)):
+        models = [_Checkpointed(*_model("MXFP8BlockScaling", dims)) for _ in range(2)]
+        for layer in (models[0][0], models[0][2]):
+            fully_shard(layer, reshard_after_forward=reshard)
+        fully_shard(models[0])
+        runs = []
+        try:
+            for model in models:
+                x, y = _data(0, 0, dims)
+                x.requires_grad_()
+                loss = _step(model, recipe, x, y)
+                grads = [getattr(p.grad, "_local_tensor", p.grad).numpy().copy() for p in model.parameters()]
+                runs.append((loss.item(), x.grad.numpy().copy(), grads))
+            out[name] = runs
+        except RuntimeError as e:
+            out[name] = f"RuntimeError: {e}"
     return out
 
 
@@ -588,3 +627,23 @@ def test_fsdp2_mxfp8_gathers_rowwise_in_forward_and_columnwise_in_backward(
             want_bytes = {False: [sum(want_bytes[False])]}
         for dtype, numel, bwd in run["gathers"]:
             assert dtype == "torch.uint8" and numel in want_bytes.get(bwd, []), (rank, dtype, numel, bwd, want_bytes)
+
+
+def test_fsdp2_mxfp8_recompute_needs_the_forward_gather(results: list[dict]) -> None:
+    """Activation recompute (``te.checkpoint``) under FSDP2 with MXFP8 primary weights: resharded after
+    forward, the backward gather carries the columnwise copy only (TE ``mxfp8_tensor.py`` lines 663-675),
+    so the recomputed forward has no rowwise codes and raises TE's ``update_usage`` error
+    (``storage/mxfp8_tensor_storage.py`` line 296 at d0067d0) with the way out; with
+    ``reshard_after_forward=False`` the forward gather carries both copies and the step equals one process's."""
+    world = len(results)
+    for rank, res in enumerate(results):
+        rec = res["recompute"]
+        got = rec["resharded"]
+        assert isinstance(got, str) and "Requested row-wise usage, but MXFP8Tensor is missing row-scaled" in got, got
+        assert "reshard_after_forward=False" in got, got
+        assert not isinstance(rec["kept"], str), rec["kept"]
+        (loss, dx, grads), (ref_loss, ref_dx, ref_grads) = rec["kept"]
+        assert loss == ref_loss, f"rank {rank}: loss {loss!r} vs {ref_loss!r}"
+        _same(dx, ref_dx, f"rank {rank} input gradient")
+        for i, (g, want) in enumerate(zip(grads, ref_grads, strict=True)):
+            _same(g, np.array_split(want, world, axis=0)[rank], f"rank {rank} grad {i}")

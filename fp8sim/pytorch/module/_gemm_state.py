@@ -15,6 +15,12 @@ from ._operands import PER_TENSOR, Operand, quantize_operand
 
 __all__ = ["_GemmState", "_ScalingMeta"]
 
+_ROWWISE_MISSING = (  # TE storage/mxfp8_tensor_storage.py update_usage, and why it happens under FSDP2
+    "Requested row-wise usage, but MXFP8Tensor is missing row-scaled FP8 data (FSDP2's backward all-gather "
+    "carries the column-wise copy only, as TE's: a forward recomputed in the backward, e.g. activation "
+    "checkpointing, of a layer resharded after forward needs fully_shard(..., reshard_after_forward=False))"
+)
+
 
 class _GemmState:
     """FP8 state of one GEMM: delayed-scaling scalers, the weight cache, statistics."""
@@ -62,6 +68,8 @@ class _GemmState:
             if self._per_tensor(recipe):
                 op = operand_from_fp8_weight(w)
                 return op, op
+            if type(w).__name__ == "MXFP8Tensor" and w._rowwise_data is None and w._columnwise_data is not None:
+                raise RuntimeError(_ROWWISE_MISSING)
             row, col = block_operands_from_fp8_weight(w)  # no columnwise copy: None (base._linear asks for it)
             if col is None and self.dgrad_weight_in_backward(w):
                 col = _ColumnwiseInBackward(w)

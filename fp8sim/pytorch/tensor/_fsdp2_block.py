@@ -16,7 +16,9 @@ shard's codes and scales where the shard is aligned to the scale blocks:
   in the backward (``module/_gemm_state.py``, TE ``linear.py`` backward ``update_usage(columnwise_usage=
   True)``), after FSDP2's backward gather has swapped the columnwise copy into the same tensor.  Both
   phases send two uint8 tensors of the same sizes (``M*ceil4(K/32) == (M/32)*ceil128(K)``), which FSDP2's
-  once-allocated all-gather outputs require.
+  once-allocated all-gather outputs require.  As in TE, a forward recomputed in the backward (activation
+  checkpointing) then finds the columnwise copy only and raises TE's "missing row-scaled FP8 data";
+  ``reshard_after_forward=False`` keeps the forward's gather of both copies for it.
 - Float8BlockwiseQTensor: 128x128 blocks only, shard rows a multiple of 128; only the rowwise codes
   and float32 scales are gathered, the columnwise copy is the local transpose (TE
   ``_create_columnwise``).  1x128 blocks raise TE's NotImplementedError.
