@@ -146,8 +146,12 @@ def _ao_reference(world: int) -> dict:
 def _ao_against_torchao(rank: int, mesh) -> dict:
     """fp8sim's and real torchao's weights under the same HSDP sharding, each replica's shards scaled by
     ``1 + replica``: both pre-all-gather casts (codes, scale) and both precomputed scales, per layer."""
-    import torchao.float8 as tao
     from torch.distributed.fsdp import fully_shard
+
+    try:
+        import torchao.float8 as tao
+    except ImportError:  # the oracle is missing: the test skips (the spawn is shared, it must not fail)
+        return None
 
     import fp8sim.torchao as fao
 
@@ -284,6 +288,8 @@ def test_hsdp_float8_casts_and_precomputed_scales_are_torchaos(results: list[dic
     """Real torchao as the oracle: each rank's pre-all-gather codes and scale and its precomputed scale
     equal torchao's bit for bit; the replicas' scales differ (their shards were scaled differently), so the
     amax was reduced over the shard group only."""
+    if results[0]["against_torchao"] is None:
+        pytest.skip("torchao is not installed")
     for rank, res in enumerate(results):
         got, want = res["against_torchao"]["fp8sim"], res["against_torchao"]["torchao"]
         pairs = zip(got["casts"], want["casts"], strict=True)
