@@ -212,7 +212,7 @@ def _te_run(recipe_name: str, rank: int, mesh) -> dict:
         if list(layer.parameters()):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    if recipe_name == META:  # TE run_fsdp2_model.py lines 300-306; amax MAX-reduced over the shard group
+    if recipe_name == META:  # TE run_fsdp2_model.py lines 301-306; amax MAX-reduced over the shard group
         model.to_empty(device="cpu")
         for module in model.modules():
             if hasattr(module, "reset_parameters"):
