@@ -30,7 +30,8 @@ weights), trained on the ranks' micro-batches with gradient accumulation ``(g_0 
   back to a high-precision gather, or refuses 1x128 in ``fsdp_pre_all_gather``).  MXFP8 per phase
   (``_te_mx_payload``): resharded after forward, the forward gathers rowwise codes and scales only and
   the backward columnwise ones only (the modules take the dgrad operand in the backward, as TE does);
-  the root alone gathers both once.
+  the root alone gathers both once.  A checkpointed (recomputed) MXFP8 layer resharded after forward
+  raises TE's missing-rowwise error; with ``reshard_after_forward=False`` it trains as one process.
 - NVFP4BlockScaling (16x16 weight tiles, TE ``nvfp4_tensor.py`` pre/post all-gather lines 579-717 at
   d0067d0): both ranks see the same micro-batch (as DelayedScaling: the gradients' stochastic rounding
   draws per quantizer call, so two passes per step would draw other bits); losses, gradient shards,
