@@ -27,7 +27,11 @@ weights), trained on the ranks' micro-batches with gradient accumulation ``(g_0 
   ``float8_blockwise_tensor.py`` lines 603-662: 128x128 rowwise only); the unsharded weight is an
   ``MXFP8Tensor`` / ``Float8BlockwiseQTensor`` with the reference's codes and scales.  Shards not
   aligned to the scale blocks and 1x128 weights raise NotImplementedError at ``fully_shard`` (TE falls
-  back to a high-precision gather, or refuses 1x128 in ``fsdp_pre_all_gather``).
+  back to a high-precision gather, or refuses 1x128 in ``fsdp_pre_all_gather``).  MXFP8 per phase
+  (``_te_mx_payload``): resharded after forward, the forward gathers rowwise codes and scales only and
+  the backward columnwise ones only (the modules take the dgrad operand in the backward, as TE does);
+  the root alone gathers both once.  A checkpointed (recomputed) MXFP8 layer resharded after forward
+  raises TE's missing-rowwise error; with ``reshard_after_forward=False`` it trains as one process.
 - NVFP4BlockScaling (16x16 weight tiles, TE ``nvfp4_tensor.py`` pre/post all-gather lines 579-717 at
   d0067d0): both ranks see the same micro-batch (as DelayedScaling: the gradients' stochastic rounding
   draws per quantizer call, so two passes per step would draw other bits); losses, gradient shards,
@@ -49,6 +53,8 @@ weights), trained on the ranks' micro-batches with gradient accumulation ``(g_0 
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -236,6 +242,15 @@ def _payloads(recipe_name: str, model: nn.Module, world: int, per_layer: bool) -
     return [sum(options[-1] for options in per_layer_bytes)]  # one all-gather for the root's group
 
 
+def _buffer_of(t: torch.Tensor, sent: torch.Tensor) -> tuple[str, tuple[int, ...]]:
+    """The name of the buffer of ``t`` that ``sent`` views (same storage and start), and its shape."""
+    for key in ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv"):
+        buf = getattr(t, "_" + key)
+        if buf is not None and buf.data_ptr() == sent.data_ptr() and buf.dtype == sent.dtype:
+            return key, tuple(sent.shape)
+    return "?", tuple(sent.shape)
+
+
 def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -> dict:
     from torch.distributed.fsdp import fully_shard
 
@@ -263,13 +278,24 @@ def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -
     name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
     original = getattr(dist, name)
 
-    def counting(output, inp, *args, **kwargs):
-        gathers.append((str(inp.dtype), inp.numel()))
+    def counting(output, inp, *args, **kwargs):  # the phase from autograd: inside a backward or not
+        gathers.append((str(inp.dtype), inp.numel(), torch._C._current_graph_task_id() != -1))
         return original(output, inp, *args, **kwargs)
+
+    from fp8sim.pytorch.tensor import MXFP8Tensor
+
+    sent: list[tuple[bool, list]] = []
+    pre_all_gather = MXFP8Tensor.fsdp_pre_all_gather
+
+    def recording(self, mesh, outer_size, outer_stride, module, mp_policy):  # FSDP2 checks the signature
+        inputs, metadata = pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy)
+        sent.append((torch._C._current_graph_task_id() != -1, [_buffer_of(self, t) for t in inputs]))
+        return inputs, metadata
 
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses, grads, params = [], [], []
     setattr(dist, name, counting)
+    MXFP8Tensor.fsdp_pre_all_gather = recording
     try:
         for step in range(STEPS):
             x, y = _data(step, 0 if same_batch else rank, dims)
@@ -280,7 +306,9 @@ def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -
             params.append([_state(p._local_tensor) for p in model.parameters()])
     finally:
         setattr(dist, name, original)
+        MXFP8Tensor.fsdp_pre_all_gather = pre_all_gather
     shard_bytes = _payloads(recipe_name, model, world, per_layer)
+    shard_shapes = [tuple(m.weight._local_tensor.shape) for m in (model[0], model[2])]
     weights = [p._local_tensor for n, p in model.named_parameters() if "weight" in n]
     resizable = all(
         getattr(w, "_data", getattr(w, "_rowwise_data", None)).untyped_storage().resizable() for w in weights
@@ -293,7 +321,9 @@ def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -
         "grads": grads,
         "params": params,
         "gathers": gathers,
+        "sent": sent,
         "shard_bytes": shard_bytes,
+        "shard_shapes": shard_shapes,
         "unsharded": unsharded,
         "hp_init": hp_init,
         "storage_resizable": resizable,
@@ -344,6 +374,45 @@ def _worker(rank: int, world: int) -> dict:
         out[recipe_name, "fsdp"] = _fsdp_run(recipe_name, rank, world)
         out[recipe_name, "reference"] = _reference_run(recipe_name, world)
     out["refusals"] = _refusals()
+    out["recompute"] = _recompute(rank)
+    return out
+
+
+class _Checkpointed(nn.Sequential):
+    """Linear, ReLU, Linear with the first Linear under ``te.checkpoint`` (its forward recomputed in the backward)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import fp8sim.pytorch as te
+
+        return self[2](self[1](te.checkpoint(self[0], x)))
+
+
+def _recompute(rank: int) -> dict:
+    """MXFP8 primary weights, the first layer checkpointed, one step on the same micro-batch on both ranks:
+    resharded after forward (the default), the recompute finds only the backward's columnwise gather and
+    raises TE's error; with ``reshard_after_forward=False`` it trains, the loss, input gradient and weight
+    gradient shards equal to the one-process checkpointed run's."""
+    from torch.distributed.fsdp import fully_shard
+
+    dims = _dims("MXFP8BlockScaling")
+    recipe = _recipe("MXFP8BlockScaling")
+    out: dict = {}
+    for name, reshard in (("resharded", True), ("kept", False)):
+        models = [_Checkpointed(*_model("MXFP8BlockScaling", dims)) for _ in range(2)]
+        for layer in (models[0][0], models[0][2]):
+            fully_shard(layer, reshard_after_forward=reshard)
+        fully_shard(models[0])
+        runs = []
+        try:
+            for model in models:
+                x, y = _data(0, 0, dims)
+                x.requires_grad_()
+                loss = _step(model, recipe, x, y)
+                grads = [getattr(p.grad, "_local_tensor", p.grad).numpy().copy() for p in model.parameters()]
+                runs.append((loss.item(), x.grad.numpy().copy(), grads))
+            out[name] = runs
+        except RuntimeError as e:
+            out[name] = f"RuntimeError: {e}"
     return out
 
 
@@ -423,7 +492,7 @@ def test_fsdp2_gathers_fp8_bytes_and_rebuilds_the_reference_weight(results: list
     for rank, res in enumerate(results):
         run, ref = res[recipe_name, "fsdp"], res[recipe_name, "reference"]
         assert run["gathers"], "no all-gather was recorded"
-        for dtype, numel in run["gathers"]:
+        for dtype, numel, _ in run["gathers"]:
             assert dtype == "torch.uint8" and numel in run["shard_bytes"], (dtype, numel, run["shard_bytes"])
         expected_cls = BLOCK_CLASS.get(recipe_name.split("/")[0], "Float8Tensor")
         for (cls, got), i in zip(run["unsharded"], (0, 2), strict=True):
@@ -507,3 +576,75 @@ def test_meta_device_init_then_fully_shard_then_reset_parameters(results: list[d
         assert run["hp_init"], "no high-precision init value was kept"
         for n, got in run["hp_init"].items():
             _same(got, _shard_values(got.shape, rank).numpy(), f"rank {rank} {n}")
+
+
+MX_RUNS = ("MXFP8BlockScaling", "MXFP8BlockScaling/meta", MX_ROOT_ONLY)
+
+
+def _te_mx_payload(shard: tuple[int, int], backward: bool, resharded: bool) -> list[tuple[str, tuple[int, int]]]:
+    """TE ``MXFP8Tensor.fsdp_pre_all_gather`` (``mxfp8_tensor.py`` lines 640-685 at d0067d0), written out:
+    the scales lose their row padding (rowwise ``[:M]``, columnwise ``[:M/32]``, the column padding of
+    ``get_scale_shape`` kept); resharded after forward, the forward gathers the rowwise codes and scales,
+    the backward the columnwise ones; not resharded, rowwise plus columnwise (the quantizer wants the
+    columnwise copy when grad is on) in the forward only."""
+    m, k = shard
+    row = [("rowwise_data", (m, k)), ("rowwise_scale_inv", (m, -(-(k // 32) // 4) * 4))]
+    col = [("columnwise_data", (m, k)), ("columnwise_scale_inv", (m // 32, -(-k // 128) * 128))]
+    if not resharded:
+        return row + col
+    return col if backward else row
+
+
+@pytest.mark.parametrize("recipe_name", MX_RUNS)
+def test_fsdp2_mxfp8_gathers_rowwise_in_forward_and_columnwise_in_backward(
+    results: list[dict], recipe_name: str
+) -> None:
+    """TE's MXFP8 FSDP2 payload per phase (``_te_mx_payload``): every ``fsdp_pre_all_gather`` sends exactly
+    TE's buffers, and every all-gather carries exactly their bytes (plus 4 per float32 bias element of the
+    first layer); resharded after forward, each layer gathers once in the forward and once in the backward
+    per step, and the modules take the dgrad operand from the backward's gather (TE ``linear.py`` line
+    1051: ``weight_fp8.update_usage(columnwise_usage=True)`` in backward), the training bit-identical
+    (``test_fsdp2_fp8_weights_train_bit_identically_to_one_process``)."""
+    resharded = recipe_name != MX_ROOT_ONLY
+    for rank, res in enumerate(results):
+        run = res[recipe_name, "fsdp"]
+        shapes = run["shard_shapes"]
+        bias = 4 * shapes[0][0]  # layer 0's bias shard (float32 bytes); layer 2 has no bias
+        phases = (False, True) if resharded else (False,)
+        want_sent = [(bwd, _te_mx_payload(shape, bwd, resharded)) for bwd in phases for shape in shapes]
+        for bwd, buffers in run["sent"]:
+            assert (bwd, buffers) in want_sent, f"rank {rank}: {'backward' if bwd else 'forward'} gather sent {buffers}"
+        for bwd in phases:  # one gather per layer and phase and step (resharded), one per step for the root
+            count = sum(1 for b, _ in run["sent"] if b == bwd)
+            assert count == len(shapes) * STEPS, f"rank {rank}: {count} {'backward' if bwd else 'forward'} sends"
+        want_bytes = {
+            bwd: [
+                sum(math.prod(s) for _, s in _te_mx_payload(shape, bwd, resharded)) + (bias if i == 0 else 0)
+                for i, shape in enumerate(shapes)
+            ]
+            for bwd in phases
+        }
+        if not resharded:  # the root's one all-gather carries both layers
+            want_bytes = {False: [sum(want_bytes[False])]}
+        for dtype, numel, bwd in run["gathers"]:
+            assert dtype == "torch.uint8" and numel in want_bytes.get(bwd, []), (rank, dtype, numel, bwd, want_bytes)
+
+
+def test_fsdp2_mxfp8_recompute_needs_the_forward_gather(results: list[dict]) -> None:
+    """Activation recompute (``te.checkpoint``) under FSDP2 with MXFP8 primary weights: resharded after
+    forward, the backward gather carries the columnwise copy only (TE ``mxfp8_tensor.py`` lines 663-675),
+    so the recomputed forward has no rowwise codes and raises TE's ``update_usage`` error
+    (``storage/mxfp8_tensor_storage.py`` line 296 at d0067d0) with the way out; with
+    ``reshard_after_forward=False`` the forward gather carries both copies and the step equals one process's."""
+    world = len(results)
+    for rank, res in enumerate(results):
+        rec = res["recompute"]
+        got = rec["resharded"]
+        assert isinstance(got, str) and "Requested row-wise usage, but MXFP8Tensor is missing row-scaled" in got, got
+        assert "reshard_after_forward=False" in got, got
+        assert not isinstance(rec["kept"], str), rec["kept"]
+        (loss, dx, grads), (ref_loss, ref_dx, ref_grads) = rec["kept"]
+        assert loss == ref_loss, f"rank {rank}: loss {loss!r} vs {ref_loss!r}"
+        _same(dx, ref_dx, f"rank {rank} input gradient")
+        for i, (g, want) in enumerate(zip(grads, ref_grads, strict=True)):
+            _same(g, np.array_split(want, world, axis=0)[rank], f"rank {rank} grad {i}")

@@ -18,7 +18,9 @@ Uneven shards (FSDP2's ``torch.chunk`` split, empty shards included) are padded 
 to the padded shard size FSDP2 expects and cut back after the gather.
 
 :func:`precompute_float8_dynamic_scale_for_fsdp` is torchao's arithmetic: one inf-norm per local
-weight shard, stacked, MAX-reduced over the mesh, clamped to ``EPS`` in the weights' dtype (so
+weight shard, stacked, MAX-reduced over the mesh dims the weights are sharded on (DTensor's partial
+inf-norm: under HSDP the shard dim, not the replicate dim; the all-gather's own amax is reduced over
+the shard mesh FSDP2 passes in), clamped to ``EPS`` in the weights' dtype (so
 float32 ``fl32(1e-12)``), divided into the format's max in float64, clamped to the float16 max
 for float16 weights, rounded to float32.
 """
@@ -209,9 +211,10 @@ def precompute_float8_dynamic_scale_for_fsdp(module: nn.Module) -> None:
     norms = [s.abs().max() if s.numel() else s.new_zeros(()) for s in shards]  # inf-norm; empty -> 0
     amax = torch.stack(norms).float()  # MAX is exact in any dtype; gloo reduces float32
     mesh = linears[0].weight.device_mesh
-    if dist.is_initialized():
+    if dist.is_initialized():  # the inf-norm is partial over the sharded mesh dims only (HSDP: not the replicas)
         for dim in range(mesh.ndim):
-            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
+            if any(m.weight.placements[dim].is_shard() for m in linears):
+                dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
     amax = torch.clamp(amax.to(weight_dtype), TORCHAO_EPS)  # the clamp runs in the weights' dtype
     scale = torch.finfo(target_dtype).max / amax.to(torch.float64)
     if weight_dtype is torch.float16:

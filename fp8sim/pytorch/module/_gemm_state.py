@@ -15,6 +15,12 @@ from ._operands import PER_TENSOR, Operand, quantize_operand
 
 __all__ = ["_GemmState", "_ScalingMeta"]
 
+_ROWWISE_MISSING = (  # TE storage/mxfp8_tensor_storage.py update_usage, and why it happens under FSDP2
+    "Requested row-wise usage, but MXFP8Tensor is missing row-scaled FP8 data (FSDP2's backward all-gather "
+    "carries the column-wise copy only, as TE's: a forward recomputed in the backward, e.g. activation "
+    "checkpointing, of a layer resharded after forward needs fully_shard(..., reshard_after_forward=False))"
+)
+
 
 class _GemmState:
     """FP8 state of one GEMM: delayed-scaling scalers, the weight cache, statistics."""
@@ -67,12 +73,24 @@ class _GemmState:
             if self._per_tensor(recipe):
                 op = operand_from_fp8_weight(w)
                 return op, op
-            return block_operands_from_fp8_weight(w)  # no columnwise copy: None (base._linear asks for it)
+            if type(w).__name__ == "MXFP8Tensor" and w._rowwise_data is None and w._columnwise_data is not None:
+                raise RuntimeError(_ROWWISE_MISSING)
+            row, col = block_operands_from_fp8_weight(w)  # no columnwise copy: None (base._linear asks for it)
+            if col is None and self.dgrad_weight_in_backward(w):
+                col = _ColumnwiseInBackward(w)
+            return row, col
         row = self._quantize(w, recipe, "weight", 1)
         col = row if self._per_tensor(recipe) else self._quantize(w, recipe, "weight", 0)
         if is_first_microbatch is not None:
             self.weight_cache = (row, col)
         return row, col
+
+    @staticmethod
+    def dgrad_weight_in_backward(w: Any) -> bool:
+        """Whether ``w`` is an FSDP2-gathered weight whose columnwise (dgrad) copy FSDP2 gathers in the
+        backward (MXFP8 resharded after forward, ``tensor/_fsdp2_block.py``): TE ``linear.py`` asks for it
+        there (``weight_fp8.update_usage(columnwise_usage=True)`` in backward, line 1051 at d0067d0)."""
+        return bool(getattr(getattr(w, "_rowwise_data", None), "_fp8sim_fsdp_columnwise_in_backward", False))
 
     def _update_forward_scales(self) -> None:
         if self.fwd is not None:
@@ -100,6 +118,24 @@ class _GemmState:
         self.ensure(recipe)
         self.fwd.load_state_dict({"scale": st["fwd_scale"].numpy(), "amax_history": st["fwd_amax_history"].numpy()})
         self.bwd.load_state_dict({"scale": st["bwd_scale"].numpy(), "amax_history": st["bwd_amax_history"].numpy()})
+
+
+class _ColumnwiseInBackward:
+    """The dgrad operand of an FSDP2-managed MXFP8 weight, read from the parameter when the backward
+    calls it: FSDP2's backward gather has then put the columnwise codes and scales into the same tensor
+    object the forward saw (its forward gather carried the rowwise copy only, as TE's does)."""
+
+    def __init__(self, weight: Any) -> None:
+        self.weight = weight
+
+    def __call__(self) -> Operand:
+        from ._fp8_params import _mxfp8_qt
+
+        w = self.weight
+        if w._columnwise_data is None:
+            raise RuntimeError("Requested column-wise usage, but MXFP8Tensor is missing column-scaled FP8 data")
+        col = _mxfp8_qt(w, columnwise=True)
+        return Operand(torch.from_numpy(col.dequantize()), col.fmt, qt=col)  # as block_operands_from_fp8_weight
 
 
 class _ScalingMeta:

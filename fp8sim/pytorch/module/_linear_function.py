@@ -121,7 +121,8 @@ class _FP8Linear(torch.autograd.Function):
                 dy_row = Operand(None, h.fmt, h.vals.reshape(-1, n), h.codes.reshape(-1, n), h.sinv)
             else:
                 dy_row = module._quantize(dy, recipe, "grad", 1)
-            dgrad = gemm(dy_row, ctx.w_col, recipe, "dgrad", acc)
+            w_col = ctx.w_col() if callable(ctx.w_col) else ctx.w_col  # FSDP2: read in backward (_gemm_state)
+            dgrad = gemm(dy_row, w_col, recipe, "dgrad", acc)
             if opts.fp8_grad:  # dgrad written in FP8 (GRAD_INPUT slot); the producer takes the codes
                 gq = boundary_cast(dgrad, recipe, False, module.bwd, 1, act)
                 if opts.input_fp8 is not None:

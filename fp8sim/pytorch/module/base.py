@@ -321,7 +321,12 @@ class TransformerEngineBaseModule(nn.Module):
             g.ensure(recipe, st.group)
             if hist is not None and g.fwd.amax_history is not hist and is_fp8_weight(w):
                 self._update_weight_quantizers()  # TE base.py: a new amax_history_len rebuilds the quantizers
-            if is_fp8_weight(w) and _requires_grad(x, w, b) and not w.get_usages()["columnwise"]:
+            if (
+                is_fp8_weight(w)
+                and _requires_grad(x, w, b)
+                and not w.get_usages()["columnwise"]
+                and not g.dgrad_weight_in_backward(w)  # FSDP2 gathers it for the backward
+            ):
                 w.update_usage(columnwise_usage=True)  # TE linear.py:1051 (backward): made from rowwise or TE's error
             g.group = st.group
             first = _register(self, _requires_grad(x, w, b))

@@ -11,9 +11,14 @@ shard's codes and scales where the shard is aligned to the scale blocks:
   codes and E8M0 scales with the row padding removed (rowwise scales ``[:M]``, columnwise ``[:M/32]``),
   rowwise in the forward and columnwise in the backward when resharded after forward, else rowwise
   plus the quantizer's columnwise usage; after the gather the scale rows are padded again to TE's
-  multiples of 128 (rowwise) and 4 (columnwise).  fp8sim's one difference: every MXFP8 gather carries
-  what TE's "not resharded after forward" gather does (rowwise plus the quantizer's columnwise usage),
-  as fp8sim's Linear reads the columnwise copy in the forward.
+  multiples of 128 (rowwise) and 4 (columnwise).  A forward gather of rowwise codes only marks the
+  gathered codes (``_fp8sim_fsdp_columnwise_in_backward``): the modules then take the dgrad operand
+  in the backward (``module/_gemm_state.py``, TE ``linear.py`` backward ``update_usage(columnwise_usage=
+  True)``), after FSDP2's backward gather has swapped the columnwise copy into the same tensor.  Both
+  phases send two uint8 tensors of the same sizes (``M*ceil4(K/32) == (M/32)*ceil128(K)``), which FSDP2's
+  once-allocated all-gather outputs require.  As in TE, a forward recomputed in the backward (activation
+  checkpointing) then finds the columnwise copy only and raises TE's "missing row-scaled FP8 data";
+  ``reshard_after_forward=False`` keeps the forward's gather of both copies for it.
 - Float8BlockwiseQTensor: 128x128 blocks only, shard rows a multiple of 128; only the rowwise codes
   and float32 scales are gathered, the columnwise copy is the local transpose (TE
   ``_create_columnwise``).  1x128 blocks raise TE's NotImplementedError.
@@ -155,11 +160,6 @@ def fsdp_pre_all_gather(
         rowwise, columnwise = not backward, backward
     else:
         rowwise, columnwise = True, self._quantizer.columnwise_usage
-    if _is_mx(self):
-        # fp8sim's Linear takes the dgrad operand in the forward (module/_gemm_state.py, where TE asks for
-        # it in the backward, linear.py:1051) and MXFP8 cannot make it from the rowwise copy; FSDP2 wants
-        # the same number of all-gather inputs every time: so every gather sends TE's "not resharded" set
-        rowwise, columnwise = True, self._quantizer.columnwise_usage
     m = math.prod(self.shape[:-1])
     if not _is_mx(self):  # TE: the rowwise copy only; the columnwise one is its transpose
         if self._rowwise_data is None or self._rowwise_scale_inv is None:
@@ -173,14 +173,15 @@ def fsdp_pre_all_gather(
         if self._columnwise_data is None:
             raise RuntimeError("Requested column-wise usage, but MXFP8Tensor is missing column-scaled FP8 data")
         sent += (self._columnwise_data, self._columnwise_scale_inv[: m // _MX_ROWS])
-    return sent, (self._fp8_dtype, False, rowwise, columnwise)
+    # resharded after forward: the backward gathers the columnwise copy (see the module docstring)
+    return sent, (self._fp8_dtype, False, rowwise, columnwise, bool(group._reshard_after_forward))
 
 
 def fsdp_post_all_gather(
     self: Any, all_gather_outputs: tuple[torch.Tensor, ...], metadata: Any, param_dtype: torch.dtype, *, out: Any = None
 ) -> tuple[Any, tuple[torch.Tensor, ...]]:
     """The unsharded tensor over the gathered codes and scales (or ``out`` with them swapped in)."""
-    _, blockwise, rowwise, columnwise = metadata
+    _, blockwise, rowwise, columnwise = metadata[:4]
     if blockwise:
         buffers = {"rowwise_data": all_gather_outputs[0], "rowwise_scale_inv": all_gather_outputs[1]}
         buffers.update(columnwise_data=None, columnwise_scale_inv=None)
@@ -204,4 +205,8 @@ def fsdp_post_all_gather(
             out._create_columnwise()
         out.update_usage(rowwise_usage=rowwise, columnwise_usage=columnwise)
     out._quantizer.set_usage(rowwise=rowwise, columnwise=columnwise)
+    if not blockwise and metadata[4] and rowwise and not columnwise:  # the backward gathers the columnwise copy
+        # marked on the codes buffer: the parameter FSDP2 makes of the first gather's tensor (``as_strided``,
+        # ``detach``) is another Python object over the same buffers
+        out._rowwise_data._fp8sim_fsdp_columnwise_in_backward = True
     return out, all_gather_outputs
