@@ -1,0 +1,111 @@
+"""Compiled float32 stochastic rounding (numba, optional): the numpy backend's arithmetic per element.
+
+The counter hash of :mod:`fp8sim.cast._random` in uint32, the shift classes of
+``f32_stochastic_tables``, then the code from the sum's upper bits: computed in the same SIMD loop
+where the code table has the rebase-and-clip form that ``torch_backend._sr_arith`` checks
+(``arith[0] >= 0``), else looked up in the table in a second loop.  Work is split in blocks of
+``block`` elements (one task each); within a block, the SIMD loop ORs each run of ``lane``
+elements' exact-path test (Inf/NaN, the format's subnormal range) into one flag, and a scalar loop
+over the flagged runs lists those elements' offsets at the head of the block's slice of ``offsets``.
+The kernels live at module level (not in a closure) so that numba's on-disk cache is reused by every
+process instead of recompiling and adding a cache entry per process.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ._random import _C1, _C2, _C3
+
+u32, i32 = np.uint32, np.int32
+
+
+@numba.njit(inline="always")
+def _noisy_sum(x, j, base, k0, k1, b, sh):  # noqa: ANN001, ANN202 - uint32 throughout: LLVM vectorises it
+    h = u32(u32(base + u32(j)) * u32(_C3))
+    h = u32(h ^ k0)
+    h = u32(h * u32(_C1))
+    h = u32(h ^ u32(h >> u32(15)))
+    h = u32(h ^ k1)
+    h = u32(h * u32(_C2))
+    h = u32(h ^ u32(h >> u32(16)))
+    noisy = u32(u32(0) - u32(u32(u32(x >> u32(23)) & u32(0xFF)) >= b))  # all ones where the shift is sh
+    return u32(x + u32(u32(h >> sh) & noisy))
+
+
+@numba.njit(inline="always")
+def _exact_class(x, a, wa):  # noqa: ANN001, ANN202 - exponent field in [a, a + wa) or 255
+    ef = u32(u32(x >> u32(23)) & u32(0xFF))
+    return u32(u32(u32(ef - a) < wa) | u32(ef == u32(0xFF)))
+
+
+@numba.njit(nogil=True, cache=True)
+def _codes(u, out, flags, lane, base, k0, k1, a, b, sh, drop, off, cap, sign, zsign):  # noqa: ANN001, ANN202
+    wa = u32(b - a)
+    for r in range(flags.size):
+        acc = u32(0)
+        for j in range(r * lane, min(r * lane + lane, u.size)):
+            v = _noisy_sum(u[j], j, base, k0, k1, b, sh)
+            c = min(max(i32(u32(v & u32(0x7FFFFFFF)) >> drop) - off, i32(0)), cap)
+            neg = i32(0) - i32(v >> u32(31))
+            out[j] = np.uint8(c | (neg & (sign if c != 0 else zsign)))
+            acc |= _exact_class(u[j], a, wa)
+        flags[r] = acc
+
+
+@numba.njit(nogil=True, cache=True)
+def _indices(u, index, flags, lane, base, k0, k1, a, b, sh):  # noqa: ANN001, ANN202
+    wa = u32(b - a)
+    for r in range(flags.size):
+        acc = u32(0)
+        for j in range(r * lane, min(r * lane + lane, u.size)):
+            index[j] = np.uint16(_noisy_sum(u[j], j, base, k0, k1, b, sh) >> u32(16))
+            acc |= _exact_class(u[j], a, wa)
+        flags[r] = acc
+
+
+@numba.njit(nogil=True, cache=True)
+def _listing(u, flags, lane, offsets, a, b):  # noqa: ANN001, ANN202
+    wa, c = u32(b - a), 0
+    for r in range(flags.size):
+        if flags[r]:
+            for j in range(r * lane, min(r * lane + lane, u.size)):
+                if _exact_class(u[j], a, wa):
+                    offsets[c] = j
+                    c += 1
+    return c
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def sr(u, lo_table, arith, k0, k1, a, b, sh, block, lane, out, offsets, counts):  # noqa: ANN001, ANN201
+    """Codes of float32 bits ``u`` into ``out``; ``counts[i]`` exact-path offsets head block i's slice."""
+    n = u.size
+    drop, off, cap, sign, zsign = u32(arith[0]), i32(arith[1]), i32(arith[2]), i32(arith[3]), i32(arith[4])
+    for blk in numba.prange(counts.size):
+        s = blk * block
+        e = min(s + block, n)
+        hi = u32(((np.int64(s) >> 32) * _C3) & 0xFFFFFFFF)  # the hash's high-index word, fixed per block
+        base, k1b = u32(s & 0xFFFFFFFF), u32(k1 ^ hi)
+        flags = np.empty(-(-(e - s) // lane), np.uint32)
+        if arith[0] >= 0:
+            _codes(u[s:e], out[s:e], flags, lane, base, k0, k1b, a, b, sh, drop, off, cap, sign, zsign)
+        else:
+            index = np.empty(e - s, np.uint16)
+            _indices(u[s:e], index, flags, lane, base, k0, k1b, a, b, sh)
+            for j in range(e - s):
+                out[s + j] = lo_table[index[j]]
+        counts[blk] = _listing(u[s:e], flags, lane, offsets[s:e], a, b)
+
+
+@numba.njit(nogil=True, cache=True)
+def gather(offsets, counts, block):  # noqa: ANN001, ANN201
+    """Flat indices of the exact-path elements that :func:`sr` listed, in order."""
+    index = np.empty(counts.sum(), np.int64)
+    j = 0
+    for blk in range(counts.size):
+        s = blk * block
+        for k in range(counts[blk]):
+            index[j] = s + np.int64(offsets[s + k])
+            j += 1
+    return index
