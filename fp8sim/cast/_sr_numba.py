@@ -4,7 +4,7 @@ The counter hash of :mod:`fp8sim.cast._random` in uint32, the shift classes of
 ``f32_stochastic_tables``, then the code from the sum's upper bits: computed in the same SIMD loop
 where the code table has the rebase-and-clip form that ``torch_backend._sr_arith`` checks
 (``arith[0] >= 0``), else looked up in the table in a second loop.  Work is split in blocks of
-``block`` elements (one task each); within a block, the SIMD loop ORs each run of ``lane``
+``block`` elements (one task each); within a block, the SIMD loop ORs each run of ``LANE``
 elements' exact-path test (Inf/NaN, the format's subnormal range) into one flag, and a scalar loop
 over the flagged runs lists those elements' offsets at the head of the block's slice of ``offsets``.
 The kernels live at module level (not in a closure) so that numba's on-disk cache is reused by every
@@ -18,12 +18,17 @@ import numpy as np
 
 from ._random import _C1, _C2, _C3
 
-u32, i32 = np.uint32, np.int32
+u32 = np.uint32
+
+
+LANE = 64
+"""Elements per exact-path flag (a constant: the per-run loops then index from 0 and vectorise)."""
 
 
 @numba.njit(inline="always")
-def _noisy_sum(x, j, base, k0, k1, b, sh):  # noqa: ANN001, ANN202 - uint32 throughout: LLVM vectorises it
-    h = u32(u32(base + u32(j)) * u32(_C3))
+def _noisy_sum(x, i, k0, k1, b, sh):  # noqa: ANN001, ANN202 - uint32 throughout: LLVM vectorises it
+    """``x`` plus the random bits of counter ``i``, shifted for x's class (none below exponent b)."""
+    h = u32(i * u32(_C3))
     h = u32(h ^ k0)
     h = u32(h * u32(_C1))
     h = u32(h ^ u32(h >> u32(15)))
@@ -31,7 +36,7 @@ def _noisy_sum(x, j, base, k0, k1, b, sh):  # noqa: ANN001, ANN202 - uint32 thro
     h = u32(h * u32(_C2))
     h = u32(h ^ u32(h >> u32(16)))
     noisy = u32(u32(0) - u32(u32(u32(x >> u32(23)) & u32(0xFF)) >= b))  # all ones where the shift is sh
-    return u32(x + u32(u32(h >> sh) & noisy))
+    return u32(x + u32(np.right_shift(h, sh) & noisy))  # np.right_shift: a 32-bit shift, not numba's int64 one
 
 
 @numba.njit(inline="always")
@@ -41,36 +46,43 @@ def _exact_class(x, a, wa):  # noqa: ANN001, ANN202 - exponent field in [a, a + 
 
 
 @numba.njit(nogil=True, cache=True)
-def _codes(u, out, flags, lane, base, k0, k1, a, b, sh, drop, off, cap, sign, zsign):  # noqa: ANN001, ANN202
+def _codes(u, out, flags, base, k0, k1, a, b, sh, drop, off, cap, sign, zsign):  # noqa: ANN001, ANN202
     wa = u32(b - a)
     for r in range(flags.size):
+        ur, outr = u[r * LANE : r * LANE + LANE], out[r * LANE : r * LANE + LANE]
+        i0 = u32(base + u32(r * LANE))
         acc = u32(0)
-        for j in range(r * lane, min(r * lane + lane, u.size)):
-            v = _noisy_sum(u[j], j, base, k0, k1, b, sh)
-            c = min(max(i32(u32(v & u32(0x7FFFFFFF)) >> drop) - off, i32(0)), cap)
-            neg = i32(0) - i32(v >> u32(31))
-            out[j] = np.uint8(c | (neg & (sign if c != 0 else zsign)))
-            acc |= _exact_class(u[j], a, wa)
+        for k in range(ur.size):
+            x = ur[k]
+            v = _noisy_sum(x, u32(i0 + u32(k)), k0, k1, b, sh)
+            mag = np.right_shift(u32(v & u32(0x7FFFFFFF)), drop)  # exponent and top mantissa bits
+            c = u32(min(u32(u32(max(mag, off)) - off), cap))  # clip(mag - off, 0, cap) in unsigned lanes
+            neg = u32(u32(0) - u32(v >> u32(31)))
+            outr[k] = np.uint8(c | (neg & (sign if c != u32(0) else zsign)))
+            acc |= _exact_class(x, a, wa)
         flags[r] = acc
 
 
 @numba.njit(nogil=True, cache=True)
-def _indices(u, index, flags, lane, base, k0, k1, a, b, sh):  # noqa: ANN001, ANN202
+def _indices(u, index, flags, base, k0, k1, a, b, sh):  # noqa: ANN001, ANN202
     wa = u32(b - a)
     for r in range(flags.size):
+        ur, ir = u[r * LANE : r * LANE + LANE], index[r * LANE : r * LANE + LANE]
+        i0 = u32(base + u32(r * LANE))
         acc = u32(0)
-        for j in range(r * lane, min(r * lane + lane, u.size)):
-            index[j] = np.uint16(_noisy_sum(u[j], j, base, k0, k1, b, sh) >> u32(16))
-            acc |= _exact_class(u[j], a, wa)
+        for k in range(ur.size):
+            x = ur[k]
+            ir[k] = np.uint16(_noisy_sum(x, u32(i0 + u32(k)), k0, k1, b, sh) >> u32(16))
+            acc |= _exact_class(x, a, wa)
         flags[r] = acc
 
 
 @numba.njit(nogil=True, cache=True)
-def _listing(u, flags, lane, offsets, a, b):  # noqa: ANN001, ANN202
+def _listing(u, flags, offsets, a, b):  # noqa: ANN001, ANN202
     wa, c = u32(b - a), 0
     for r in range(flags.size):
         if flags[r]:
-            for j in range(r * lane, min(r * lane + lane, u.size)):
+            for j in range(r * LANE, min(r * LANE + LANE, u.size)):
                 if _exact_class(u[j], a, wa):
                     offsets[c] = j
                     c += 1
@@ -78,24 +90,24 @@ def _listing(u, flags, lane, offsets, a, b):  # noqa: ANN001, ANN202
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def sr(u, lo_table, arith, k0, k1, a, b, sh, block, lane, out, offsets, counts):  # noqa: ANN001, ANN201
+def sr(u, lo_table, arith, k0, k1, a, b, sh, block, out, offsets, counts):  # noqa: ANN001, ANN201
     """Codes of float32 bits ``u`` into ``out``; ``counts[i]`` exact-path offsets head block i's slice."""
     n = u.size
-    drop, off, cap, sign, zsign = u32(arith[0]), i32(arith[1]), i32(arith[2]), i32(arith[3]), i32(arith[4])
+    drop, off, cap, sign, zsign = u32(arith[0]), u32(arith[1]), u32(arith[2]), u32(arith[3]), u32(arith[4])
     for blk in numba.prange(counts.size):
         s = blk * block
         e = min(s + block, n)
         hi = u32(((np.int64(s) >> 32) * _C3) & 0xFFFFFFFF)  # the hash's high-index word, fixed per block
         base, k1b = u32(s & 0xFFFFFFFF), u32(k1 ^ hi)
-        flags = np.empty(-(-(e - s) // lane), np.uint32)
+        flags = np.empty(-(-(e - s) // LANE), np.uint32)
         if arith[0] >= 0:
-            _codes(u[s:e], out[s:e], flags, lane, base, k0, k1b, a, b, sh, drop, off, cap, sign, zsign)
+            _codes(u[s:e], out[s:e], flags, base, k0, k1b, a, b, sh, drop, off, cap, sign, zsign)
         else:
             index = np.empty(e - s, np.uint16)
-            _indices(u[s:e], index, flags, lane, base, k0, k1b, a, b, sh)
+            _indices(u[s:e], index, flags, base, k0, k1b, a, b, sh)
             for j in range(e - s):
                 out[s + j] = lo_table[index[j]]
-        counts[blk] = _listing(u[s:e], flags, lane, offsets[s:e], a, b)
+        counts[blk] = _listing(u[s:e], flags, offsets[s:e], a, b)
 
 
 @numba.njit(nogil=True, cache=True)

@@ -126,9 +126,6 @@ def _encode_f32_stochastic(flat: torch.Tensor, out: torch.Tensor, fmt: FloatForm
 
 _SR_BLOCK = 1 << 16
 """Elements per task of the compiled pass; a block's exact-path offsets fit in uint16."""
-_SR_LANE = 64
-"""Elements per exact-path flag: the SIMD loop ORs each run's class test into one flag, so the scalar
-listing of exact-path elements reads only the (few) flagged runs."""
 
 
 def _sr_classes(shift_table: np.ndarray) -> tuple[int, int, int] | None:
@@ -217,9 +214,7 @@ def _stochastic_compiled(flat: np.ndarray, out: np.ndarray, fmt: FloatFormat, sa
     offsets = np.empty(flat.size, np.uint16)  # only each block's head is ever written (and paged in)
     counts = np.empty(-(-flat.size // _SR_BLOCK), np.int64)
     sr, gather = _sr_kernel()
-    _on_torch_threads(
-        sr, flat.view(np.uint32), lo_table, arith, k0, k1, a, b, sh, _SR_BLOCK, _SR_LANE, out, offsets, counts
-    )
+    _on_torch_threads(sr, flat.view(np.uint32), lo_table, arith, k0, k1, a, b, sh, _SR_BLOCK, out, offsets, counts)
     if counts.any():  # Inf/NaN and the format's subnormal range: the exact path, as the numpy backend
         index = gather(offsets, counts, _SR_BLOCK)
         with np.errstate(invalid="ignore"):
