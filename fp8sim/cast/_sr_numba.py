@@ -26,15 +26,20 @@ LANE = 64
 
 
 @numba.njit(inline="always")
-def _noisy_sum(x, i, k0, k1, b, sh):  # noqa: ANN001, ANN202 - uint32 throughout: LLVM vectorises it
-    """``x`` plus the random bits of counter ``i``, shifted for x's class (none below exponent b)."""
+def _hash(i, k0, k1):  # noqa: ANN001, ANN202 - uint32 throughout: LLVM vectorises it
+    """The random bits of counter ``i`` (``_random._numpy_mix``; the high-index word is in ``k1``)."""
     h = u32(i * u32(_C3))
     h = u32(h ^ k0)
     h = u32(h * u32(_C1))
     h = u32(h ^ u32(h >> u32(15)))
     h = u32(h ^ k1)
     h = u32(h * u32(_C2))
-    h = u32(h ^ u32(h >> u32(16)))
+    return u32(h ^ u32(h >> u32(16)))
+
+
+@numba.njit(inline="always")
+def _noisy_sum(x, h, b, sh):  # noqa: ANN001, ANN202
+    """``x`` plus the random bits ``h`` shifted for x's class (none below exponent field b)."""
     noisy = u32(u32(0) - u32(u32(u32(x >> u32(23)) & u32(0xFF)) >= b))  # all ones where the shift is sh
     return u32(x + u32(np.right_shift(h, sh) & noisy))  # np.right_shift: a 32-bit shift, not numba's int64 one
 
@@ -46,7 +51,14 @@ def _exact_class(x, a, wa):  # noqa: ANN001, ANN202 - exponent field in [a, a + 
 
 
 @numba.njit(nogil=True, cache=True)
-def _codes(u, out, flags, base, k0, k1, a, b, sh, drop, off, cap, sign, zsign):  # noqa: ANN001, ANN202
+def _codes(u, out, flags, base, k0, k1, a, b, sh, arith):  # noqa: ANN001, ANN202
+    """Codes in the SIMD loop.  Normal range: the sum's exponent and top mantissa bits, rebased and
+    clipped.  The format's subnormal range (exponent field in [a, b)) has a fixed grid, so there the
+    rule itself: with W = floor(|x| / q * 2^32) (q the grid spacing), the magnitude is
+    ``(W + r) >> 32``, i.e. ``n + carry(F + r)`` for ``W = n * 2^32 + F``, all in uint32 lanes.
+    Only Inf/NaN are flagged for the exact path."""
+    drop, off, cap, sign, zsign = u32(arith[0]), u32(arith[1]), u32(arith[2]), u32(arith[3]), u32(arith[4])
+    t, sub_off = u32(arith[5]), u32(arith[6])  # W = M * 2^(ef - t); the code of magnitude 0's offset
     wa = u32(b - a)
     for r in range(flags.size):
         ur, outr = u[r * LANE : r * LANE + LANE], out[r * LANE : r * LANE + LANE]
@@ -54,12 +66,21 @@ def _codes(u, out, flags, base, k0, k1, a, b, sh, drop, off, cap, sign, zsign): 
         acc = u32(0)
         for k in range(ur.size):
             x = ur[k]
-            v = _noisy_sum(x, u32(i0 + u32(k)), k0, k1, b, sh)
+            h = _hash(u32(i0 + u32(k)), k0, k1)
+            v = _noisy_sum(x, h, b, sh)
             mag = np.right_shift(u32(v & u32(0x7FFFFFFF)), drop)  # exponent and top mantissa bits
             c = u32(min(u32(u32(max(mag, off)) - off), cap))  # clip(mag - off, 0, cap) in unsigned lanes
-            neg = u32(u32(0) - u32(v >> u32(31)))
+            ef = u32(u32(x >> u32(23)) & u32(0xFF))
+            m24 = u32(u32(x & u32(0x7FFFFF)) | u32(0x800000))
+            up = u32(u32(max(ef, t)) - t)  # left shift of the significand (0..14)
+            down = u32(min(u32(u32(max(ef, t)) - ef), u32(31)))  # or right shift (0..23 in the class)
+            f = np.right_shift(np.left_shift(m24, up), down)  # W's low word (its high bits shifted out)
+            n = np.right_shift(m24, u32(min(u32(u32(32) - up), u32(31))))  # W's high word
+            csub = u32(u32(n + u32(u32(f + h) < f)) + sub_off)
+            c = csub if u32(ef - a) < wa else c
+            neg = u32(u32(0) - u32(v >> u32(31)))  # v == x outside the noisy class
             outr[k] = np.uint8(c | (neg & (sign if c != u32(0) else zsign)))
-            acc |= _exact_class(x, a, wa)
+            acc |= u32(ef == u32(0xFF))
         flags[r] = acc
 
 
@@ -72,14 +93,14 @@ def _indices(u, index, flags, base, k0, k1, a, b, sh):  # noqa: ANN001, ANN202
         acc = u32(0)
         for k in range(ur.size):
             x = ur[k]
-            ir[k] = np.uint16(_noisy_sum(x, u32(i0 + u32(k)), k0, k1, b, sh) >> u32(16))
+            ir[k] = np.uint16(_noisy_sum(x, _hash(u32(i0 + u32(k)), k0, k1), b, sh) >> u32(16))
             acc |= _exact_class(x, a, wa)
         flags[r] = acc
 
 
 @numba.njit(nogil=True, cache=True)
-def _listing(u, flags, offsets, a, b):  # noqa: ANN001, ANN202
-    wa, c = u32(b - a), 0
+def _listing(u, flags, offsets, a, wa):  # noqa: ANN001, ANN202
+    c = 0
     for r in range(flags.size):
         if flags[r]:
             for j in range(r * LANE, min(r * LANE + LANE, u.size)):
@@ -93,7 +114,6 @@ def _listing(u, flags, offsets, a, b):  # noqa: ANN001, ANN202
 def sr(u, lo_table, arith, k0, k1, a, b, sh, block, out, offsets, counts):  # noqa: ANN001, ANN201
     """Codes of float32 bits ``u`` into ``out``; ``counts[i]`` exact-path offsets head block i's slice."""
     n = u.size
-    drop, off, cap, sign, zsign = u32(arith[0]), u32(arith[1]), u32(arith[2]), u32(arith[3]), u32(arith[4])
     for blk in numba.prange(counts.size):
         s = blk * block
         e = min(s + block, n)
@@ -101,13 +121,15 @@ def sr(u, lo_table, arith, k0, k1, a, b, sh, block, out, offsets, counts):  # no
         base, k1b = u32(s & 0xFFFFFFFF), u32(k1 ^ hi)
         flags = np.empty(-(-(e - s) // LANE), np.uint32)
         if arith[0] >= 0:
-            _codes(u[s:e], out[s:e], flags, base, k0, k1b, a, b, sh, drop, off, cap, sign, zsign)
+            _codes(u[s:e], out[s:e], flags, base, k0, k1b, a, b, sh, arith)
+            wa = u32(0)  # only Inf/NaN left for the exact path
         else:
+            wa = u32(b - a)
             index = np.empty(e - s, np.uint16)
             _indices(u[s:e], index, flags, base, k0, k1b, a, b, sh)
             for j in range(e - s):
                 out[s + j] = lo_table[index[j]]
-        counts[blk] = _listing(u[s:e], flags, offsets[s:e], a, b)
+        counts[blk] = _listing(u[s:e], flags, offsets[s:e], a, wa)
 
 
 @numba.njit(nogil=True, cache=True)

@@ -142,16 +142,20 @@ def _sr_classes(shift_table: np.ndarray) -> tuple[int, int, int] | None:
 
 
 @cache
-def _sr_arith(fmt: FloatFormat, saturate: bool) -> tuple[int, int, int, int] | None:
-    """``(off, cap, sign, zsign)`` with, for every code-table index ``h`` a non-exact element can reach
-    (exponent field below ``a``: the input's own bits; from ``b`` up: after a carry),
-    ``lo_table[h] == min(max(((h & 0x7FFF) >> (7 - m)) - off, 0), cap) | (sign, or zsign for code 0,
-    where h is negative)``: the code toward zero is the float32 exponent and top m mantissa bits,
-    rebased and clipped.  None where the table is not of that form (e8m0, fnuz without saturation):
-    those formats take the table lookup.  The table stays the definition; this is checked against it."""
+def _sr_arith(fmt: FloatFormat, saturate: bool) -> tuple[int, ...] | None:
+    """``(off, cap, sign, zsign, t, sub_off)`` for the compiled pass to compute codes instead of looking
+    them up.  Normal range: for every code-table index ``h`` a non-exact element can reach (exponent
+    field below ``a``: the input's own bits; from ``b`` up: after a carry), ``lo_table[h] ==
+    clip(((h & 0x7FFF) >> (7 - m)) - off, 0, cap) | (sign, or zsign for code 0, where h is negative)``:
+    the code toward zero is the float32 exponent and top m mantissa bits, rebased and clipped.  The
+    table stays the definition; this is checked against it.  The format's subnormal range (round_codes'
+    rule on the fixed grid ``q = 2^(emin - m)``): ``floor(|x| / q * 2^32) = M * 2^(ef - t)`` for the
+    24-bit significand M, and ``sub_off`` is the code of magnitude 0 (0 where exponent field 0 is the
+    subnormal binade).  None where either does not apply (E8M0, fnuz without saturation): the table
+    lookup and the exact path run instead."""
     shift_table, lo_table = f32_stochastic_tables(fmt, saturate)
     classes = _sr_classes(shift_table)
-    if classes is None:
+    if classes is None or not fmt.subnormals:
         return None
     a, b = classes[:2]
     h = np.arange(1 << 16, dtype=np.int64)
@@ -166,7 +170,11 @@ def _sr_arith(fmt: FloatFormat, saturate: bool) -> tuple[int, int, int, int] | N
     code = code | np.where(h >= 0x8000, np.where(code == 0, zsign, sign), 0)
     if not np.array_equal(code[reach], lo_table[reach]):  # the kernel's codes depend on h alone: this proves them
         return None
-    return off, cap, sign, zsign
+    t = 118 + fmt.emin - fmt.mbits  # 127 - 9 + qe: W = M * 2^(e - 23 - qe + 32)
+    sub_off = ((fmt.emin + fmt.bias) << fmt.mbits) - (1 << fmt.mbits)
+    if t < 0 or t - a > 23 or b - 1 - t > 14 or sub_off < 0 or off < 0:  # shifts the uint32 lanes hold
+        return None
+    return off, cap, sign, zsign, t, sub_off
 
 
 @cache
@@ -208,7 +216,7 @@ def _stochastic_compiled(flat: np.ndarray, out: np.ndarray, fmt: FloatFormat, sa
     if classes is None:
         return False
     arith = _sr_arith(fmt, saturate)
-    arith = np.array([23 - fmt.mbits, *arith] if arith is not None else [-1, 0, 0, 0, 0], np.int64)
+    arith = np.array([23 - fmt.mbits, *arith] if arith is not None else [-1] + [0] * 6, np.int64)
     a, b, sh = (np.uint32(v) for v in classes)
     k0, k1 = (np.uint32(k) for k in seed_keys(seed))
     offsets = np.empty(flat.size, np.uint16)  # only each block's head is ever written (and paged in)
