@@ -1,14 +1,16 @@
 """Compiled float32 stochastic rounding (numba, optional): the numpy backend's arithmetic per element.
 
 The counter hash of :mod:`fp8sim.cast._random` in uint32, the shift classes of
-``f32_stochastic_tables``, then the code from the sum's upper bits: computed in the same SIMD loop
-where the code table has the rebase-and-clip form that ``torch_backend._sr_arith`` checks
-(``arith[0] >= 0``), else looked up in the table in a second loop.  Work is split in blocks of
-``block`` elements (one task each); within a block, the SIMD loop ORs each run of ``LANE``
-elements' exact-path test (Inf/NaN, the format's subnormal range) into one flag, and a scalar loop
-over the flagged runs lists those elements' offsets at the head of the block's slice of ``offsets``.
-The kernels live at module level (not in a closure) so that numba's on-disk cache is reused by every
-process instead of recompiling and adding a cache entry per process.
+``f32_stochastic_tables``, then the code.  Where the code table has the rebase-and-clip form that
+``torch_backend._sr_arith`` checks (``arith[0] >= 0``: E4M3, E5M2, the MX FP4/FP6 formats), one SIMD
+loop per block computes every finite element's code, the format's subnormal range included, and
+only Inf/NaN go to the exact path.  Elsewhere (E8M0, fnuz without saturation) the loop writes
+code-table indices and ORs each run of ``LANE`` elements' exact-path test (Inf/NaN, the format's
+subnormal range) into one flag; a second loop looks the codes up and a scalar loop over the flagged
+runs lists the exact-path offsets.  Work is split in blocks of ``block`` elements (one task each);
+a block's exact-path offsets go at the head of its slice of ``offsets``.  The kernels live at module
+level (not in a closure) so that numba's on-disk cache serves every process instead of recompiling
+and adding a cache entry per process.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ u32 = np.uint32
 
 
 LANE = 64
-"""Elements per exact-path flag (a constant: the per-run loops then index from 0 and vectorise)."""
+"""Elements per exact-path flag of the table path (a constant: the per-run loops then index from 0 and
+vectorise)."""
 
 
 @numba.njit(inline="always")
@@ -50,38 +53,65 @@ def _exact_class(x, a, wa):  # noqa: ANN001, ANN202 - exponent field in [a, a + 
     return u32(u32(u32(ef - a) < wa) | u32(ef == u32(0xFF)))
 
 
+# In the per-element helpers below, np.minimum/np.maximum/np.right_shift and masks instead of min/max,
+# ``>>`` and bool conditions keep every lane uint32: numba's own forms widen to int64 or branch, which
+# measured 2-3x slower.
+
+
+@numba.njit(inline="always")
+def _normal_code(v, drop, off, cap):  # noqa: ANN001, ANN202
+    """The sum's exponent and top mantissa bits, rebased and clipped to [0, cap]."""
+    mag = np.right_shift(u32(v & u32(0x7FFFFFFF)), drop)
+    return np.minimum(u32(np.maximum(mag, off) - off), cap)
+
+
+@numba.njit(inline="always")
+def _subnormal_code(x, h, t, sub_off):  # noqa: ANN001, ANN202
+    """The format's subnormal range (fixed grid q): W = floor(|x| / q * 2^32) = M * 2^(ef - t) for the
+    24-bit significand M; the magnitude is ``(W + r) >> 32 = n + carry(F + r)`` for ``W = n * 2^32 + F``."""
+    ef = u32(u32(x >> u32(23)) & u32(0xFF))
+    m24 = u32(u32(x & u32(0x7FFFFF)) | u32(0x800000))
+    top = np.maximum(ef, t)
+    up = u32(top - t)  # left shift of the significand (0..14)
+    down = np.minimum(u32(top - ef), u32(31))  # or right shift (0..23 in the class)
+    f = np.right_shift(np.left_shift(m24, up), down)  # W's low word (its high bits shifted out)
+    n = np.right_shift(m24, np.minimum(u32(u32(32) - up), u32(31)))  # W's high word
+    return u32(u32(n + u32(u32(f + h) < f)) + sub_off)
+
+
 @numba.njit(nogil=True, cache=True)
-def _codes(u, out, flags, base, k0, k1, a, b, sh, arith):  # noqa: ANN001, ANN202
-    """Codes in the SIMD loop.  Normal range: the sum's exponent and top mantissa bits, rebased and
-    clipped.  The format's subnormal range (exponent field in [a, b)) has a fixed grid, so there the
-    rule itself: with W = floor(|x| / q * 2^32) (q the grid spacing), the magnitude is
-    ``(W + r) >> 32``, i.e. ``n + carry(F + r)`` for ``W = n * 2^32 + F``, all in uint32 lanes.
-    Only Inf/NaN are flagged for the exact path."""
+def _codes(u, out, base, k0, k1, a, b, sh, arith):  # noqa: ANN001, ANN202
+    """Codes in one SIMD loop over the block: the normal-range code from the sum's bits, the
+    subnormal-range code (exponent field in [a, b)) from the rule, the sign (``zsign`` for code 0).
+    Returns the largest exponent field (255: the block holds Inf/NaN, for the exact path)."""
     drop, off, cap, sign, zsign = u32(arith[0]), u32(arith[1]), u32(arith[2]), u32(arith[3]), u32(arith[4])
-    t, sub_off = u32(arith[5]), u32(arith[6])  # W = M * 2^(ef - t); the code of magnitude 0's offset
-    wa = u32(b - a)
-    for r in range(flags.size):
-        ur, outr = u[r * LANE : r * LANE + LANE], out[r * LANE : r * LANE + LANE]
-        i0 = u32(base + u32(r * LANE))
-        acc = u32(0)
-        for k in range(ur.size):
-            x = ur[k]
-            h = _hash(u32(i0 + u32(k)), k0, k1)
-            v = _noisy_sum(x, h, b, sh)
-            mag = np.right_shift(u32(v & u32(0x7FFFFFFF)), drop)  # exponent and top mantissa bits
-            c = u32(min(u32(u32(max(mag, off)) - off), cap))  # clip(mag - off, 0, cap) in unsigned lanes
-            ef = u32(u32(x >> u32(23)) & u32(0xFF))
-            m24 = u32(u32(x & u32(0x7FFFFF)) | u32(0x800000))
-            up = u32(u32(max(ef, t)) - t)  # left shift of the significand (0..14)
-            down = u32(min(u32(u32(max(ef, t)) - ef), u32(31)))  # or right shift (0..23 in the class)
-            f = np.right_shift(np.left_shift(m24, up), down)  # W's low word (its high bits shifted out)
-            n = np.right_shift(m24, u32(min(u32(u32(32) - up), u32(31))))  # W's high word
-            csub = u32(u32(n + u32(u32(f + h) < f)) + sub_off)
-            c = csub if u32(ef - a) < wa else c
-            neg = u32(u32(0) - u32(v >> u32(31)))  # v == x outside the noisy class
-            outr[k] = np.uint8(c | (neg & (sign if c != u32(0) else zsign)))
-            acc |= u32(ef == u32(0xFF))
-        flags[r] = acc
+    t, sub_off = u32(arith[5]), u32(arith[6])
+    dz = u32(sign ^ zsign)
+    top = u32(0)
+    for k in range(u.size):
+        x = u[k]
+        h = _hash(u32(base + u32(k)), k0, k1)
+        v = _noisy_sum(x, h, b, sh)
+        c = _normal_code(v, drop, off, cap)
+        ef = u32(u32(x >> u32(23)) & u32(0xFF))
+        insub = u32(u32(0) - np.right_shift(u32(u32(ef - b) & u32(u32(ef - a) ^ u32(0xFFFFFFFF))), u32(31)))  # a<=ef<b
+        c = u32(c ^ u32(u32(c ^ _subnormal_code(x, h, t, sub_off)) & insub))
+        neg = u32(u32(0) - u32(v >> u32(31)))  # v's sign is x's (no carry reaches bit 31 from a finite x)
+        nonzero = u32(u32(0) - np.minimum(c, u32(1)))
+        out[k] = np.uint8(c | u32(neg & u32(zsign ^ u32(dz & nonzero))))
+        top = np.maximum(top, ef)
+    return top
+
+
+@numba.njit(nogil=True, cache=True)
+def _specials(u, offsets):  # noqa: ANN001, ANN202
+    """Offsets of the Inf/NaN elements (exponent field 255) at the head of ``offsets``; their count."""
+    c = 0
+    for j in range(u.size):
+        if u[j] & u32(0x7F800000) == u32(0x7F800000):
+            offsets[c] = j
+            c += 1
+    return c
 
 
 @numba.njit(nogil=True, cache=True)
@@ -100,6 +130,7 @@ def _indices(u, index, flags, base, k0, k1, a, b, sh):  # noqa: ANN001, ANN202
 
 @numba.njit(nogil=True, cache=True)
 def _listing(u, flags, offsets, a, wa):  # noqa: ANN001, ANN202
+    """Offsets of the exact-path elements of the flagged runs at the head of ``offsets``; their count."""
     c = 0
     for r in range(flags.size):
         if flags[r]:
@@ -119,17 +150,16 @@ def sr(u, lo_table, arith, k0, k1, a, b, sh, block, out, offsets, counts):  # no
         e = min(s + block, n)
         hi = u32(((np.int64(s) >> 32) * _C3) & 0xFFFFFFFF)  # the hash's high-index word, fixed per block
         base, k1b = u32(s & 0xFFFFFFFF), u32(k1 ^ hi)
-        flags = np.empty(-(-(e - s) // LANE), np.uint32)
         if arith[0] >= 0:
-            _codes(u[s:e], out[s:e], flags, base, k0, k1b, a, b, sh, arith)
-            wa = u32(0)  # only Inf/NaN left for the exact path
+            top = _codes(u[s:e], out[s:e], base, k0, k1b, a, b, sh, arith)
+            counts[blk] = _specials(u[s:e], offsets[s:e]) if top == u32(0xFF) else 0
         else:
-            wa = u32(b - a)
+            flags = np.empty(-(-(e - s) // LANE), np.uint32)
             index = np.empty(e - s, np.uint16)
             _indices(u[s:e], index, flags, base, k0, k1b, a, b, sh)
             for j in range(e - s):
                 out[s + j] = lo_table[index[j]]
-        counts[blk] = _listing(u[s:e], flags, offsets[s:e], a, wa)
+            counts[blk] = _listing(u[s:e], flags, offsets[s:e], a, u32(b - a))
 
 
 @numba.njit(nogil=True, cache=True)
