@@ -48,9 +48,11 @@ def _noisy_sum(x, h, b, sh):  # noqa: ANN001, ANN202
 
 
 @numba.njit(inline="always")
-def _exact_class(x, a, wa):  # noqa: ANN001, ANN202 - exponent field in [a, a + wa) or 255
+def _exact_class(x, a, b):  # noqa: ANN001, ANN202
+    """1 where x's exponent field is in [a, b) or 255, else 0 (shifts of uint32 lanes, no bools)."""
     ef = u32(u32(x >> u32(23)) & u32(0xFF))
-    return u32(u32(u32(ef - a) < wa) | u32(ef == u32(0xFF)))
+    inside = np.right_shift(u32(u32(ef - b) & u32(u32(ef - a) ^ u32(0xFFFFFFFF))), u32(31))
+    return u32(inside | np.right_shift(u32(ef + u32(1)), u32(8)))
 
 
 # In the per-element helpers below, np.minimum/np.maximum/np.right_shift and masks instead of min/max,
@@ -116,7 +118,6 @@ def _specials(u, offsets):  # noqa: ANN001, ANN202
 
 @numba.njit(nogil=True, cache=True)
 def _indices(u, index, flags, base, k0, k1, a, b, sh):  # noqa: ANN001, ANN202
-    wa = u32(b - a)
     for r in range(flags.size):
         ur, ir = u[r * LANE : r * LANE + LANE], index[r * LANE : r * LANE + LANE]
         i0 = u32(base + u32(r * LANE))
@@ -124,18 +125,18 @@ def _indices(u, index, flags, base, k0, k1, a, b, sh):  # noqa: ANN001, ANN202
         for k in range(ur.size):
             x = ur[k]
             ir[k] = np.uint16(_noisy_sum(x, _hash(u32(i0 + u32(k)), k0, k1), b, sh) >> u32(16))
-            acc |= _exact_class(x, a, wa)
+            acc |= _exact_class(x, a, b)
         flags[r] = acc
 
 
 @numba.njit(nogil=True, cache=True)
-def _listing(u, flags, offsets, a, wa):  # noqa: ANN001, ANN202
+def _listing(u, flags, offsets, a, b):  # noqa: ANN001, ANN202
     """Offsets of the exact-path elements of the flagged runs at the head of ``offsets``; their count."""
     c = 0
     for r in range(flags.size):
         if flags[r]:
             for j in range(r * LANE, min(r * LANE + LANE, u.size)):
-                if _exact_class(u[j], a, wa):
+                if _exact_class(u[j], a, b):
                     offsets[c] = j
                     c += 1
     return c
@@ -159,7 +160,7 @@ def sr(u, lo_table, arith, k0, k1, a, b, sh, block, out, offsets, counts):  # no
             _indices(u[s:e], index, flags, base, k0, k1b, a, b, sh)
             for j in range(e - s):
                 out[s + j] = lo_table[index[j]]
-            counts[blk] = _listing(u[s:e], flags, offsets[s:e], a, u32(b - a))
+            counts[blk] = _listing(u[s:e], flags, offsets[s:e], a, b)
 
 
 @numba.njit(nogil=True, cache=True)
