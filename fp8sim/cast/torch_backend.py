@@ -219,7 +219,9 @@ def _stochastic_compiled(flat: np.ndarray, out: np.ndarray, fmt: FloatFormat, sa
     arith = np.array([23 - fmt.mbits, *arith] if arith is not None else [-1] + [0] * 6, np.int64)
     a, b, sh = (np.uint32(v) for v in classes)
     k0, k1 = (np.uint32(k) for k in seed_keys(seed))
-    offsets = np.empty(flat.size, np.uint16)  # only each block's head is ever written (and paged in)
+    # only each block's head is ever written and paged in: torch's allocator, not numpy's, which asks for
+    # transparent huge pages on large arrays (each touched head would then zero 2 MB)
+    offsets = torch.empty(flat.size, dtype=torch.int16).numpy().view(np.uint16)
     counts = np.empty(-(-flat.size // _SR_BLOCK), np.int64)
     sr, gather = _sr_kernel()
     _on_torch_threads(sr, flat.view(np.uint32), lo_table, arith, k0, k1, a, b, sh, _SR_BLOCK, out, offsets, counts)
