@@ -4,7 +4,8 @@ against ml_dtypes / torch measured in the same run (see benchmarks/README.md).
 Run: ``python benchmarks/bench_cast.py [--n 16777216] [--repeat 5] [--threads 1,2] [--torch-only]
 [--formats e4m3,e5m2,e2m1]`` (``--threads``: torch's thread count for the torch-backend rows, one table
 block each; fp8sim's compiled stochastic pass runs numba on torch's count; ``--formats``: the formats
-of the stochastic-rounding rows, all against the E4M3 anchors).
+of the stochastic-rounding rows, all against the E4M3 anchors).  Each torch-backend row is timed
+alternately with its anchor, torch's own cast of the same tensor on the same thread count.
 """
 
 from __future__ import annotations
