@@ -5,6 +5,8 @@ Deterministic float32/float16/bfloat16 casts gather from the same tables as nump
 instead when it reproduces the table on a probe (every table class of float32 at several low-bit
 patterns, every float16/bfloat16 value, and the critical values one at a time); the probe runs once
 per device, dtype, format and saturation.  float64 runs the exact algorithm in torch float64.
+float32 stochastic rounding on the CPU runs the compiled pass of :mod:`fp8sim.cast._sr_numba` where
+numba is installed (on torch's thread count), else the numpy backend on shared memory.
 """
 
 from __future__ import annotations
