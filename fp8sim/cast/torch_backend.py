@@ -5,6 +5,8 @@ Deterministic float32/float16/bfloat16 casts gather from the same tables as nump
 instead when it reproduces the table on a probe (every table class of float32 at several low-bit
 patterns, every float16/bfloat16 value, and the critical values one at a time); the probe runs once
 per device, dtype, format and saturation.  float64 runs the exact algorithm in torch float64.
+float32 stochastic rounding on the CPU runs the compiled pass of :mod:`fp8sim.cast._sr_numba` where
+numba is installed (on torch's thread count), else the numpy backend on shared memory.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 import torch
 
 from ..formats import FloatFormat
-from ._random import _C1, _C2, _C3, torch_bits, torch_bits_at
+from ._random import torch_bits, torch_bits_at
 from ._rounding import round_codes
 from ._tables import (
     SR_EXACT,
@@ -142,70 +144,69 @@ def _sr_classes(shift_table: np.ndarray) -> tuple[int, int, int] | None:
 
 
 @cache
+def _sr_arith(fmt: FloatFormat, saturate: bool) -> tuple[int, ...] | None:
+    """``(off, cap, sign, zsign, t, sub_off)`` for the compiled pass to compute codes instead of looking
+    them up.  Normal range: for every code-table index ``h`` a non-exact element can reach (exponent
+    field below ``a``: the input's own bits; from ``b`` up: after a carry), ``lo_table[h] ==
+    clip(((h & 0x7FFF) >> (7 - m)) - off, 0, cap) | (sign, or zsign for code 0, where h is negative)``:
+    the code toward zero is the float32 exponent and top m mantissa bits, rebased and clipped.  The
+    table stays the definition; this is checked against it.  The format's subnormal range (round_codes'
+    rule on the fixed grid ``q = 2^(emin - m)``): ``floor(|x| / q * 2^32) = M * 2^(ef - t)`` for the
+    24-bit significand M, and ``sub_off`` is the code of magnitude 0 (0 where exponent field 0 is the
+    subnormal binade).  None where either does not apply (E8M0, fnuz without saturation): the table
+    lookup and the exact path run instead."""
+    shift_table, lo_table = f32_stochastic_tables(fmt, saturate)
+    classes = _sr_classes(shift_table)
+    if classes is None or not fmt.subnormals:
+        return None
+    a, b = classes[:2]
+    h = np.arange(1 << 16, dtype=np.int64)
+    ef = (h >> 7) & 0xFF
+    reach = (ef < a) | (ef >= b)
+    mag = (h & 0x7FFF) >> (7 - fmt.mbits)
+    first = (b << 7) >> (7 - fmt.mbits)  # the smallest noisy-class magnitude: its code fixes the offset
+    off = first - int(lo_table[b << 7])
+    cap = int(lo_table[0x7F80])  # a carry past float32 max: the overflow code
+    sign, zsign = int(lo_table[0xFF80]) ^ cap, int(lo_table[0x8000])
+    code = np.clip(mag - off, 0, cap)
+    code = code | np.where(h >= 0x8000, np.where(code == 0, zsign, sign), 0)
+    if not np.array_equal(code[reach], lo_table[reach]):  # the kernel's codes depend on h alone: this proves them
+        return None
+    t = 118 + fmt.emin - fmt.mbits  # 127 - 9 + qe: W = M * 2^(e - 23 - qe + 32)
+    sub_off = ((fmt.emin + fmt.bias) << fmt.mbits) - (1 << fmt.mbits)
+    if t < 0 or t - a > 23 or b - 1 - t > 14 or sub_off < 0 or off < 0:  # shifts the uint32 lanes hold
+        return None
+    return off, cap, sign, zsign, t, sub_off
+
+
+@cache
 def _sr_kernel() -> Any:
-    """One compiled pass for float32 stochastic rounding (numba, optional; FP8SIM_NUMBA=0: off), the
-    numpy backend's arithmetic per element: the counter hash of ``fp8sim.cast._random`` in uint32,
-    the shift classes and the code table of ``f32_stochastic_tables``.  Per block of ``_SR_BLOCK``
-    elements a SIMD loop (uint32 lanes: hash, shift, add) writes each element's code-table index,
-    then a scalar loop looks the codes up and lists the SR_EXACT elements' offsets at the head of
-    the block's slice of ``offsets`` (no flag array, no serial pass over all elements)."""
+    """The compiled pass, ``(sr, gather)`` of :mod:`fp8sim.cast._sr_numba` (numba, optional;
+    FP8SIM_NUMBA=0: off), or None."""
     if os.environ.get("FP8SIM_NUMBA", "1") == "0":
         return None
     try:
-        import numba
+        from . import _sr_numba
     except ImportError:
         return None
-    u32 = np.uint32
+    return _sr_numba.sr, _sr_numba.gather
 
-    @numba.njit(nogil=True, cache=True)
-    def indices(u, index, base, k0, k1, b, sh):  # noqa: ANN001, ANN202 - uint32 throughout: LLVM vectorises it
-        c1, c2, c3 = u32(_C1), u32(_C2), u32(_C3)
-        for j in range(u.size):
-            x = u[j]
-            h = u32(u32(base + u32(j)) * c3)
-            h = u32(h ^ k0)
-            h = u32(h * c1)
-            h = u32(h ^ u32(h >> u32(15)))
-            h = u32(h ^ k1)
-            h = u32(h * c2)
-            h = u32(h ^ u32(h >> u32(16)))
-            noisy = u32(u32(0) - u32(u32(u32(x >> u32(23)) & u32(0xFF)) >= b))  # all ones where shift is sh
-            index[j] = np.uint16(u32(x + u32(u32(h >> sh) & noisy)) >> u32(16))
 
-    @numba.njit(nogil=True, cache=True)
-    def lookup(u, index, lo_table, out, offsets, a, b):  # noqa: ANN001, ANN202
-        c = 0
-        for j in range(u.size):
-            out[j] = lo_table[index[j]]
-            ef = (u[j] >> u32(23)) & u32(0xFF)
-            if ef >= a and (ef < b or ef == u32(0xFF)):
-                offsets[c] = j
-                c += 1
-        return c
+def _on_torch_threads(fn: Any, *args: Any) -> Any:
+    """Run a numba parallel kernel on torch's thread count, as torch's own ops would, and leave that
+    count as it was: numba's OpenMP layer, started on first use, resets the OpenMP thread count that
+    torch reads (``torch.set_num_threads(1)`` would silently become 2)."""
+    import numba
 
-    @numba.njit(parallel=True, nogil=True, cache=True)
-    def sr(u, lo_table, k0, k1, a, b, sh, out, offsets, counts):  # noqa: ANN001, ANN202
-        n = u.size
-        for blk in numba.prange(counts.size):
-            s = blk * _SR_BLOCK
-            e = min(s + _SR_BLOCK, n)
-            hi = u32(((np.int64(s) >> 32) * _C3) & 0xFFFFFFFF)  # the hash's high-index word, fixed per block
-            index = np.empty(e - s, np.uint16)
-            indices(u[s:e], index, u32(s & 0xFFFFFFFF), k0, u32(k1 ^ hi), b, sh)
-            counts[blk] = lookup(u[s:e], index, lo_table, out[s:e], offsets[s:e], a, b)
-
-    @numba.njit(nogil=True, cache=True)
-    def gather(offsets, counts):  # noqa: ANN001, ANN202
-        index = np.empty(counts.sum(), np.int64)
-        j = 0
-        for blk in range(counts.size):
-            s = blk * _SR_BLOCK
-            for k in range(counts[blk]):
-                index[j] = s + np.int64(offsets[s + k])
-                j += 1
-        return index
-
-    return sr, gather
+    want = torch.get_num_threads()
+    prev = numba.get_num_threads()  # starts numba's threading layer on first use
+    if torch.get_num_threads() != want:
+        torch.set_num_threads(want)
+    numba.set_num_threads(max(1, min(want, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        return fn(*args)
+    finally:
+        numba.set_num_threads(prev)
 
 
 def _stochastic_compiled(flat: np.ndarray, out: np.ndarray, fmt: FloatFormat, saturate: bool, seed: int) -> bool:
@@ -216,14 +217,18 @@ def _stochastic_compiled(flat: np.ndarray, out: np.ndarray, fmt: FloatFormat, sa
     classes = _sr_classes(shift_table)
     if classes is None:
         return False
+    arith = _sr_arith(fmt, saturate)
+    arith = np.array([23 - fmt.mbits, *arith] if arith is not None else [-1] + [0] * 6, np.int64)
     a, b, sh = (np.uint32(v) for v in classes)
     k0, k1 = (np.uint32(k) for k in seed_keys(seed))
-    offsets = np.empty(flat.size, np.uint16)  # only each block's head is ever written (and paged in)
+    # only each block's head is ever written and paged in: torch's allocator, not numpy's, which asks for
+    # transparent huge pages on large arrays (each touched head would then zero 2 MB)
+    offsets = torch.empty(flat.size, dtype=torch.int16).numpy().view(np.uint16)
     counts = np.empty(-(-flat.size // _SR_BLOCK), np.int64)
     sr, gather = _sr_kernel()
-    sr(flat.view(np.uint32), lo_table, k0, k1, a, b, sh, out, offsets, counts)
+    _on_torch_threads(sr, flat.view(np.uint32), lo_table, arith, k0, k1, a, b, sh, _SR_BLOCK, out, offsets, counts)
     if counts.any():  # Inf/NaN and the format's subnormal range: the exact path, as the numpy backend
-        index = gather(offsets, counts)
+        index = gather(offsets, counts, _SR_BLOCK)
         with np.errstate(invalid="ignore"):
             x64 = flat[index].astype(np.float64)
         rbits = numpy_bits_at(seed, index).astype(np.int64)
