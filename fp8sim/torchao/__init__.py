@@ -23,8 +23,9 @@ from .config import (
     e4m3_dtype,
     e5m2_dtype,
 )
+from .float8_linear_utils import convert_to_float8_training, swap_linear_layers
 from .fsdp import WeightWithDynamicFloat8CastTensor, precompute_float8_dynamic_scale_for_fsdp
-from .linear import Float8Linear, convert_to_float8_training, swap_linear_layers
+from .linear import Float8Linear
 
 __all__ = [
     "ScalingType",

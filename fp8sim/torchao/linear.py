@@ -1,4 +1,4 @@
-"""``Float8Linear`` and ``convert_to_float8_training``: torchao's float8 training arithmetic, emulated.
+"""``Float8Linear``: torchao's float8 training arithmetic, emulated (the swap is ``float8_linear_utils``).
 
 A linear layer runs three GEMMs (spec 6.2), each ``a @ b`` with ``a``'s reduction dim last, on the
 2-D views torchao uses (so the float32 BLAS call sees the same layouts)::
@@ -25,7 +25,6 @@ added after the GEMM in the output dtype (``out + bias.to(out.dtype)``), so its 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -41,7 +40,7 @@ from ..scaling.current import TORCHAO_EPS as _TORCHAO_EPS
 from ..scaling.current import quantize_torchao, torchao_amax_to_scale
 from .config import Float8LinearConfig, ScalingGranularity, ScalingType
 
-__all__ = ["Float8Linear", "convert_to_float8_training", "swap_linear_layers"]
+__all__ = ["Float8Linear"]
 
 _FP8_FORMATS = {
     torch.float8_e4m3fn: "e4m3",
@@ -485,46 +484,3 @@ class Float8Linear(nn.Linear):
 # The emulated casts run in numpy, which Dynamo cannot trace: under torch.compile the forward (and so its
 # backward) runs eagerly behind a graph break, giving eager's bits; the rest of the model still compiles.
 Float8Linear.forward = torch.compiler.disable(Float8Linear.forward)  # type: ignore[method-assign]
-
-
-def swap_linear_layers(
-    module: nn.Module,
-    from_float_func: Callable[[nn.Linear], nn.Linear],
-    *,
-    module_filter_fn: Callable[[nn.Module, str], bool] | None = None,
-) -> nn.Module:
-    """Replace each ``nn.Linear`` (subclasses included) passing ``module_filter_fn(module, fqn)``,
-    children before parents; a root Linear is returned converted, not changed in place."""
-    if isinstance(module, nn.Linear) and (module_filter_fn is None or module_filter_fn(module, "")):
-        if len(list(module.children())) > 0:
-            raise AssertionError(f"Does not support a root nn.Linear with children: {module}")
-        return from_float_func(module)
-
-    def visit(mod: nn.Module, fqn: str, parent: nn.Module | None) -> None:
-        for name, child in mod.named_children():
-            visit(child, f"{fqn}.{name}" if fqn else name, mod)
-        if isinstance(mod, nn.Linear) and (module_filter_fn is None or module_filter_fn(mod, fqn)):
-            if parent is None:  # only a filter that changes its answer for the root gets here
-                raise AssertionError(f"Linear root module should return early: {mod}")
-            setattr(parent, fqn.split(".")[-1], from_float_func(mod))
-
-    visit(module, "", None)
-    return module
-
-
-def convert_to_float8_training(
-    module: nn.Module,
-    *,
-    module_filter_fn: Callable[[nn.Module, str], bool] | None = None,
-    config: Float8LinearConfig | None = None,
-    accumulator: str | Accumulator | None = None,
-) -> nn.Module:
-    """Swap the ``nn.Linear`` modules of ``module`` for :class:`Float8Linear` (torchao's semantics:
-    post-order, filter called as ``(module, fqn)`` for Linears only, a root Linear returned)."""
-    config = Float8LinearConfig() if config is None else config
-    _check_accumulator(accumulator)
-    return swap_linear_layers(
-        module,
-        lambda m: Float8Linear.from_float(m, config=config, accumulator=accumulator),
-        module_filter_fn=module_filter_fn,
-    )

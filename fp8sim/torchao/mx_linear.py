@@ -34,7 +34,7 @@ from ..cast._tables import decode_table
 from ..formats import E4M3, E8M0
 from ..gemm import scaled_mm
 from ..scaling.mx import quantize_mx
-from .linear import swap_linear_layers
+from .float8_linear_utils import swap_linear_layers
 
 __all__ = [
     "KernelPreference",

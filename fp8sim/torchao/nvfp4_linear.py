@@ -50,7 +50,7 @@ from ..cast.ptx_sr import encode_ptx_rs
 from ..formats import E2M1, E4M3
 from ..gemm import scaled_mm
 from ..gemm._exact import exact_matmul_f32
-from .linear import swap_linear_layers
+from .float8_linear_utils import swap_linear_layers
 from .mx_linear import KernelPreference
 
 __all__ = ["NVFP4TrainingConfig", "NVFP4Linear", "nvfp4_linear", "convert_to_nvfp4_training", "philox4x64"]
