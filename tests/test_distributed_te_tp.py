@@ -36,7 +36,8 @@ current scaling, sequence parallel off and on, also with ``fp8_dpa`` / ``fp8_mha
 rank's heads, its hand-offs and DPA's reduced delayed-scaling state against the reference's); and MXFP8,
 Float8Block and NVFP4 block scaling under sequence parallel (:func:`_run_block`), with TE's per-shard
 quantize-then-gather written out (:func:`_per_shard_then_gather`); and NVFP4 stochastic rounding of the
-gathered grad output / input, per rank shard (:mod:`_te_tp_nvfp4_sr`).
+gathered grad output / input, per rank shard (:mod:`_te_tp_nvfp4_sr`); and FP8 outputs and grads across the
+collectives (:mod:`_te_tp_fp8_io`).  One-process checks of the same API: ``test_distributed_te_tp_local.py``.
 """
 
 from __future__ import annotations
@@ -478,25 +479,6 @@ def test_a_wrong_amax_group_gives_the_ranks_different_scales_and_wrong_outputs(r
     assert w0[2]["diffs"]["y"] > 0 and w1[2]["diffs"]["y"] > 0
 
 
-def test_tp_arguments_follow_te() -> None:
-    """TE linear.py 1608-1627 (group, sizes, ``sequence_parallel`` only with ``tp_size > 1``), 1746-1753
-    (splits) and utils.divide (295-305)."""
-    import fp8sim.pytorch as te
-
-    m = te.Linear(32, 64, tp_size=1, parallel_mode="column", sequence_parallel=True)
-    assert m.sequence_parallel is False  # TE: (tp_size > 1) and sequence_parallel
-    with pytest.raises(ValueError, match="64 is not divisible by 3"):
-        te.Linear(32, 64, tp_size=3, parallel_mode="column")
-    qkv = te.Linear(32, 96, tp_size=2, parallel_mode="column", parameters_split=("query", "key", "value"))
-    assert [tuple(getattr(qkv, f"{n}_weight").shape) for n in ("query", "key", "value")] == [(16, 32)] * 3
-    with pytest.raises(RuntimeError, match="out_features=30 between 4 tensor-parallel processes"):
-        te.Linear(32, 64, tp_size=4, parallel_mode="column", parameters_split={"a": 30, "b": 34})
-    with pytest.raises(NotImplementedError, match="needs set_parallel_mode=True"):
-        te.LayerNormMLP(32, 64, tp_size=2)
-    with pytest.raises(NotImplementedError, match="MultiheadAttention with tp_size > 1 needs set_parallel_mode=True"):
-        te.MultiheadAttention(32, 2, tp_size=2)
-
-
 def test_tp_errors_on_the_ranks(results: list) -> None:
     """TE base.py prepare_forward (1610-1630) and utils.divide messages; what fp8sim refuses."""
     errors = results[0]["errors"]
@@ -506,23 +488,6 @@ def test_tp_errors_on_the_ranks(results: list) -> None:
     assert "block" not in errors  # NVFP4 stochastic rounding under sequence parallelism runs (_te_tp_nvfp4_sr.py)
     assert errors["row_scaled"] == "Row-scaled NVFP4 quantization does not support amax reduction."  # TE quantizer.cpp
     assert results[0]["sizes"] == ((32, 32), (64, 16))
-
-
-def test_fp32_bias_gradient_is_not_rounded_to_bf16() -> None:
-    """TE linear.py: an FP32 bias goes into the FP8 GEMM as BF16 (``bias_dtype = torch.bfloat16``, cast inside
-    ``_Linear``), and its gradient is the bgrad in the grad dtype, float32 here: fp8sim rounded it to BF16."""
-    import fp8sim.pytorch as te
-    from fp8sim.recipe import Float8CurrentScaling
-
-    torch.manual_seed(0)
-    m = te.Linear(32, 32)
-    x, g = torch.randn(16, 32), torch.randn(16, 32) * 1e-3
-    with te.autocast(recipe=Float8CurrentScaling()):
-        y = m(x)
-    y.backward(g)
-    want = g.sum(0)
-    assert m.bias.grad.dtype == torch.float32 and torch.equal(m.bias.grad, want)
-    assert not torch.equal(want, want.bfloat16().float())  # the test can tell the two apart
 
 
 @pytest.mark.parametrize("module", ["linear", "lnmlp"])
@@ -568,25 +533,6 @@ def test_nvfp4_sequence_parallel_shard_te_cannot_quantize_is_gathered_in_high_pr
         assert r == {"warned": True, "dx": 0, "dw": 0}, f"rank {rank}: {r}"
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_nvfp4_columnwise_gather_is_deinterleaved_as_te_swap_first_dims(world: int) -> None:
-    """TE ``distributed.py`` ``_swap_first_dims`` (1258-1283): the transposed shards gathered along dim 0,
-    ``(world * d0, d1)``, become the shards side by side along dim 1, ``(d0, world * d1)``."""
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-
-    from fp8sim.pytorch.module._tp_nvfp4 import _swap_first_dims
-
-    @settings(max_examples=20, deadline=None)
-    @given(st.integers(1, 5), st.integers(1, 5), st.integers(0, 2**31 - 1))
-    def check(d0: int, d1: int, seed: int) -> None:
-        g = torch.Generator().manual_seed(seed)
-        shards = [torch.randint(0, 256, (d0, d1), generator=g, dtype=torch.uint8) for _ in range(world)]
-        assert torch.equal(_swap_first_dims(torch.cat(shards, 0), world), torch.cat(shards, 1))
-
-    check()
-
-
 # -- FP8 boundaries across the collectives (tests/_te_tp_fp8_io.py) --------------------------------------
 def _fp8_io_bad(results: list, key: str) -> list:
     steps = [results[r]["fp8-io"][key] for r in range(2)]
@@ -599,16 +545,6 @@ def test_torch_marks_the_c10d_ops_te_tensors_meet_not_mutable(results: list) -> 
     ``c10d.allreduce_`` and ``c10d._reduce_scatter_base_`` are not marked mutable on this torch."""
     for res in results:
         assert res["fp8-io"]["schemas"] == {"allreduce_": False, "reduce_scatter": False}
-
-
-@pytest.mark.slow
-def test_all_reduce_of_a_tensor_with_te_dispatch_leaves_it_and_reduce_scatter_sums() -> None:
-    """TE's non-mutable dispatch branch on 2 gloo ranks: ``dist.all_reduce`` leaves the tensor's data (each rank's
-    own), ``reduce_scatter_tensor`` into a plain output writes the sum of the dequantized inputs."""
-    from _te_tp_fp8_io import te_dispatch_worker
-
-    for res in ranks(te_dispatch_worker, world_size=2):
-        assert res == {"allreduce_keeps": True, "reduce_scatter_sums": True}
 
 
 @pytest.mark.parametrize(
@@ -647,16 +583,3 @@ def test_fp8_input_to_a_column_parallel_layer_is_gathered_as_it_is(results: list
     codes handed over."""
     bad = _fp8_io_bad(results, f"in-{recipe}-{sp}")
     assert not bad, f"(rank, step, check, elements differing): {bad}"
-
-
-def test_the_fp8_all_reduce_quirk_warns_and_a_mutable_all_reduce_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    """fp8sim reproduces TE's unreduced FP8 tensor only where torch's ``c10d.allreduce_`` is not mutable (TE's
-    dispatch branch); a torch that marked it mutable would make TE re-quantize the sum, which is refused."""
-    from fp8sim._upstream_quirk import UpstreamQuirkWarning
-    from fp8sim.pytorch.module import _tp_fp8_io as fio
-
-    with pytest.warns(UpstreamQuirkWarning, match="te-fp8-allreduce-noop"):
-        fio.check_allreduce_keeps_fp8("output")
-    monkeypatch.setattr(fio, "_allreduce_is_mutable", lambda: True)
-    with pytest.raises(NotImplementedError, match="marks c10d.allreduce_ mutable"):
-        fio.check_allreduce_keeps_fp8("dgrad")
