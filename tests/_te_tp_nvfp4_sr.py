@@ -8,7 +8,9 @@ and the amax MAX-reduced over ``tp_group``, then gathers data and scales (TE at 
 quantizer; ``module/linear.py`` 810-824 sets its amax reduction group).  The references here quantize each
 shard on its own with fp8sim's single-process NVFP4 quantizer (``fp8sim.scaling.quantize_nvfp4`` with the
 shard's seed from the GEMM's counter, ``fp8sim.scaling.nvfp4_te_sr.quantize_nvfp4_te_sr`` with the rank's
-Philox ``rng_state``) and the whole tensor's amax, then concatenate.
+Philox ``rng_state``) and the whole tensor's amax, then concatenate.  Which seeds a module's shard takes is
+fp8sim's convention, not TE's (TE: each rank's CUDA generator state): the GEMM counter, alike on every rank;
+what the checks pin is the per-shard quantization with reduced amaxes and TE's gathered layout.
 """
 
 from __future__ import annotations

@@ -372,6 +372,12 @@ def _worker(rank: int, world: int) -> dict:
             sp(torch.randn(16, 32))
     except RuntimeError as exc:
         errors["row_scaled"] = str(exc)
+    sym = te.Linear(32, 32, tp_group=tp, parallel_mode="row", symmetric_ar_type="two_shot")
+    try:
+        with te.autocast(recipe=DelayedScaling()):
+            sym(torch.randn(16, 16), fp8_output=True)
+    except NotImplementedError as exc:
+        errors["symmetric"] = str(exc)
     res["errors"] = errors
     res["sizes"] = (tuple(lin.weight.shape), tuple(te.Linear(32, 64, tp_group=tp, parallel_mode="row").weight.shape))
     return res
@@ -486,6 +492,7 @@ def test_tp_errors_on_the_ranks(results: list) -> None:
     assert "Tensor parallel group not initialized" in errors["group"]
     assert "Amax reduction across tensor parallel group is necessary" in errors["reduce_amax"]
     assert "block" not in errors  # NVFP4 stochastic rounding under sequence parallelism runs (_te_tp_nvfp4_sr.py)
+    assert "symmetric_ar_type='two_shot'" in errors["symmetric"]  # TE re-quantizes that sum (distributed.py 2090)
     assert errors["row_scaled"] == "Row-scaled NVFP4 quantization does not support amax reduction."  # TE quantizer.cpp
     assert results[0]["sizes"] == ((32, 32), (64, 16))
 

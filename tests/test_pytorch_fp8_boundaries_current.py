@@ -271,6 +271,19 @@ def test_layernorm_linear_fp8_grad_inside_fp8_autocast_is_refused() -> None:
         m(torch.randn(8, 16), fp8_grad=True)
 
 
+def test_layernorm_linear_fp8_grad_without_grad_mode_is_ignored_as_te_does() -> None:
+    """TE layernorm_linear.py 1856-1862 makes the grad-input quantizer only ``if is_grad_enabled``: under
+    ``torch.no_grad()`` the flag changes nothing (fp8sim refused it)."""
+    torch.manual_seed(0)
+    m = te.LayerNormLinear(16, 16)
+    x = torch.randn(8, 16)
+    with torch.no_grad(), te.autocast(recipe=Float8CurrentScaling()):
+        got = m(x, fp8_grad=True)
+    with torch.no_grad(), te.autocast(recipe=Float8CurrentScaling()):
+        want = m(x)
+    assert torch.equal(got, want)
+
+
 # -- 4. block-scaled recipes ---------------------------------------------------------------------------------------
 
 

@@ -32,10 +32,10 @@ quantizable check puts every columnwise block (32, 128 or 16 rows) inside one sh
 post-RHT columnwise amaxes are MAX-reduced over ``tp_group`` first (``with_amax_reduction``), i.e. the whole
 tensor's.  fp8sim therefore gathers in high precision and quantizes the whole (test_distributed_te_tp.py
 checks the per-shard path against it).  Not so under NVFP4 stochastic rounding (TE's default for the grad
-output, or a column-parallel input whose QParams ask for it): each rank draws its own random bits for its
-shard, so the GEMM's two quantizations of the gathered tensor run per shard (``_tp_nvfp4``: this rank's rows,
-the reduced amaxes, its GEMM's SR seeds, codes and scales gathered as TE lays them), or, for a shard TE cannot
-quantize, on the whole tensor after TE's warning.
+output, or a column-parallel input whose QParams ask for it): each rank rounds its own shard (the GEMM
+counter's seeds, alike on every rank), so the GEMM's two quantizations of the gathered tensor run per
+shard (``_tp_nvfp4``: this rank's rows, the reduced amaxes, its GEMM's SR seeds, codes and scales gathered
+as TE lays them), or, for a shard TE cannot quantize, on the whole tensor after TE's warning.
 """
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ def tp_linear(
             x = fio.GatherFP8Input.apply(inp, h_in, module.tp_group, slot)  # TE gathers an FP8 input as it is
         elif module.sequence_parallel:
             x = _GatherInput.apply(inp, module, name, slot)
-        elif (io or {}).get("fp8_grad") and torch.is_grad_enabled():
+        elif (io or {}).get("fp8_grad") and torch.is_grad_enabled() and inp.requires_grad:
             fio.check_allreduce_keeps_fp8("dgrad")
             x = fio.LocalDgrad.apply(inp)
         else:
@@ -319,6 +319,13 @@ def tp_linear(
         fp8_io = {"input_fp8": None, "fp8_output": False, "fp8_grad": False, "out_handoff": gslot}
     fp8_out = bool(io and io.get("fp8_output"))
     if fp8_out and not module.sequence_parallel:
+        if getattr(module, "symmetric_ar_type", None) not in (None, "nccl"):
+            # TE distributed.py symmetric_all_reduce 2081-2090: the sum is copied back into the Float8Tensor,
+            # i.e. re-quantized by its quantizer (quantized_tensor.py 889), unlike the plain all-reduce
+            raise NotImplementedError(
+                "fp8sim: fp8_output on a row-parallel layer with symmetric_ar_type="
+                f"{module.symmetric_ar_type!r} (TE re-quantizes the reduced sum into the FP8 output) is not emulated"
+            )
         fio.check_allreduce_keeps_fp8("output")
     part = run(inp, _with_io(fp8_io, io))
     if fp8_out and (module.sequence_parallel or bias is not None):  # TE returns a high-precision tensor

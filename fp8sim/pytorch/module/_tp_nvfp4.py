@@ -2,7 +2,7 @@
 
 With stochastic rounding the quantization of a gathered tensor is not the whole tensor's: TE quantizes each
 rank's own shard (``quantizer(inp)``, the rowwise and the post-RHT columnwise amax MAX-reduced over
-``tp_group`` first: ``with_amax_reduction``), each rank drawing its own random bits, then all-gathers the
+``tp_group`` first: ``with_amax_reduction``), each rank with its own generator state, then all-gathers the
 packed E2M1 data and the E4M3 scales.  Rowwise data and scales are concatenated along dim 0; the
 columnwise (transposed) data and scales are gathered along their dim 0 and de-interleaved
 (``_swap_first_dims``: rank ``r``'s block of columns next to the others), the columnwise scales padded to

@@ -133,7 +133,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
         is written in FP8 with the OUTPUT slot (see ``Linear.forward``).  ``fp8_grad``: ignored outside
         FP8 autocast (TE), refused inside: TE hands the FP8 dgrad straight to its C++ norm backward."""
         fp8_io = fp8_boundaries(None, bool(fp8_output), bool(fp8_grad))
-        if fp8_io and fp8_io["fp8_grad"]:
+        if fp8_io and fp8_io["fp8_grad"] and torch.is_grad_enabled():  # TE: no grad-input quantizer without grad
             # layernorm_linear.py 1133-1161: the dgrad GEMM's Float8Tensor output goes to tex.layernorm_bwd /
             # tex.rmsnorm_bwd, which read it as a plain at::Tensor; what that computes is not emulated
             raise NotImplementedError(

@@ -70,6 +70,7 @@ class Linear(TransformerEngineBaseModule):
             delay_wgrad_compute=delay_wgrad_compute,
             save_original_input=save_original_input,
         )
+        self.symmetric_ar_type = symmetric_ar_type  # TE's row-parallel all-reduce kind (module/_tp.py)
         dtype = resolve_params_dtype(params_dtype)
         if self.tp_size > 1:  # TE: this rank's shard (module/_tp.py)
             from ._tp import divide
