@@ -284,12 +284,12 @@ def _fsdp_run(recipe_name: str, rank: int, world: int, per_layer: bool = True) -
 
     from fp8sim.pytorch.tensor import MXFP8Tensor
 
-    sent: list[tuple[bool, list]] = []
+    sent: list[tuple[bool, tuple, list]] = []
     pre_all_gather = MXFP8Tensor.fsdp_pre_all_gather
 
     def recording(self, mesh, outer_size, outer_stride, module, mp_policy):  # FSDP2 checks the signature
         inputs, metadata = pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy)
-        sent.append((torch._C._current_graph_task_id() != -1, [_buffer_of(self, t) for t in inputs]))
+        sent.append((torch._C._current_graph_task_id() != -1, tuple(self.shape), [_buffer_of(self, t) for t in inputs]))
         return inputs, metadata
 
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -611,11 +611,12 @@ def test_fsdp2_mxfp8_gathers_rowwise_in_forward_and_columnwise_in_backward(
         shapes = run["shard_shapes"]
         bias = 4 * shapes[0][0]  # layer 0's bias shard (float32 bytes); layer 2 has no bias
         phases = (False, True) if resharded else (False,)
-        want_sent = [(bwd, _te_mx_payload(shape, bwd, resharded)) for bwd in phases for shape in shapes]
-        for bwd, buffers in run["sent"]:
-            assert (bwd, buffers) in want_sent, f"rank {rank}: {'backward' if bwd else 'forward'} gather sent {buffers}"
+        for bwd, shard, buffers in run["sent"]:  # each layer's shard sends its own TE payload
+            assert tuple(shard) in [tuple(s) for s in shapes], (rank, shard, shapes)
+            want = _te_mx_payload(tuple(shard), bwd, resharded)
+            assert buffers == want, f"rank {rank}: {'backward' if bwd else 'forward'} gather of {shard} sent {buffers}"
         for bwd in phases:  # one gather per layer and phase and step (resharded), one per step for the root
-            count = sum(1 for b, _ in run["sent"] if b == bwd)
+            count = sum(1 for b, _, _ in run["sent"] if b == bwd)
             assert count == len(shapes) * STEPS, f"rank {rank}: {count} {'backward' if bwd else 'forward'} sends"
         want_bytes = {
             bwd: [

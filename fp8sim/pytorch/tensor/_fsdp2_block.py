@@ -205,8 +205,9 @@ def fsdp_post_all_gather(
             out._create_columnwise()
         out.update_usage(rowwise_usage=rowwise, columnwise_usage=columnwise)
     out._quantizer.set_usage(rowwise=rowwise, columnwise=columnwise)
-    if not blockwise and metadata[4] and rowwise and not columnwise:  # the backward gathers the columnwise copy
+    if not blockwise and out._rowwise_data is not None:  # does the backward gather the columnwise copy?
         # marked on the codes buffer: the parameter FSDP2 makes of the first gather's tensor (``as_strided``,
-        # ``detach``) is another Python object over the same buffers
-        out._rowwise_data._fp8sim_fsdp_columnwise_in_backward = True
+        # ``detach``) is another Python object over the same buffers; set on every gather, as the buffer is
+        # reused by the next one, which may send other usages
+        out._rowwise_data._fp8sim_fsdp_columnwise_in_backward = bool(metadata[4] and rowwise and not columnwise)
     return out, all_gather_outputs
