@@ -440,3 +440,18 @@ def test_delayed_scaling_reduces_a_dead_modules_amaxes_on_every_rank(results: li
         world = list(range(len(results)))
         want = [(shard, 3), (shard, 3), (world, 3), (shard, 2), (world, 2)]
         assert res["collected_on_some_ranks"] == want, f"rank {rank}: {res['collected_on_some_ranks']}"
+
+
+@pytest.mark.slow
+def test_a_hung_run_fails_with_each_ranks_stack() -> None:
+    """A hang (as issue 16's, before the fix) fails at the deadline with each rank's Python stack
+    (``_dist.ranks``): the waiting rank's shows the collective it is in."""
+    from _dist import RankFailure, ranks
+    from test_distributed_reliability import _hangs
+
+    with pytest.raises(RankFailure, match="did not finish within 8.0 s") as info:
+        ranks(_hangs, timeout=8.0)
+    message = str(info.value)
+    rank0 = message.split("--- rank 0 ---")[1].split("--- rank 1 ---")[0]
+    assert "in barrier" in rank0 and "in _hangs" in rank0, message
+    assert "in _hangs" in message.split("--- rank 1 ---")[1], message
