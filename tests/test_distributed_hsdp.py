@@ -35,6 +35,12 @@ matter).  Checks, all in the one 4-rank spawn shared with ``test_distributed_tor
   (``Float8CurrentScaling/meta``): each rank initialises its shard (values by shard index, so the replicas
   agree) and ``reset_parameters`` quantizes it with the amax MAX-reduced over the shard group (``base.py``
   lines 1856-1862); a reduction over the replicate group instead, or none, gives each shard its own scale.
+- DelayedScaling (TE's default recipe, one micro-batch for all ranks), under ``autocast`` without a group
+  (TE's own HSDP test) and with a data-parallel group over all 4 ranks: the same bit-identity and scales,
+  and every amax all-reduce of the run spans all 4 ranks (TE's FSDP2 hooks reduce nothing under delayed
+  scaling).  Issue 16's hang: a dead module's scalers left fp8sim's global buffer when each rank's garbage
+  collector freed it, so ranks disagreed on which amax all-reduces to issue; ``_collected_on_some_ranks``
+  makes that deterministic (it hung before the fix).
 """
 
 from __future__ import annotations
@@ -332,7 +338,8 @@ def hsdp_worker(rank: int, world: int) -> dict:
         out[recipe_name] = _te_run(recipe_name, rank, mesh, group)
     # every rank runs the references: a delayed-scaling autocast reduces its amaxes over the default group
     out["reference"] = {"ao": _ao_reference(world)}
-    out["reference"].update({name: _te_reference(name, world) for name in TE_RUNS})
+    out["reference"].update({name: _te_reference(name, world) for name in TE_RUNS if name != DELAYED[1]})
+    out["reference"][DELAYED[1]] = out["reference"][DELAYED[0]]  # one process: no group, the same reference
     out["collected_on_some_ranks"] = _collected_on_some_ranks(rank, mesh.get_group("shard"))
     return out
 
@@ -394,9 +401,10 @@ def test_hsdp_fp8_primary_weights_train_bit_identically_to_one_process(results: 
 def test_hsdp_scales_are_identical_on_every_rank_and_reduced_over_the_shard_group(
     results: list[dict], recipe_name: str
 ) -> None:
-    """Scales (per-tensor ``scale_inv``; the block scales of each shard, equal on its replica; NVFP4's
-    global amaxes) identical across ranks; a current-scaling or NVFP4 shard MAX-reduces its amax over its
-    shard group (TE ``float8_tensor.py`` line 963, ``nvfp4_tensor.py`` line 595, with FSDP2's shard mesh)."""
+    """Scales (per-tensor ``scale_inv``, current and delayed scaling; the block scales of each shard, equal
+    on its replica; NVFP4's global amaxes) identical across ranks; a current-scaling or NVFP4 shard
+    MAX-reduces its amax over its shard group (TE ``float8_tensor.py`` line 963, ``nvfp4_tensor.py`` line
+    595, with FSDP2's shard mesh); delayed scaling's group: the test below."""
     for rank, res in enumerate(results):
         run = res[recipe_name]
         peer = results[rank ^ MESH[1]][recipe_name]  # the same shard on the other replica
@@ -419,7 +427,7 @@ def test_hsdp_delayed_scaling_reduces_amaxes_over_all_ranks_in_te_buffer_order(
 ) -> None:
     """Delayed scaling reduces the amax over autocast's group (the default group, or the data-parallel
     group passed), never FSDP2's shard group (TE's Float8Tensor FSDP2 hooks reduce nothing under delayed
-    scaling: ``float8_tensor.py`` lines 960-962 at d0067d0 set a group for current scaling only).  Per step,
+    scaling: ``float8_tensor.py`` lines 961-963 at d0067d0 set a group for current scaling only).  Per step,
     one MAX all-reduce per buffer key at autocast exit (3 amaxes per module) and one at the end of the
     backward (2 per module), TE ``reduce_and_update_fp8_tensors`` (``quantization.py`` lines 656-684); the
     ``/dp`` run also reduces the first run's dead model (TE's buffer keeps its amaxes until ``reset``)."""
