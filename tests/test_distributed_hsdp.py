@@ -293,7 +293,7 @@ def _te_reference(recipe_name: str, world: int) -> dict:
 
 def _collected_on_some_ranks(rank: int, group) -> list:
     """A delayed-scaling module that ran forward under ``amax_reduction_group=group`` and is then dropped; only the
-    odd ranks' garbage collector frees it (its reference cycle, as FSDP2's hooks make one) before another
+    odd ranks' garbage collector frees it (a reference cycle: only the collector frees it) before another
     module's delayed-scaling step with the default group.  TE's global buffer keeps the dead module's amaxes
     (``quantization.py`` lines 552-559 at d0067d0: the tensors themselves, until ``reset``), so every rank
     all-reduces both keys, forward and backward: the ``(group ranks, numel)`` of each amax all-reduce."""
@@ -327,7 +327,6 @@ def _collected_on_some_ranks(rank: int, group) -> list:
 
 def hsdp_worker(rank: int, world: int) -> dict:
     """Every HSDP run of this module on one rank of the 2 x 2 mesh, and the one-process references."""
-
     mesh = _mesh()
     out: dict = {"against_torchao": _ao_against_torchao(rank, mesh)}
     for run in AO_RUNS:
