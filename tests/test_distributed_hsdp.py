@@ -35,6 +35,12 @@ matter).  Checks, all in the one 4-rank spawn shared with ``test_distributed_tor
   (``Float8CurrentScaling/meta``): each rank initialises its shard (values by shard index, so the replicas
   agree) and ``reset_parameters`` quantizes it with the amax MAX-reduced over the shard group (``base.py``
   lines 1856-1862); a reduction over the replicate group instead, or none, gives each shard its own scale.
+- DelayedScaling (TE's default recipe, one micro-batch for all ranks), under ``autocast`` without a group
+  (TE's own HSDP test) and with a data-parallel group over all 4 ranks: the same bit-identity and scales,
+  and every amax all-reduce of the run spans all 4 ranks (TE's FSDP2 hooks reduce nothing under delayed
+  scaling).  Issue 16's hang: a dead module's scalers left fp8sim's global buffer when each rank's garbage
+  collector freed it, so ranks disagreed on which amax all-reduces to issue; ``_collected_on_some_ranks``
+  makes that deterministic (it hung before the fix).
 """
 
 from __future__ import annotations
@@ -56,7 +62,11 @@ STEPS = 2
 MESH = (2, 2)  # replicate, shard
 TE_RECIPES = ("Float8CurrentScaling", "MXFP8BlockScaling", "NVFP4BlockScaling")
 META = "Float8CurrentScaling/meta"  # TE's meta-device flow: each shard initialised and quantized on its rank
-TE_RUNS = (*TE_RECIPES, META)
+# DelayedScaling (TE's default recipe; one micro-batch for all ranks, see test_distributed_fsdp_fp8_params):
+# autocast without a group as TE's own HSDP test runs it (run_fsdp2_model.py line 328: the default group),
+# and with the data-parallel group a TE user passes (here a group object of its own over all 4 ranks)
+DELAYED = ("DelayedScaling", "DelayedScaling/dp")
+TE_RUNS = (*TE_RECIPES, META, *DELAYED)
 AMAX_GROUPED = ("Float8CurrentScaling", "NVFP4BlockScaling", META)  # the shard's amax_reduction_group is set
 AO_RUNS = ("ag", "ag_precompute")
 
@@ -195,8 +205,24 @@ def _ao_against_torchao(rank: int, mesh) -> dict:
 # --- TE-style FP8 primary weights ----------------------------------------------------------------------
 
 
-def _te_run(recipe_name: str, rank: int, mesh) -> dict:
+def _recording_amax_reductions(reductions: list):
+    """``fp8sim.scaling.delayed._all_reduce_max`` that appends ``(group ranks, numel)`` of each call."""
+    import fp8sim.scaling.delayed as delayed
+
+    original = delayed._all_reduce_max
+
+    def recording(row: np.ndarray, group):
+        ranks = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
+        reductions.append((sorted(ranks), int(row.size)))
+        return original(row, group)
+
+    return original, recording
+
+
+def _te_run(recipe_name: str, rank: int, mesh, group=None) -> dict:
     from torch.distributed.fsdp import fully_shard
+
+    import fp8sim.scaling.delayed as delayed
 
     recipe = fp._recipe(recipe_name)
     dims = fp._dims(recipe_name)
@@ -218,20 +244,24 @@ def _te_run(recipe_name: str, rank: int, mesh) -> dict:
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
     opt = torch.optim.SGD(model.parameters(), lr=fp.LR)
-    losses, grads, params = [], [], []
-    same_batch = recipe_name in fp.SAME_BATCH
-    for step in range(STEPS):
-        x, y = fp._data(step, 0 if same_batch else rank, dims)
-        losses.append(fp._step(model, recipe, x, y, dist.group.WORLD).item())
-        grads.append([p.grad._local_tensor.numpy().copy() for p in model.parameters()])
-        opt.step()
-        opt.zero_grad()
-        params.append([fp._state(p._local_tensor) for p in model.parameters()])
+    losses, grads, params, reductions = [], [], [], []
+    same_batch = recipe_name.split("/")[0] in fp.SAME_BATCH
+    original, delayed._all_reduce_max = _recording_amax_reductions(reductions)
+    try:
+        for step in range(STEPS):
+            x, y = fp._data(step, 0 if same_batch else rank, dims)
+            losses.append(fp._step(model, recipe, x, y, group).item())
+            grads.append([p.grad._local_tensor.numpy().copy() for p in model.parameters()])
+            opt.step()
+            opt.zero_grad()
+            params.append([fp._state(p._local_tensor) for p in model.parameters()])
+    finally:
+        delayed._all_reduce_max = original
     groups = []
     for p in model.parameters():
         group = getattr(p._local_tensor, "amax_reduction_group", None)
         groups.append(None if group is None else sorted(dist.get_process_group_ranks(group)))
-    return {"losses": losses, "grads": grads, "params": params, "amax_groups": groups}
+    return {"losses": losses, "grads": grads, "params": params, "amax_groups": groups, "reductions": reductions}
 
 
 def _te_reference(recipe_name: str, world: int) -> dict:
@@ -242,7 +272,7 @@ def _te_reference(recipe_name: str, world: int) -> dict:
     )
     opt = torch.optim.SGD(model.parameters(), lr=fp.LR)
     losses, grads, params = [], [], []
-    same_batch = recipe_name in fp.SAME_BATCH  # one pass: see test_distributed_fsdp_fp8_params
+    same_batch = recipe_name.split("/")[0] in fp.SAME_BATCH  # one pass: see test_distributed_fsdp_fp8_params
     for step in range(STEPS):
         micro, step_losses = [], []
         for r in range(1 if same_batch else world):
@@ -261,17 +291,55 @@ def _te_reference(recipe_name: str, world: int) -> dict:
     return {"losses": losses, "grads": grads, "params": params}
 
 
+def _collected_on_some_ranks(rank: int, group) -> list:
+    """A delayed-scaling module that ran forward under ``amax_reduction_group=group`` and is then dropped; only the
+    odd ranks' garbage collector frees it (a reference cycle: only the collector frees it) before another
+    module's delayed-scaling step with the default group.  TE's global buffer keeps the dead module's amaxes
+    (``quantization.py`` lines 552-559 at d0067d0: the tensors themselves, until ``reset``), so every rank
+    all-reduces both keys, forward and backward: the ``(group ranks, numel)`` of each amax all-reduce."""
+    import gc
+
+    import fp8sim.pytorch as te
+    import fp8sim.scaling.delayed as delayed
+    from fp8sim.recipe import DelayedScaling
+
+    te.FP8GlobalStateManager.reset()  # this check's keys only (it runs last)
+    reductions: list = []
+    original, delayed._all_reduce_max = _recording_amax_reductions(reductions)
+    gc.disable()
+    try:
+        for step, amax_group in enumerate((group, None)):
+            torch.manual_seed(0)
+            model = te.Linear(16, 16, bias=False)
+            model.__dict__["_cycle"] = model  # only the cyclic collector frees it
+            with te.autocast(recipe=DelayedScaling(), amax_reduction_group=amax_group):
+                out = model(torch.randn(8, 16, generator=torch.Generator().manual_seed(step)))
+            if step:  # the first module takes no backward: nothing else (a backward's region) holds it
+                out.square().mean().backward()
+            del model, out
+            if step == 0 and rank % 2:
+                gc.collect()
+    finally:
+        gc.enable()
+        delayed._all_reduce_max = original
+    return reductions
+
+
 def hsdp_worker(rank: int, world: int) -> dict:
     """Every HSDP run of this module on one rank of the 2 x 2 mesh, and the one-process references."""
     mesh = _mesh()
     out: dict = {"against_torchao": _ao_against_torchao(rank, mesh)}
     for run in AO_RUNS:
         out[run] = _ao_run(rank, run, mesh)
+    dp_group = dist.new_group(list(range(world)))  # every rank, in the same order
     for recipe_name in TE_RUNS:
-        out[recipe_name] = _te_run(recipe_name, rank, mesh)
+        group = {"DelayedScaling": None, "DelayedScaling/dp": dp_group}.get(recipe_name, dist.group.WORLD)
+        out[recipe_name] = _te_run(recipe_name, rank, mesh, group)
     # every rank runs the references: a delayed-scaling autocast reduces its amaxes over the default group
     out["reference"] = {"ao": _ao_reference(world)}
-    out["reference"].update({name: _te_reference(name, world) for name in TE_RUNS})
+    out["reference"].update({name: _te_reference(name, world) for name in TE_RUNS if name != DELAYED[1]})
+    out["reference"][DELAYED[1]] = out["reference"][DELAYED[0]]  # one process: no group, the same reference
+    out["collected_on_some_ranks"] = _collected_on_some_ranks(rank, mesh.get_group("shard"))
     return out
 
 
@@ -332,9 +400,10 @@ def test_hsdp_fp8_primary_weights_train_bit_identically_to_one_process(results: 
 def test_hsdp_scales_are_identical_on_every_rank_and_reduced_over_the_shard_group(
     results: list[dict], recipe_name: str
 ) -> None:
-    """Scales (per-tensor ``scale_inv``; the block scales of each shard, equal on its replica; NVFP4's
-    global amaxes) identical across ranks; a current-scaling or NVFP4 shard MAX-reduces its amax over its
-    shard group (TE ``float8_tensor.py`` line 963, ``nvfp4_tensor.py`` line 595, with FSDP2's shard mesh)."""
+    """Scales (per-tensor ``scale_inv``, current and delayed scaling; the block scales of each shard, equal
+    on its replica; NVFP4's global amaxes) identical across ranks; a current-scaling or NVFP4 shard
+    MAX-reduces its amax over its shard group (TE ``float8_tensor.py`` line 963, ``nvfp4_tensor.py`` line
+    595, with FSDP2's shard mesh); delayed scaling's group: the test below."""
     for rank, res in enumerate(results):
         run = res[recipe_name]
         peer = results[rank ^ MESH[1]][recipe_name]  # the same shard on the other replica
@@ -349,3 +418,47 @@ def test_hsdp_scales_are_identical_on_every_rank_and_reduced_over_the_shard_grou
             shard_group = [rank - _shard_index(rank) + s for s in range(MESH[1])]
             weights = [g for g in run["amax_groups"] if g is not None]
             assert weights and all(g == shard_group for g in weights), (rank, run["amax_groups"])
+
+
+@pytest.mark.parametrize("recipe_name", DELAYED)
+def test_hsdp_delayed_scaling_reduces_amaxes_over_all_ranks_in_te_buffer_order(
+    results: list[dict], recipe_name: str
+) -> None:
+    """Delayed scaling reduces the amax over autocast's group (the default group, or the data-parallel
+    group passed), never FSDP2's shard group (TE's Float8Tensor FSDP2 hooks reduce nothing under delayed
+    scaling: ``float8_tensor.py`` lines 961-963 at d0067d0 set a group for current scaling only).  Per step,
+    one MAX all-reduce per buffer key at autocast exit (3 amaxes per module) and one at the end of the
+    backward (2 per module), TE ``reduce_and_update_fp8_tensors`` (``quantization.py`` lines 656-684); the
+    ``/dp`` run also reduces the first run's dead model (TE's buffer keeps its amaxes until ``reset``)."""
+    keys = DELAYED.index(recipe_name) + 1
+    world = list(range(len(results)))
+    want = ([(world, 6)] * keys + [(world, 4)] * keys) * STEPS
+    for rank, res in enumerate(results):
+        assert res[recipe_name]["reductions"] == want, f"rank {rank}: {res[recipe_name]['reductions']}"
+
+
+def test_delayed_scaling_reduces_a_dead_modules_amaxes_on_every_rank(results: list[dict]) -> None:
+    """Issue 16's hang: a module's scalers stayed in the global buffer only until the garbage collector
+    freed the module, so a rank that had collected it skipped that key's all-reduce and its peers waited
+    in it (or, the sizes differing, gloo aborted).  ``_collected_on_some_ranks``: the dead module's keys are
+    all-reduced on every rank, in the same order (TE ``quantization.py`` lines 552-559 and 656-684)."""
+    for rank, res in enumerate(results):
+        shard = sorted(r - _shard_index(r) + s for r in (rank,) for s in range(MESH[1]))
+        world = list(range(len(results)))
+        want = [(shard, 3), (shard, 3), (world, 3), (shard, 2), (world, 2)]
+        assert res["collected_on_some_ranks"] == want, f"rank {rank}: {res['collected_on_some_ranks']}"
+
+
+@pytest.mark.slow
+def test_a_hung_run_fails_with_each_ranks_stack() -> None:
+    """A hang (as issue 16's, before the fix) fails at the deadline with each rank's Python stack
+    (``_dist.ranks``): the waiting rank's shows the collective it is in."""
+    from _dist import RankFailure, ranks
+    from test_distributed_reliability import _hangs
+
+    with pytest.raises(RankFailure, match="did not finish within 8.0 s") as info:
+        ranks(_hangs, timeout=8.0)
+    message = str(info.value)
+    rank0 = message.split("--- rank 0 ---")[1].split("--- rank 1 ---")[0]
+    assert "in barrier" in rank0 and "in _hangs" in rank0, message
+    assert "in _hangs" in message.split("--- rank 1 ---")[1], message

@@ -10,6 +10,7 @@ compute.  ``accumulator`` (an fp8sim extension) picks the GEMM model for the who
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -58,8 +59,8 @@ class FP8State:
     fp8_parameters: bool = False  # inside quantized_model_init
     parameters_recipe: Recipe | None = None
     high_precision_init_val: bool = False
-    # TE's global amax buffers: (forward, autocast key) -> weak references to DelayedScalers, and the
-    # (recipe, group) of each key; they persist across regions until FP8GlobalStateManager.reset()
+    # TE's global amax buffers: (forward, autocast key) -> callables returning a DelayedScaler (None once a
+    # weakly held one is gone), and the (recipe, group) of each key; kept until FP8GlobalStateManager.reset()
     buffers: dict[tuple[bool, str], list[Any]] = field(default_factory=dict)
     autocast_arguments: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     backward_token: Any = None  # the region whose backward update ran
@@ -123,16 +124,32 @@ def _autocast_key(recipe: Recipe, group: Any) -> str:
     return f"recipe={recipe!r},group={None if group is None else id(group)}"
 
 
+def _distributed() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+def _strong_ref(scaler: Any) -> Any:
+    return lambda: scaler
+
+
 def add_fp8_tensors_to_global_buffer(fwd: Any, bwd: Any, recipe: Recipe, group: Any) -> None:
-    """Register a GEMM's forward and backward DelayedScalers once in TE's global buffers."""
+    """Register a GEMM's forward and backward DelayedScalers once in TE's global buffers.
+
+    Under ``torch.distributed`` the buffers hold the scalers until ``FP8GlobalStateManager.reset()``, as
+    TE's hold the amax tensors, so each key is all-reduced on every rank.  Held weakly (one process
+    only), a dead module left them when the garbage collector freed it, a moment that differs between
+    ranks: some ranks skipped its all-reduce and the others hung in it (issue 16).
+    """
     import weakref
 
     key = _autocast_key(recipe, group)
     _STATE.autocast_arguments[key] = (recipe, group)
     for refs in _STATE.buffers.values():  # a scaler lives under one key: its latest recipe and group
         refs[:] = [r for r in refs if r() is not fwd and r() is not bwd]
+    ref = _strong_ref if _distributed() else weakref.ref
     for forward, scaler in ((True, fwd), (False, bwd)):
-        _STATE.buffers.setdefault((forward, key), []).append(weakref.ref(scaler))
+        _STATE.buffers.setdefault((forward, key), []).append(ref(scaler))
 
 
 def reduce_and_update_fp8_tensors(forward: bool = True, token: Any = None) -> None:
@@ -149,7 +166,7 @@ def reduce_and_update_fp8_tensors(forward: bool = True, token: Any = None) -> No
         if fw != forward:
             continue
         scalers = [r() for r in refs]
-        refs[:] = [r for r, sc in zip(refs, scalers, strict=True) if sc is not None]  # drop dead modules
+        refs[:] = [r for r, sc in zip(refs, scalers, strict=True) if sc is not None]  # dead (one process only)
         live = [sc for sc in scalers if sc is not None]
         if live:
             recipe, group = _STATE.autocast_arguments[key]
