@@ -55,7 +55,7 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 import test_distributed_fsdp_fp8_params as fp  # noqa: E402
 import test_distributed_torchao_fsdp as aot  # noqa: E402
-from _four_ranks import four_ranks  # noqa: E402
+from _four_ranks import part  # noqa: E402
 from torch import nn  # noqa: E402
 
 STEPS = 2
@@ -345,7 +345,7 @@ def hsdp_worker(rank: int, world: int) -> dict:
 
 @pytest.fixture(scope="module")
 def results() -> list[dict]:
-    return [r["hsdp"] for r in four_ranks()]
+    return part("hsdp")
 
 
 def _same(got: np.ndarray, want: np.ndarray, what: str) -> None:

@@ -91,9 +91,9 @@ def _worker(rank: int, world: int) -> dict:
 @pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
 def results(request: pytest.FixtureRequest) -> tuple[int, list[dict]]:
     if request.param == 4:  # the 4-rank spawn is shared with the HSDP checks (_four_ranks.py)
-        from _four_ranks import four_ranks
+        from _four_ranks import part
 
-        return 4, [r["torchao"] for r in four_ranks()]
+        return 4, part("torchao")
     return request.param, ranks(_worker, world_size=request.param)
 
 
