@@ -8,9 +8,8 @@ already complete.  ``gather_along_first_dim`` with a ``quantizer`` follows TE's 
 (``_all_gather_fp8``: the local shard quantized rowwise, the codes gathered, this rank's ``scale_inv`` kept),
 MXFP8 (``_all_gather_mxfp8``: the shard quantized and data and scales gathered; a shard that cannot be
 quantized gathered in high precision and the whole quantized, with TE's warning), NVFP4 (``_all_gather_nvfp4``,
-``module/_tp_nvfp4``); any other quantizer: TE's high-precision fallback (a warning, then the whole
-quantized).  fp8sim does not emulate TE's Float8Block per-shard gather (``_start_all_gather_fp8_blockwise``):
-a ``Float8BlockQuantizer`` takes the fallback.
+``module/_tp_nvfp4``), Float8Block (``_start_all_gather_fp8_blockwise``, see :func:`_all_gather_fp8_blockwise`);
+any other quantizer: TE's high-precision fallback (a warning, then the whole quantized).
 """
 
 from __future__ import annotations
@@ -248,14 +247,41 @@ def _all_gather_mxfp8(inp: Any, group: Any, quantizer: Any, out_shape: list[int]
     return out, None
 
 
+def _all_gather_fp8_blockwise(inp: Any, group: Any, quantizer: Any, out_shape: list[int]) -> Any:
+    """TE ``_start_all_gather_fp8_blockwise`` for a high-precision ``inp``: a shard TE cannot quantize
+    (``is_quantizable``: >= 2 dims, last dim and the product of the others multiples of 128) or 2D blocks:
+    TE's warning, a high-precision gather, the whole quantized.  Else TE quantizes each shard and gathers
+    data and scales; every 1x128 rowwise block lies in one row and every 128x1 columnwise block inside one
+    shard (its rows are a multiple of 128), so that is the whole tensor's quantization, which fp8sim returns
+    (tests/_te_tp_attention.py ``_per_shard_then_gather`` checks the equality).  An already-quantized
+    ``Float8BlockwiseQTensor`` is not gathered as it is (not emulated)."""
+    from .tensor.float8_blockwise_tensor import Float8BlockQuantizer
+    from .tensor.storage.quantized_tensor_storage import QuantizedTensorStorage
+
+    if quantizer is None:
+        raise ValueError("Quantizer is missing")
+    if not isinstance(quantizer, Float8BlockQuantizer):
+        raise ValueError(f"Got non-FP8 blockwise quantizer ({quantizer.__class__.__name__})")
+    if isinstance(inp, QuantizedTensorStorage):
+        raise NotImplementedError("fp8sim: gather_along_first_dim of a Float8BlockwiseQTensor is not emulated")
+    shape = tuple(inp.shape)
+    quantizable = len(shape) >= 2 and shape[-1] % 128 == 0 and math.prod(shape[:-1]) % 128 == 0
+    if not quantizable or quantizer.block_scaling_dim != 1:
+        warnings.warn(_MX_FALLBACK, stacklevel=3)
+    out, _ = _gather_plain(inp, group, False, out_shape)
+    return quantizer(out)
+
+
 def gather_along_first_dim(
     inp: Any, process_group: Any, async_op: bool = False, quantizer: Any = None
 ) -> tuple[Any, Any]:
     """TE: every rank's ``inp`` concatenated along dim 0 (rank order); with ``quantizer`` (or a quantized
     ``inp``) the gathered tensor is quantized as TE gathers it (module docstring)."""
+    from .tensor.float8_blockwise_tensor import Float8BlockQuantizer
     from .tensor.float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer
     from .tensor.mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
     from .tensor.nvfp4_tensor import NVFP4Quantizer, NVFP4Tensor
+    from .tensor.storage.float8_blockwise_tensor_storage import Float8BlockwiseQTensorStorage
     from .tensor.storage.float8_tensor_storage import Float8TensorStorage
     from .tensor.storage.quantized_tensor_storage import QuantizedTensorStorage
 
@@ -273,6 +299,8 @@ def gather_along_first_dim(
             raise TypeError(f"Expected MXFP8Quantizer for MXFP8 all-gather, but got {type(quantizer).__name__}.")
         out, _ = _all_gather_mxfp8(inp, process_group, quantizer, out_shape)
         return out, _Done() if async_op else None
+    if isinstance(inp, Float8BlockwiseQTensorStorage) or isinstance(quantizer, Float8BlockQuantizer):
+        return _all_gather_fp8_blockwise(inp, process_group, quantizer, out_shape), _Done() if async_op else None
     if isinstance(inp, NVFP4Tensor) or isinstance(quantizer, NVFP4Quantizer):
         if not isinstance(quantizer, NVFP4Quantizer):
             raise TypeError(f"Expected NVFP4Quantizer for NVFP4 all-gather, but got {type(quantizer).__name__}.")

@@ -140,3 +140,11 @@ def initialize_affine_weight_gpu(
         return
     with get_rng_state_tracker().fork():
         init_method(weight)
+
+
+def dropout_fork(tracker: CudaRNGStatesTracker | None, attention_dropout: float) -> contextlib.AbstractContextManager:
+    """TE ``DotProductAttention``'s ``attention_dropout_ctx``: the tracker's default fork when it has a
+    tracker (none under ``sequence_parallel``) and ``attention_dropout > 0``, else no context."""
+    if tracker is None or not attention_dropout > 0:
+        return contextlib.nullcontext()
+    return tracker.fork()
