@@ -418,3 +418,39 @@ def test_nvfp4_and_float8_block_gathers(res: list[dict]) -> None:
         _same(sinv, small._rowwise_scale_inv, f"rank {r} Float8Block fallback scales")
         assert _FALLBACK in msgs
         assert b["err_nv_type"] == "TypeError: Expected NVFP4Quantizer for NVFP4 all-gather, but got NoneType."
+
+
+def test_multihead_attention_hands_the_tracker_to_its_gemms_and_attention() -> None:
+    """TE multi_head_attention.py 348-352 (``common_gemm_kwargs``) and 459: QKV and proj weights are
+    initialised in the fork in construction order (query, key, value, proj), DPA forks for dropout."""
+    tr = _tracker(31)
+    before = torch.get_rng_state()
+    mha = te.MultiheadAttention(
+        8, 2, init_method=_init, output_layer_init_method=_init, attention_dropout=0.5, get_rng_state_tracker=lambda: tr
+    )
+    assert torch.equal(torch.get_rng_state(), before)
+    want = _seeded(31, (8, 8), (8, 8), (8, 8), (8, 8))
+    for name, w in zip(("query_weight", "key_weight", "value_weight"), want[:3], strict=True):
+        _same(getattr(mha.qkv, name).detach(), w, f"MultiheadAttention qkv.{name}")
+    _same(mha.proj.weight.detach(), want[3], "MultiheadAttention proj.weight")
+    assert mha.core_attention.rng_states_tracker is tr
+
+
+def test_checkpoint_replays_dropout_drawn_in_the_tracker_fork() -> None:
+    """TE ``checkpoint(..., get_rng_state_tracker=...)``: the recompute restores the tracker's states, so the
+    dropout mask drawn in the fork is the forward's: gradients equal those of the run without checkpoint."""
+    grads = []
+    for ckpt in (False, True):
+        q, k, v = (
+            torch.randn(4, 1, 2, 8, generator=torch.Generator().manual_seed(i)).requires_grad_() for i in range(3)
+        )
+        tr = _tracker(41)
+        dpa = te.DotProductAttention(2, 8, attention_dropout=0.5, get_rng_state_tracker=lambda tr=tr: tr)
+        if ckpt:
+            out = ted.checkpoint(dpa, q, k, v, get_rng_state_tracker=lambda tr=tr: tr)
+        else:
+            out = dpa(q, k, v)
+        out.square().sum().backward()
+        grads.append([out.detach(), q.grad, k.grad, v.grad])
+    for a, b, what in zip(grads[0], grads[1], ("out", "dq", "dk", "dv"), strict=True):
+        _same(b, a, f"checkpointed {what}")

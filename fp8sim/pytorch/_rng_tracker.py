@@ -142,6 +142,16 @@ def initialize_affine_weight_gpu(
         init_method(weight)
 
 
+def attention_tracker(get_rng_state_tracker: Callable | None, sequence_parallel: bool) -> CudaRNGStatesTracker | None:
+    """TE ``DotProductAttention.__init__``: the tracker (None under ``sequence_parallel``), its states
+    published with :func:`set_all_rng_states`."""
+    if sequence_parallel or get_rng_state_tracker is None:
+        return None
+    tracker = get_rng_state_tracker()
+    set_all_rng_states(tracker.get_states())
+    return tracker
+
+
 def dropout_fork(tracker: CudaRNGStatesTracker | None, attention_dropout: float) -> contextlib.AbstractContextManager:
     """TE ``DotProductAttention``'s ``attention_dropout_ctx``: the tracker's default fork when it has a
     tracker (none under ``sequence_parallel``) and ``attention_dropout > 0``, else no context."""

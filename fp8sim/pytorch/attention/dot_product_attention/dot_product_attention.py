@@ -19,7 +19,7 @@ from torch import nn
 
 from ....recipe import DelayedScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, Recipe, tensor_format
 from ....scaling.delayed import DelayedScaler
-from ..._rng_tracker import dropout_fork
+from ..._rng_tracker import attention_tracker, dropout_fork
 from ...distributed import _replay_fp8_state
 from ...module._fp8_handoff import handoff_of
 from ...quantization import _register, current_state, get_recipe
@@ -114,7 +114,7 @@ class DotProductAttention(nn.Module):
         self.tp_size = tp_size
         self.num_gqa_groups_per_partition = self.num_gqa_groups // tp_size
         self.attention_dropout = attention_dropout
-        self.rng_states_tracker = get_rng_state_tracker() if get_rng_state_tracker and not sequence_parallel else None
+        self.rng_states_tracker = attention_tracker(get_rng_state_tracker, sequence_parallel)
         self.qkv_format = qkv_format
         self.attn_mask_type = utils.normalize_mask_type(attn_mask_type)
         self.window_size = utils.check_set_window_size(self.attn_mask_type, window_size)
