@@ -101,6 +101,35 @@ def _blocks(rank: int, group: Any) -> dict:
     return res
 
 
+def _fallbacks(rank: int, group: Any) -> dict:
+    """TE's high-precision fallbacks and the refusals of inputs it cannot gather."""
+    from fp8sim.pytorch.constants import DType
+    from fp8sim.pytorch.distributed import gather_along_first_dim
+    from fp8sim.pytorch.tensor.float8_blockwise_tensor import Float8BlockQuantizer
+    from fp8sim.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer
+    from fp8sim.pytorch.tensor.identity_tensor import IdentityQuantizer
+    from fp8sim.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
+
+    res: dict = {}
+    x = _x(rank, (32, 128), torch.bfloat16, seed=10)
+    res["x"] = x
+    (out, h), msgs = _caught(lambda: gather_along_first_dim(x, group, quantizer=IdentityQuantizer()))
+    res["identity"] = (type(out).__name__, out.dequantize().clone(), h, msgs)
+    local = IdentityQuantizer()(x)
+    (out, h), msgs = _caught(lambda: gather_along_first_dim(local, group))
+    res["identity_as_input"] = (type(out).__name__, out.clone(), h, msgs)
+    col = Float8CurrentScalingQuantizer(DType.kFloat8E4M3, rowwise=False, columnwise=True)(x)
+    res["err_col_only"] = _error(lambda: gather_along_first_dim(col, group))
+    blk = Float8BlockQuantizer(DType.kFloat8E4M3, rowwise=True, columnwise=True, block_scaling_dim=1)
+    bt = blk(x.repeat(4, 1))
+    res["err_block_no_q"] = _error(lambda: gather_along_first_dim(bt, group))
+    res["err_block_as_is"] = _error(lambda: gather_along_first_dim(bt, group, quantizer=blk))
+    row_only = MXFP8Quantizer(DType.kFloat8E4M3, columnwise=False)(x)
+    _, msgs = _caught(lambda: gather_along_first_dim(row_only, group, quantizer=MXFP8Quantizer(DType.kFloat8E4M3)))
+    res["mx_mismatch"] = msgs
+    return res
+
+
 def worker(rank: int, world: int) -> dict:
     torch.set_num_threads(1)
     from fp8sim.pytorch import distributed as ted
@@ -157,4 +186,5 @@ def worker(rank: int, world: int) -> dict:
     res["err_sym_kind"] = _error(lambda: ted.symmetric_all_reduce(z.clone(), group, all_reduce_type="three_shot"))
     res["fp8"] = _fp8(rank, group)
     res["blocks"] = _blocks(rank, group)
+    res["fallbacks"] = _fallbacks(rank, group)
     return res

@@ -454,3 +454,28 @@ def test_checkpoint_replays_dropout_drawn_in_the_tracker_fork() -> None:
         grads.append([out.detach(), q.grad, k.grad, v.grad])
     for a, b, what in zip(grads[0], grads[1], ("out", "dq", "dk", "dv"), strict=True):
         _same(b, a, f"checkpointed {what}")
+
+
+def test_high_precision_fallbacks_and_refusals(res: list[dict]) -> None:
+    """TE ``gather_along_first_dim`` 1789-1830: another quantizer, or a quantized input of another kind,
+    is gathered in high precision with TE's warning; MXFP8 input lacking a usage the quantizer wants is
+    re-quantized with TE's warning (1574-1583); Float8Block input needs a quantizer (1127-1128)."""
+    want = torch.cat([x["fallbacks"]["x"] for x in res])
+    unsupported = "Attempting to all-gather an unsupported quantized tensor. Falling back to high-precision all-gather."
+    for r, x in enumerate(res):
+        f = x["fallbacks"]
+        kind, vals, h, msgs = f["identity"]
+        assert kind == "IdentityTensor" and h is None and unsupported in msgs
+        _same(vals, want, f"rank {r} IdentityQuantizer: gathered then quantized")
+        kind, vals, h, msgs = f["identity_as_input"]
+        assert kind == "Tensor" and h is None and unsupported in msgs
+        _same(vals, want, f"rank {r} IdentityTensor input: dequantized and gathered")
+        assert f["err_col_only"] == "RuntimeError: Float8TensorStorage is not supported yet without Quantizer"
+        assert f["err_block_no_q"] == "ValueError: Quantizer is missing"
+        assert f["err_block_as_is"] == (
+            "NotImplementedError: fp8sim: gather_along_first_dim of a Float8BlockwiseQTensor is not emulated"
+        )
+        assert (
+            "Input and quantizer do not have matching usages. Dequantizing and requantizing to MXFP8."
+            in (f["mx_mismatch"])
+        )
