@@ -162,6 +162,9 @@ def worker(rank: int, world: int) -> dict:
     out, h = ted.gather_along_first_dim(y, group, async_op=True)
     h.wait()
     res["ag_async"] = out.clone()
+    buf = torch.empty(6, 4, dtype=torch.bfloat16)
+    out, h = ted.gather_along_first_dim(y, group, output_tensor=buf, external_coalescing=True)
+    res["ag_output"] = (out.clone(), out is buf, h)
     f8 = y.to(torch.float8_e5m2)
     res["ag_fp8"] = (f8.view(torch.uint8), ted.gather_along_first_dim(f8, group)[0].view(torch.uint8))
 

@@ -57,6 +57,9 @@ def test_single_process_collectives_return_the_input_and_no_handle() -> None:
     out, h = ted.gather_along_first_dim(x, None, quantizer=q)  # TE: quantized locally
     _same(out._data, q(x)._data, "world-1 gather with a quantizer")
     assert h is None
+    with pytest.raises(NotImplementedError) as e:
+        ted.gather_along_first_dim(x, None, quantizer=q, output_tensor=torch.empty(4, 3))
+    assert str(e.value) == "fp8sim: gather_along_first_dim with output_tensor= and a quantized gather"
 
 
 def test_rank_and_split_need_an_initialised_process_group() -> None:
@@ -293,6 +296,9 @@ def test_gather_along_first_dim_plain_and_float8(res: list[dict]) -> None:
         _same(out, want, f"rank {r} gather")
         assert h is None
         _same(x["ag_async"], want, f"rank {r} async gather")
+        out, is_buf, h = x["ag_output"]
+        _same(out, want, f"rank {r} gather into output_tensor=")
+        assert is_buf and h is None
         _same(x["ag_fp8"][1], want8, f"rank {r} float8_e5m2 gather (byte view)")
 
 

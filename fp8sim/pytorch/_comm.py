@@ -273,10 +273,18 @@ def _all_gather_fp8_blockwise(inp: Any, group: Any, quantizer: Any, out_shape: l
 
 
 def gather_along_first_dim(
-    inp: Any, process_group: Any, async_op: bool = False, quantizer: Any = None
+    inp: Any,
+    process_group: Any,
+    async_op: bool = False,
+    quantizer: Any = None,
+    output_tensor: torch.Tensor | None = None,
+    external_coalescing: bool = False,
 ) -> tuple[Any, Any]:
     """TE: every rank's ``inp`` concatenated along dim 0 (rank order); with ``quantizer`` (or a quantized
-    ``inp``) the gathered tensor is quantized as TE gathers it (module docstring)."""
+    ``inp``) the gathered tensor is quantized as TE gathers it (module docstring).  ``output_tensor``: the
+    buffer of a plain gather (with a quantizer: not emulated); ``external_coalescing`` (TE: the caller's
+    coalescing manager batches the collectives) changes nothing here, each collective runs as it is issued."""
+    del external_coalescing
     from .tensor.float8_blockwise_tensor import Float8BlockQuantizer
     from .tensor.float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer
     from .tensor.mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
@@ -285,6 +293,8 @@ def gather_along_first_dim(
     from .tensor.storage.float8_tensor_storage import Float8TensorStorage
     from .tensor.storage.quantized_tensor_storage import QuantizedTensorStorage
 
+    if output_tensor is not None and (quantizer is not None or isinstance(inp, QuantizedTensorStorage)):
+        raise NotImplementedError("fp8sim: gather_along_first_dim with output_tensor= and a quantized gather")
     world = get_distributed_world_size(process_group)
     if world == 1:
         if quantizer is not None and not isinstance(inp, QuantizedTensorStorage):
@@ -316,7 +326,9 @@ def gather_along_first_dim(
     if isinstance(inp, QuantizedTensorStorage):  # TE: "Dequantize quantized tensor if not supported"
         warnings.warn(_UNSUPPORTED, stacklevel=2)
         inp = inp.dequantize()
-    return _gather_plain(inp, process_group, async_op, out_shape)
+    if output_tensor is None:
+        return _gather_plain(inp, process_group, async_op, out_shape)
+    return output_tensor, _gather_bytes(output_tensor, inp, process_group, async_op)
 
 
 def allreduce(inp: torch.Tensor, tp_group: Any = None, async_op: bool = False) -> tuple[torch.Tensor, Any]:
