@@ -12,6 +12,8 @@ saved tensor (fp8sim's FP8 GEMMs keep their quantized operands on their autograd
 torch ops' saved tensors are traded for compute).  A function without TE modules goes to
 ``torch.utils.checkpoint`` as in TE.  ``distribute_saved_activations`` only moves memory between
 ranks: in one process it is accepted and changes nothing.
+
+TE's public collectives (``_comm``) and its ``CudaRNGStatesTracker`` (``_rng_tracker``) are re-exported here.
 """
 
 from __future__ import annotations
@@ -24,6 +26,24 @@ from typing import Any
 
 import torch
 
+from ._comm import (
+    allreduce,
+    gather_along_first_dim,
+    gather_split_1d_tensor,
+    get_distributed_rank,
+    get_distributed_world_size,
+    reduce_scatter_along_first_dim,
+    set_tensor_model_parallel_attributes,
+    split_tensor_into_1d_equal_chunks,
+    symmetric_all_reduce,
+)
+from ._rng_tracker import (
+    CudaRNGStatesTracker,
+    get_all_rng_states,
+    graph_safe_rng_available,
+    initialize_affine_weight_gpu,
+    set_all_rng_states,
+)
 from .quantization import _RECOMPUTE, FP8GlobalStateManager, _RecomputeRegion, current_state
 
 __all__ = [
@@ -34,6 +54,20 @@ __all__ = [
     "in_fp8_activation_recompute_phase",
     "use_reentrant_activation_recompute",
     "get_activation_recompute_contexts",
+    "get_distributed_world_size",
+    "get_distributed_rank",
+    "set_tensor_model_parallel_attributes",
+    "initialize_affine_weight_gpu",
+    "split_tensor_into_1d_equal_chunks",
+    "gather_split_1d_tensor",
+    "reduce_scatter_along_first_dim",
+    "gather_along_first_dim",
+    "allreduce",
+    "symmetric_all_reduce",
+    "CudaRNGStatesTracker",
+    "get_all_rng_states",
+    "set_all_rng_states",
+    "graph_safe_rng_available",
 ]
 _USE_REENTRANT = {"value": True}
 

@@ -142,6 +142,7 @@ class MultiheadAttention(nn.Module):
         self.hidden_size_kv = kv_channels * self.num_gqa_groups
         kw = {"params_dtype": self.params_dtype, "device": device, "bias": bias, "init_method": init_method}
         kw.update(tp_group=tp_group, tp_size=tp_size, sequence_parallel=sequence_parallel)
+        kw["get_rng_state_tracker"] = get_rng_state_tracker  # TE common_gemm_kwargs: weights init in its fork
         qkv_mode = "column" if set_parallel_mode else None
         ln_kw = {
             **kw,
@@ -184,6 +185,7 @@ class MultiheadAttention(nn.Module):
             tp_size=tp_size,
             tp_group=tp_group,
             sequence_parallel=sequence_parallel,
+            get_rng_state_tracker=get_rng_state_tracker,
             name=None if name is None else name + ".core_attention",
         )
         proj_mode = "row" if set_parallel_mode else None

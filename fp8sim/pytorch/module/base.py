@@ -30,6 +30,7 @@ from ._fp8_params import is_fp8_weight, quantize_primary_weights, reset_sharded_
 from ._gemm_state import _GemmState, _ScalingMeta
 from ._linear_function import LinearOptions, fp8_linear, hp_linear
 from ._operands import nan_skipping_amax
+from ._rng_init import run_init, set_init_tracker
 
 __all__ = [
     "TransformerEngineBaseModule",
@@ -195,7 +196,7 @@ class TransformerEngineBaseModule(nn.Module):
     def register_parameter(self, name: str, param: nn.Parameter | None, **kwargs: Any) -> None:
         """``nn.Module.register_parameter`` plus TE's ``init_fn`` (used by :meth:`reset_parameters`)."""
         init_fn = kwargs.pop("init_fn", None)
-        kwargs.pop("get_rng_state_tracker", None)
+        set_init_tracker(self, [name], kwargs.pop("get_rng_state_tracker", None))  # TE: init in its fork
         kwargs.pop("fp8_meta_index", None)
         if kwargs:
             raise TypeError(f"register_parameter got unexpected keyword arguments {sorted(kwargs)}")
@@ -221,7 +222,7 @@ class TransformerEngineBaseModule(nn.Module):
                     if is_fp8_weight(p):  # re-initialise in high precision, then quantize again
                         p = torch.empty(p.shape, dtype=p.dtype, device=p.device)
                         super().register_parameter(name, nn.Parameter(p))
-                fn(p)
+                run_init(self, name, fn, p)
         if fp8_names:
             quantize_primary_weights(self, fp8_names, self._param_recipe, self._preserve_high_precision_init_val)
 

@@ -11,6 +11,7 @@ from ._fp8_handoff import attach_output, fp8_boundaries
 from ._norm_gemm import norm_for_gemm
 from ._normalization import check_normalization
 from ._params import cat_params, make_linear_params, make_norm_params, resolve_params_dtype
+from ._rng_init import set_init_tracker
 from .base import TransformerEngineBaseModule, no_torch_dynamo
 
 __all__ = ["LayerNormLinear"]
@@ -112,6 +113,8 @@ class LayerNormLinear(TransformerEngineBaseModule):
             dtype=dtype,
             device=device,
         )
+        self.get_rng_state_tracker = get_rng_state_tracker
+        set_init_tracker(self, self.weight_names, get_rng_state_tracker)  # TE: weights initialised in its fork
         self.reset_parameters(defer_init=torch.device(device).type == "meta")
 
     _tp_supported = True

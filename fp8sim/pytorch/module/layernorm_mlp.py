@@ -12,6 +12,7 @@ from ._activations import GATED, activation_fn
 from ._norm_gemm import fused_producer, norm_for_gemm
 from ._normalization import check_normalization
 from ._params import make_linear_params, make_norm_params, resolve_params_dtype
+from ._rng_init import set_init_tracker
 from .base import TransformerEngineBaseModule, no_torch_dynamo
 
 __all__ = ["LayerNormMLP"]
@@ -110,6 +111,8 @@ class LayerNormMLP(TransformerEngineBaseModule):
         make_linear_params(
             self, hidden_size, ffn_hidden_size, init_method=output_layer_init_method, prefix="fc2_", **common
         )
+        self.get_rng_state_tracker = get_rng_state_tracker
+        set_init_tracker(self, ["fc1_weight", "fc2_weight"], get_rng_state_tracker)  # TE: init in its fork
         self.reset_parameters(defer_init=torch.device(device).type == "meta")
 
     _tp_supported = True

@@ -9,6 +9,7 @@ import torch
 
 from ._fp8_handoff import attach_output, fp8_boundaries
 from ._params import cat_params, make_linear_params, resolve_params_dtype
+from ._rng_init import set_init_tracker
 from .base import TransformerEngineBaseModule, no_torch_dynamo
 
 __all__ = ["Linear"]
@@ -92,6 +93,8 @@ class Linear(TransformerEngineBaseModule):
             dtype=dtype,
             device=device,
         )
+        self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
+        set_init_tracker(self, self.weight_names, get_rng_state_tracker)  # TE: weights initialised in its fork
         self.reset_parameters(defer_init=torch.device(device).type == "meta")
 
     _tp_supported = True

@@ -19,6 +19,7 @@ from torch import nn
 
 from ....recipe import DelayedScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, Recipe, tensor_format
 from ....scaling.delayed import DelayedScaler
+from ..._rng_tracker import attention_tracker, dropout_fork
 from ...distributed import _replay_fp8_state
 from ...module._fp8_handoff import handoff_of
 from ...quantization import _register, current_state, get_recipe
@@ -113,6 +114,7 @@ class DotProductAttention(nn.Module):
         self.tp_size = tp_size
         self.num_gqa_groups_per_partition = self.num_gqa_groups // tp_size
         self.attention_dropout = attention_dropout
+        self.rng_states_tracker = attention_tracker(get_rng_state_tracker, sequence_parallel)
         self.qkv_format = qkv_format
         self.attn_mask_type = utils.normalize_mask_type(attn_mask_type)
         self.window_size = utils.check_set_window_size(self.attn_mask_type, window_size)
@@ -358,7 +360,8 @@ class DotProductAttention(nn.Module):
             cfg.qkv_in = tuple(_Q(to(h.vals), h.sinv, fmt=h.fmt, codes=to(h.codes)) for h in hs)
             if cfg.dqkv is not None:
                 cfg.dqkv_out = lambda d: send_dqkv(hs, d, fmt)
-        with _replay_fp8_state(self, self):  # its delayed-scaling state, stashed/replayed under te.checkpoint
+        # its delayed-scaling state, stashed/replayed under te.checkpoint; dropout in the tracker fork (TE)
+        with _replay_fp8_state(self, self), dropout_fork(self.rng_states_tracker, self.attention_dropout):
             out = attention(qb, kb, vb, cfg)
         if "padding" in mask_type:  # padded query rows are zero
             out = out.masked_fill(mask.all(dim=-1, keepdim=True), 0.0)
