@@ -231,6 +231,20 @@ def test_modules_initialise_weights_in_the_tracker_fork() -> None:
     _same(plain.weight.detach(), _init(torch.empty(4, 6)), "Linear without a tracker")
 
 
+def test_transformer_layer_hands_the_tracker_to_attention_and_mlp() -> None:
+    """TE transformer.py 444 and 508: ``get_rng_state_tracker`` goes to both attention blocks and the MLP, so
+    every weight is initialised in the fork and the default generator is not touched; the same layer built
+    without a tracker draws from the default generator."""
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    tr = _tracker(31)
+    layer = te.TransformerLayer(16, 32, 2, layer_type="decoder", get_rng_state_tracker=lambda: tr)
+    assert torch.equal(torch.get_rng_state(), before)  # no weight drew from the default generator
+    assert layer.get_rng_state_tracker is not None and layer.layernorm_mlp.get_rng_state_tracker is not None
+    te.TransformerLayer(16, 32, 2)
+    assert not torch.equal(torch.get_rng_state(), before)  # the test can tell the two apart
+
+
 def test_attention_dropout_runs_in_the_tracker_fork() -> None:
     """TE dot_product_attention.py 745-754: dropout inside ``fork()`` when a tracker is given (not under
     sequence parallelism) and ``attention_dropout > 0``; the reference draws from the tracked state."""

@@ -130,11 +130,13 @@ class TransformerLayer(nn.Module):
             tp_size = get_distributed_world_size(tp_group)
         self.tp_size, self.seq_length = tp_size, seq_length
         self.sequence_parallel = tp_size > 1 and sequence_parallel
-        tp_kw = dict(
+        self.get_rng_state_tracker = get_rng_state_tracker
+        tp_kw = dict(  # TE hands the tracker to attention and the MLP alike (transformer.py 444, 508)
             tp_group=tp_group,
             tp_size=tp_size,
             sequence_parallel=self.sequence_parallel,
             set_parallel_mode=set_parallel_mode,
+            get_rng_state_tracker=get_rng_state_tracker,
         )
         if not fuse_qkv_params and fuse_wgrad_accumulation:
             raise ValueError(
