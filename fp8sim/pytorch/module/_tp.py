@@ -48,6 +48,8 @@ import torch
 from ...cast import decode
 from ...recipe import DelayedScaling, Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling
 from ...scaling.current import compute_scale_from_amax
+from .. import _comm
+from .._comm import get_distributed_world_size
 from ..quantization import current_state, get_recipe
 from ._fp8_handoff import FP8Handoff
 from ._operands import PER_TENSOR, _per_tensor, _role_qparams, nan_skipping_amax
@@ -74,53 +76,49 @@ def divide(numerator: int, denominator: int) -> int:
     return numerator // denominator
 
 
-def get_distributed_world_size(group: Any = None) -> int:
-    """TE ``distributed.get_distributed_world_size``: 1 without an initialised ``torch.distributed``."""
-    import torch.distributed as dist
+def _split_per_rank(parameters_split: Any, out_features: int, tp_size: int) -> dict[str, int]:
+    """TE linear.py: the split sizes of the full weight, each divided by ``tp_size`` (TE's error)."""
+    from ._params import split_names
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    return dist.get_world_size(group)
+    names, _, sizes = split_names(parameters_split, out_features)
+    for size in sizes:
+        if size % tp_size != 0:
+            raise RuntimeError(
+                f"Attempting to distribute a parameter with out_features={size} "
+                f"between {tp_size} tensor-parallel processes"
+            )
+    return {n.removesuffix("_weight"): size // tp_size for n, size in zip(names, sizes, strict=True)}
+
+
+def shard_features(
+    tp_size: int, parallel_mode: str | None, in_features: int, out_features: int, parameters_split: Any
+) -> tuple[int, int, Any]:
+    """TE linear.py / layernorm_linear.py: this rank's ``(in_features, out_features, parameters_split)``:
+    column parallel divides the output features (each split of the full weight too), row the input ones."""
+    if parallel_mode == "column":
+        if parameters_split is not None:
+            parameters_split = _split_per_rank(parameters_split, out_features, tp_size)
+        out_features = divide(out_features, tp_size)
+    elif parallel_mode == "row":
+        in_features = divide(in_features, tp_size)
+    return in_features, out_features, parameters_split
 
 
 def gather_along_first_dim(inp: torch.Tensor, group: Any) -> torch.Tensor:
     """TE ``gather_along_first_dim`` for a plain tensor: every rank's ``inp`` concatenated along dim 0."""
-    from ...distributed import all_gather_into_tensor
-
-    world = get_distributed_world_size(group)
-    if world == 1:
-        return inp
-    out = torch.empty((inp.shape[0] * world, *inp.shape[1:]), dtype=inp.dtype, device=inp.device)
-    all_gather_into_tensor(out, inp.contiguous(), group=group)
-    return out
+    return _comm.gather_along_first_dim(inp, group)[0]
 
 
 def reduce_scatter_along_first_dim(inp: torch.Tensor, group: Any) -> torch.Tensor:
     """TE ``reduce_scatter_along_first_dim``: the SUM over ranks, this rank's slice of dim 0 (TE's error)."""
-    from ...distributed import reduce_scatter_tensor
-
-    world = get_distributed_world_size(group)
-    if world == 1:
-        return inp
-    if inp.shape[0] % world != 0:
-        raise ValueError(
-            "First dimension of the tensor should be divisible by tensor parallel size, "
-            f"but got dim_size[0]={inp.shape[0]} and world_size={world} (remainder={inp.shape[0] % world})."
-        )
-    out = torch.empty((inp.shape[0] // world, *inp.shape[1:]), dtype=inp.dtype, device=inp.device)
-    reduce_scatter_tensor(out, inp.contiguous(), group=group)
-    return out
+    return _comm.reduce_scatter_along_first_dim(inp, group)[0]
 
 
 def allreduce(inp: torch.Tensor, group: Any) -> torch.Tensor:
-    """TE ``distributed.allreduce``: the SUM over ranks (a copy; the input is left as it is)."""
-    from ...distributed import all_reduce
-
+    """TE ``distributed.allreduce`` on a copy: the SUM over ranks, the input (an autograd value) left as it is."""
     if get_distributed_world_size(group) == 1:
         return inp
-    out = inp.contiguous().clone()
-    all_reduce(out, group=group)
-    return out
+    return _comm.allreduce(inp.contiguous().clone(), group)[0]
 
 
 # -- FP8 all-gather ----------------------------------------------------------------------------------

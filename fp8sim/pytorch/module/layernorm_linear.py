@@ -79,16 +79,11 @@ class LayerNormLinear(TransformerEngineBaseModule):
         )
         dtype = resolve_params_dtype(params_dtype)
         if self.tp_size > 1:  # TE: this rank's shard (module/_tp.py)
-            from ._tp import divide
+            from ._tp import shard_features
 
-            if parallel_mode == "column":
-                if parameters_split is not None:  # TE: each split of the full weight is divided across the ranks
-                    from .linear import _split_per_rank
-
-                    parameters_split = _split_per_rank(parameters_split, out_features, self.tp_size)
-                out_features = divide(out_features, self.tp_size)
-            elif parallel_mode == "row":
-                in_features = divide(in_features, self.tp_size)
+            in_features, out_features, parameters_split = shard_features(
+                self.tp_size, parallel_mode, in_features, out_features, parameters_split
+            )
             if self.sequence_parallel and return_layernorm_output and return_layernorm_output_gathered:
                 raise NotImplementedError("fp8sim: return_layernorm_output_gathered with sequence_parallel")
         self.in_features, self.out_features, self.eps = in_features, out_features, eps

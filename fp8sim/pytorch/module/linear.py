@@ -74,14 +74,11 @@ class Linear(TransformerEngineBaseModule):
         self.symmetric_ar_type = symmetric_ar_type  # TE's row-parallel all-reduce kind (module/_tp.py)
         dtype = resolve_params_dtype(params_dtype)
         if self.tp_size > 1:  # TE: this rank's shard (module/_tp.py)
-            from ._tp import divide
+            from ._tp import shard_features
 
-            if parallel_mode == "column":
-                if parameters_split is not None:  # TE: each split of the full weight is divided across the ranks
-                    parameters_split = _split_per_rank(parameters_split, out_features, self.tp_size)
-                out_features = divide(out_features, self.tp_size)
-            elif parallel_mode == "row":
-                in_features = divide(in_features, self.tp_size)
+            in_features, out_features, parameters_split = shard_features(
+                self.tp_size, parallel_mode, in_features, out_features, parameters_split
+            )
         self.in_features, self.out_features = in_features, out_features
         self.weight_names, self.bias_names = make_linear_params(
             self,
@@ -133,17 +130,3 @@ class Linear(TransformerEngineBaseModule):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.use_bias}"
-
-
-def _split_per_rank(parameters_split: Any, out_features: int, tp_size: int) -> dict[str, int]:
-    """TE linear.py: the split sizes of the full weight, each divided by ``tp_size`` (TE's error)."""
-    from ._params import split_names
-
-    names, _, sizes = split_names(parameters_split, out_features)
-    for size in sizes:
-        if size % tp_size != 0:
-            raise RuntimeError(
-                f"Attempting to distribute a parameter with out_features={size} "
-                f"between {tp_size} tensor-parallel processes"
-            )
-    return {n.removesuffix("_weight"): size // tp_size for n, size in zip(names, sizes, strict=True)}

@@ -69,6 +69,19 @@ def _param_group(module: Any) -> Any:
     return getattr(state, "_fsdp_param_group", None)
 
 
+def gather_usages(module: Any, columnwise_usage: bool) -> tuple[bool, bool, bool]:
+    """TE's ``fsdp_pre_all_gather`` usage rule: ``(rowwise, columnwise, resharded)``.  Resharded after
+    forward, the forward gathers the rowwise copy and the backward the columnwise one; otherwise the one
+    gather carries rowwise plus the quantizer's ``columnwise_usage``."""
+    group = _param_group(module)
+    if group is None:
+        raise RuntimeError("FSDP state for this module has no parameter group; cannot determine reshard_after_forward.")
+    if group._reshard_after_forward:
+        backward = _training_state_is_pre_backward(group)
+        return not backward, backward, True
+    return True, columnwise_usage, False
+
+
 def fsdp_pre_all_gather(
     self: Any, mesh: Any, orig_size: torch.Size, contiguous_orig_stride: tuple, module: Any, mp_policy: Any
 ) -> tuple[tuple[torch.Tensor, ...], tuple]:
@@ -78,14 +91,7 @@ def fsdp_pre_all_gather(
 
     if isinstance(self._quantizer, Float8CurrentScalingQuantizer) and mesh is not None:
         self.amax_reduction_group = mesh.get_group()  # one scale for all shards of this weight
-    group = _param_group(module)
-    if group is None:
-        raise RuntimeError("FSDP state for this module has no parameter group; cannot determine reshard_after_forward.")
-    if group._reshard_after_forward:
-        backward = _training_state_is_pre_backward(group)
-        rowwise, columnwise = not backward, backward
-    else:
-        rowwise, columnwise = True, self._quantizer.columnwise_usage
+    rowwise, columnwise, _ = gather_usages(module, self._quantizer.columnwise_usage)
     if self._data is None:
         raise RuntimeError("Float8Tensor has no rowwise data to all-gather")
     return (self._data,), (self._scale_inv, rowwise, columnwise, self._fp8_dtype)

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ._fsdp2 import _param_group, _training_state_is_pre_backward, pad_dim, shard_dispatch
+from ._fsdp2 import gather_usages, pad_dim, shard_dispatch
 
 __all__ = ["dispatch", "fsdp_pre_all_gather", "fsdp_post_all_gather"]
 
@@ -152,14 +152,7 @@ def fsdp_pre_all_gather(
     world = mesh.size() if mesh is not None else 1
     if orig_size[0] != self.shape[0] * world:
         _refuse(self, f"uneven shards ({orig_size[0]} rows over {world} ranks)")
-    group = _param_group(module)
-    if group is None:
-        raise RuntimeError("FSDP state for this module has no parameter group; cannot determine reshard_after_forward.")
-    if group._reshard_after_forward:
-        backward = _training_state_is_pre_backward(group)
-        rowwise, columnwise = not backward, backward
-    else:
-        rowwise, columnwise = True, self._quantizer.columnwise_usage
+    rowwise, columnwise, resharded = gather_usages(module, self._quantizer.columnwise_usage)
     m = math.prod(self.shape[:-1])
     if not _is_mx(self):  # TE: the rowwise copy only; the columnwise one is its transpose
         if self._rowwise_data is None or self._rowwise_scale_inv is None:
@@ -174,7 +167,7 @@ def fsdp_pre_all_gather(
             raise RuntimeError("Requested column-wise usage, but MXFP8Tensor is missing column-scaled FP8 data")
         sent += (self._columnwise_data, self._columnwise_scale_inv[: m // _MX_ROWS])
     # resharded after forward: the backward gathers the columnwise copy (see the module docstring)
-    return sent, (self._fp8_dtype, False, rowwise, columnwise, bool(group._reshard_after_forward))
+    return sent, (self._fp8_dtype, False, rowwise, columnwise, resharded)
 
 
 def fsdp_post_all_gather(
