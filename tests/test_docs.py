@@ -71,6 +71,8 @@ def test_readme_layout_names_every_package() -> None:
     packages = sorted(p.parent.name for p in (ROOT / "fp8sim").glob("*/__init__.py"))
     missing = [name for name in packages if f"fp8sim/{name}/" not in layout]
     assert not missing, f"README.md's layout omits fp8sim/{missing}"
+    stale = [path for path in re.findall(r"\bfp8sim/[\w/.*]+", layout) if not list(ROOT.glob(path.rstrip("/")))]
+    assert not stale, f"README.md's layout names paths that do not exist: {stale}"
     notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
     words = {3: "Three", 4: "Four", 5: "Five", 6: "Six", 7: "Seven"}
     assert f"{words[len(notebooks)]} notebooks" in README
