@@ -1,10 +1,11 @@
 """Tensor-core chains in torch ops (``scaled_mm(backend="torch")``; the default for torch operands on
 a non-CPU device): the arithmetic of :func:`fp8sim.gemm.instructions.run_instruction` for every
 instruction model: the truncating ones (``hopper_*``, ``ada_*``, ``blackwell``, ``blackwell_split``),
-the round-to-nearest ``blackwell_mma`` (exact sum, one nearest-even rounding: TwoSum distillation in
-float64, :mod:`fp8sim.gemm._torch_exact`) and the block-scaled Blackwell kinds (MX: E8M0 exponents
-added to each product; NVFP4: exact 16-product group sums times the UE4M3 scales); and the ``exact``
-accumulator (:func:`exact_gemm`: band-pair float64 matmuls, exact in any summation order).
+the round-to-nearest ``blackwell_mma`` / ``blackwell_mma_km`` (exact or aligned sum, one nearest-even
+rounding: TwoSum distillation in float64, :mod:`fp8sim.gemm._torch_exact`) and the block-scaled
+Blackwell kinds (MX: E8M0 exponents added to each product; NVFP4: exact 16-product group sums times
+the UE4M3 scales); and the ``exact`` accumulator (:func:`exact_gemm`: band-pair float64 matmuls,
+exact in any summation order).
 
 Every step uses only ops whose results are exact and so identical on every device: float64
 products of FP8 values (exact), integer exponents, powers of two built from their bits (no
@@ -66,15 +67,18 @@ def _step(p: Any, e: Any, c: Any, m: InstructionModel) -> Any:
     pf = torch.where(fin, p, 0.0)
     c_ok = torch.isfinite(c)
     c0 = torch.where(c_ok, c, 0.0)
+    n = m.frac_bits
+    if n is not None:
+        big = torch.maximum(e.amax(-1), torch.clamp(_exponent(c0.abs()), min=-126))
+        unit = _pow2(n - big)
     if m.rounding == "rn":
+        if n is not None:  # the terms on the alignment grid (exact: integers times a power of two)
+            back = _pow2(big - n)
+            pf, c0 = torch.trunc(pf * unit[..., None]) * back[..., None], torch.trunc(c0 * unit) * back
         out = rn_sum_f32(torch.cat([pf, c0[..., None]], -1)).double()
         special = p.sum(-1) + c
         out = torch.where(torch.isinf(special), special, out)
         return torch.where(torch.isnan(special), torch.nan, out)
-    e_c = torch.clamp(_exponent(c0.abs()), min=-126)
-    big = torch.maximum(e.amax(-1), e_c)
-    n = m.frac_bits
-    unit = _pow2(n - big)
     total = torch.trunc(pf * unit[..., None]).sum(-1) + torch.trunc(c0 * unit)
     value = total * _pow2(big - n)  # exact: an integer times a power of two
     mag = value.abs()

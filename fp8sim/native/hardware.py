@@ -22,7 +22,7 @@ from ..gemm import dot_add
 __all__ = ["HardwareRow", "F16_CANDIDATES", "hardware_agreement", "hardware_section", "default_data_dir"]
 
 # (instruction model, c as published?) tried on every set for the float32-accumulate variant
-_F32_MODELS = ("hopper_wgmma", "ada_mma", "blackwell_tcgen05", "blackwell_mma")
+_F32_MODELS = ("hopper_wgmma", "ada_mma", "blackwell_tcgen05", "blackwell_mma", "blackwell_mma_km")
 _EXPECTED = {"H100": "hopper_wgmma", "L40S": "ada_mma", "B200": "blackwell_mma"}  # the model fp8sim uses per GPU
 
 
