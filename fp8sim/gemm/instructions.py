@@ -223,7 +223,9 @@ def run_instruction(
             if sa is not None:
                 blocks = slice(h * step // m.scale_block, (h + 1) * step // m.scale_block)
                 psa, psb = sa[..., blocks], sb[..., blocks]
-            acc = _fused(m, fa, fb, ac[..., part], bc[..., part], acc, psa, psb, out_dtype, specials)
+            new = _fused(m, fa, fb, ac[..., part], bc[..., part], acc, psa, psb, out_dtype, specials)
+            # without the specials pass, a half that overflowed (float16) must stay Inf in the next half
+            acc = new if specials else np.where(np.isfinite(acc), new, acc)
     return acc
 
 

@@ -308,8 +308,9 @@ def _tensor_core(
     sb: np.ndarray | None,
     instruction: str | None = None,
 ) -> np.ndarray:
-    """Chains of instructions along K with optional float32 promotion; float32 (M, N)."""
+    """Chains of instructions along K (float32 or float16 c/d) with optional float32 promotion; float32 (M, N)."""
     im = get_instruction_model(instruction or acc.instruction)
+    cd = acc.accumulate
     m, k = ac.shape
     n = bc.shape[1]
     kk = -(-k // im.k) * im.k
@@ -324,7 +325,7 @@ def _tensor_core(
     bt = np.ascontiguousarray(bc.T)
     specials = bool(_has_specials(ac, fa) or _has_specials(bc, fb))
     block = im.k // im.halves
-    if not specials and sa is None and im.rounding == "truncate" and _numba.available():
+    if not specials and sa is None and im.rounding == "truncate" and cd == "float32" and _numba.available():
         ta, tb = _decoded(fa), _decoded(fb)
         return _numba.chain_gemm(
             ac, bt, (ta[0], ta[2]), (tb[0], tb[2]), block, im.frac_bits, im.out_mbits,
@@ -355,7 +356,7 @@ def _tensor_core(
                         p = va[r0:r1, None, blk] * vb[None, :, blk]
                         e = ea[r0:r1, None, blk] + eb[None, :, blk]
                         # a NaN/Inf accumulator (NaN scale, overflow) stays what it is, as in the model
-                        chain = np.where(np.isfinite(chain), align_sum(im, p, e, chain, "float32"), chain)
+                        chain = np.where(np.isfinite(chain), align_sum(im, p, e, chain, cd), chain)
                         if sa is not None:
                             sj = j // im.scale_block  # NaN scale (0xFF) -> NaN, then carried along the chain
                             bad = (sa[r0:r1, sj, None] == 0xFF) | (sb[None, sj, :] == 0xFF)
@@ -367,7 +368,7 @@ def _tensor_core(
                         psa = sa[r0:r1, None, sblk]
                         psb = sb.T[None, :, sblk]
                     new = run_instruction(
-                        im, fa, fb, ac[r0:r1, None, blk], bt[None, :, blk], chain, psa, psb, specials=specials
+                        im, fa, fb, ac[r0:r1, None, blk], bt[None, :, blk], chain, psa, psb, cd, specials=specials
                     )
                     # without special operands, a NaN (NaN scale) or Inf (overflow) chain stays what it is
                     chain = new if specials else np.where(np.isfinite(chain), new, chain)
