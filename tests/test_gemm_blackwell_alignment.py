@@ -72,7 +72,7 @@ def test_khattak_mikaitis_published_b200_parameters_disagree_with_their_measurem
 #   2^(8-25) = 2^-17.  2^-8 * 2^-8 = 2^-16 is half an ulp; 2^-9 * 2^-9 = 2^-18 is below the grid, so the
 #   25-bit model drops it and sees an exact tie -> even -> 256; the exact sum is above the tie -> 256 + 2^-15.
 # Case "c truncated": c = 2^-16 + 2^-23 (a float32, exponent -16), product 2^8: c aligned to maxExp 8 loses
-#   its 2^-23 bit (B200TCRN adds c early: late_partial_sum = 0, line 63) -> tie -> 256; exact -> 256 + 2^-15.
+#   its 2^-23 bit (B200TCRN adds c early: late_partial_sum = 0, line 64) -> tie -> 256; exact -> 256 + 2^-15.
 # Case "negative term": 2^8 + 2^-6 * 2^-9 (1 ulp) + 2^-8 * 2^-8 (0.5 ulp) - 2^-9 * 2^-9 (-0.125 ulp): the
 #   negative term truncates toward zero to 0 -> 1.5 ulp, a tie, to even -> 256 + 2^-14; exact 1.375 ulp ->
 #   256 + 2^-15.

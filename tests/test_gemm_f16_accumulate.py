@@ -2,7 +2,7 @@
 float16 chain of ``ada_fast_f16`` in GEMMs, and the refusal where the rule is not known.
 
 Evidence: ``tests/data/hardware/Ada_E4M3.npz`` / ``Ada_E5M2.npz`` (Khattak & Mikaitis, an RTX 1000 Ada:
-``models/AdaTC.m`` line 3; ``model_validation/CUDA/mma_fp8_output_fp16.cu`` issues
+``models/AdaTC.m`` lines 3-4; ``model_validation/CUDA/mma_fp8_output_fp16.cu`` issues
 ``mma.sync.aligned.m16n8k32.row.col.f16.{e4m3,e5m2}.{e4m3,e5m2}.f16`` with ``c = __float2half(cc)``, so the
 GPU received the published float32 c rounded to float16).  The L40S set has no float16 outputs.
 """
