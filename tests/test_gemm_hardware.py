@@ -107,11 +107,17 @@ def test_blackwell_mma_refuses_float16_accumulation_as_open() -> None:
 
 
 def test_hardware_table_lists_every_set_and_states_the_float16_rule_open() -> None:
-    rows = {(r.gpu, r.output, r.model, r.c): r.agree for r in hardware_agreement(DATA)}
-    assert rows[("B200", "float32", "blackwell_mma", "published")] == 5000
-    assert rows[("H100", "float32", "hopper_wgmma", "0")] == 5000
-    assert rows[("L40S", "float32", "ada_mma", "published")] == 5000
-    f16 = [v for (g, out, _, _), v in rows.items() if out == "float16"]
-    assert f16 and max(f16) < 5000  # no candidate reproduces the float16 vectors (open rule)
+    rows = {(r.gpu, r.fmt, r.output, r.model, r.c): r.agree for r in hardware_agreement(DATA)}
+    assert rows[("B200", "e4m3", "float32", "blackwell_mma", "published")] == 5000
+    assert rows[("B200", "e5m2", "float32", "blackwell_mma", "published")] == 4999
+    assert rows[("B200", "e4m3", "float32", "blackwell_mma_km", "published")] == 4754
+    assert rows[("H100", "e4m3", "float32", "hopper_wgmma", "0")] == 5000
+    assert rows[("L40S", "e4m3", "float32", "ada_mma", "published")] == 5000
+    for fmt in ("e4m3", "e5m2"):
+        assert rows[("Ada", fmt, "float32", "ada_mma", "published")] == 5000
+        assert rows[("Ada", fmt, "float16", "ada_mma", "RN16(published)")] == 5000
+    f16 = [v for (g, _, out, _, _), v in rows.items() if out == "float16" and g in ("H100", "B200")]
+    assert f16 and max(f16) < 5000  # no candidate reproduces the Hopper/Blackwell float16 vectors (open rule)
     text = "\n".join(hardware_section(DATA))
     assert "**Open:**" in text and "| B200 | e4m3 | float32 | **blackwell_mma** | published | 5,000/5,000 |" in text
+    assert "| Ada | e5m2 | float16 | **ada_mma** | RN16(published) | 5,000/5,000 |" in text

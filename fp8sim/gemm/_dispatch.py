@@ -69,4 +69,6 @@ def _torch_gemm(
     im = INSTRUCTION_MODELS[instruction or acc.instruction]
     if scales is not None:
         scales = tuple(torch.from_numpy(np.ascontiguousarray(x).astype(np.int64)).to(ac.device) for x in scales)
-    return _torch_chain.chain_gemm(ac, bc, fa, fb, im, acc.promote_every, split, scales=scales)
+    return _torch_chain.chain_gemm(
+        ac, bc, fa, fb, im, acc.promote_every, split, scales=scales, accumulate=acc.accumulate
+    )

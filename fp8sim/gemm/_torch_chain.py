@@ -1,10 +1,11 @@
 """Tensor-core chains in torch ops (``scaled_mm(backend="torch")``; the default for torch operands on
 a non-CPU device): the arithmetic of :func:`fp8sim.gemm.instructions.run_instruction` for every
 instruction model: the truncating ones (``hopper_*``, ``ada_*``, ``blackwell``, ``blackwell_split``),
-the round-to-nearest ``blackwell_mma`` (exact sum, one nearest-even rounding: TwoSum distillation in
-float64, :mod:`fp8sim.gemm._torch_exact`) and the block-scaled Blackwell kinds (MX: E8M0 exponents
-added to each product; NVFP4: exact 16-product group sums times the UE4M3 scales); and the ``exact``
-accumulator (:func:`exact_gemm`: band-pair float64 matmuls, exact in any summation order).
+the round-to-nearest ``blackwell_mma`` / ``blackwell_mma_km`` (exact or aligned sum, one nearest-even
+rounding: TwoSum distillation in float64, :mod:`fp8sim.gemm._torch_exact`) and the block-scaled
+Blackwell kinds (MX: E8M0 exponents added to each product; NVFP4: exact 16-product group sums times
+the UE4M3 scales); and the ``exact`` accumulator (:func:`exact_gemm`: band-pair float64 matmuls,
+exact in any summation order).
 
 Every step uses only ops whose results are exact and so identical on every device: float64
 products of FP8 values (exact), integer exponents, powers of two built from their bits (no
@@ -28,6 +29,7 @@ from .splitk import split_indices
 __all__ = ["supports", "chain_dots", "chain_gemm", "exact_gemm"]
 
 _F32_NAN_BITS = 0x7FFFFFFF
+_F16_NAN_AS_F32_BITS = 0x7FFFE000  # the models' float16 NaN 0x7FFF, widened to float32
 
 
 def supports(m: InstructionModel) -> bool:
@@ -57,32 +59,52 @@ def _exponent(x: Any) -> Any:
     return ((x.view(torch.int64) >> 52) & 0x7FF) - 1023
 
 
-def _step(p: Any, e: Any, c: Any, m: InstructionModel) -> Any:
+def _rn16(value: Any) -> Any:
+    """float16 nearest-even of exact float64 values (Inf past the float16 range), from exact ops only:
+    torch's own float64 -> float16 conversion may round twice (through float32)."""
+    import torch
+
+    mag = value.abs()
+    qe = torch.clamp(_exponent(mag) - 10, min=-24)  # the float16 quantum (subnormals: 2^-24)
+    r = torch.round(mag * _pow2(-qe)) * _pow2(qe)  # torch.round: half to even
+    return torch.copysign(torch.where(r > 65504.0, torch.inf, r), value)
+
+
+def _step(p: Any, e: Any, c: Any, m: InstructionModel, f16: bool = False) -> Any:
     """One (sub-)instruction: terms ``p`` (float64 [..., s], NaN/Inf where inputs are special) with
-    exponents ``e``, accumulator ``c`` (float64 holding a float32 value); float64 result."""
+    exponents ``e``, accumulator ``c`` (float64 holding a float32 value, or a float16 one with
+    ``f16``: the float16-accumulate variant); float64 result."""
     import torch
 
     fin = torch.isfinite(p)
     pf = torch.where(fin, p, 0.0)
     c_ok = torch.isfinite(c)
     c0 = torch.where(c_ok, c, 0.0)
+    n = m.frac_bits
+    if n is not None:
+        big = torch.maximum(e.amax(-1), torch.clamp(_exponent(c0.abs()), min=-14 if f16 else -126))
+        unit = _pow2(n - big)
     if m.rounding == "rn":
+        if f16:
+            raise ValueError(f"{m.name}: float16 accumulation is not modelled")
+        if n is not None:  # the terms on the alignment grid (exact: integers times a power of two)
+            back = _pow2(big - n)
+            pf, c0 = torch.trunc(pf * unit[..., None]) * back[..., None], torch.trunc(c0 * unit) * back
         out = rn_sum_f32(torch.cat([pf, c0[..., None]], -1)).double()
         special = p.sum(-1) + c
         out = torch.where(torch.isinf(special), special, out)
         return torch.where(torch.isnan(special), torch.nan, out)
-    e_c = torch.clamp(_exponent(c0.abs()), min=-126)
-    big = torch.maximum(e.amax(-1), e_c)
-    n = m.frac_bits
-    unit = _pow2(n - big)
     total = torch.trunc(pf * unit[..., None]).sum(-1) + torch.trunc(c0 * unit)
     value = total * _pow2(big - n)  # exact: an integer times a power of two
-    mag = value.abs()
-    ex = _exponent(mag)
-    qe = torch.clamp(ex - m.out_mbits, min=-126 - m.out_mbits)
-    r = torch.trunc(mag * _pow2(-qe)) * _pow2(qe)
-    r = torch.where(ex > 127, torch.inf, r)
-    out = torch.copysign(r, value)
+    if f16:
+        out = _rn16(value)
+    else:
+        mag = value.abs()
+        ex = _exponent(mag)
+        qe = torch.clamp(ex - m.out_mbits, min=-126 - m.out_mbits)
+        r = torch.trunc(mag * _pow2(-qe)) * _pow2(qe)
+        r = torch.where(ex > 127, torch.inf, r)
+        out = torch.copysign(r, value)
     special = p.sum(-1) + c  # NaN/Inf as IEEE says (finite parts cannot overflow float64)
     out = torch.where(torch.isinf(special), special, out)
     return torch.where(torch.isnan(special), torch.nan, out)
@@ -114,12 +136,14 @@ def chain_dots(
     every: int | None = None,
     scale_a: Any = None,
     scale_b: Any = None,
+    accumulate: str = "float32",
 ) -> Any:
     """float32 results of instruction chains along the last axis: ``ac``, ``bc`` integer code tensors
     broadcasting to ``[..., K]`` (K a multiple of ``m.k``), ``c`` the float32 start value ``[...]``
     (None: 0); ``every``: promotion interval (None: one chain over all K); ``scale_a``/``scale_b``:
-    block-scale codes broadcasting to ``[..., K / scale_block]`` for block-scaled models.  NaN is
-    0x7FFFFFFF."""
+    block-scale codes broadcasting to ``[..., K / scale_block]`` for block-scaled models;
+    ``accumulate="float16"``: c and every instruction's result are float16 (``c`` rounded to it).
+    NaN is 0x7FFFFFFF (0x7FFFE000, float16's 0x7FFF widened, for float16 chains)."""
     import torch
 
     dev = ac.device
@@ -130,8 +154,11 @@ def chain_dots(
         sai, sbi = scale_a.long(), scale_b.long()
     k = torch.broadcast_shapes(ai.shape, bi.shape)[-1]
     lead = torch.broadcast_shapes(ai.shape[:-1], bi.shape[:-1])
+    f16 = accumulate == "float16"
     chain = torch.zeros(lead, dtype=torch.float64, device=dev) if c is None else c.to(dev, torch.float64)
     chain = chain.expand(lead).clone()
+    if f16:
+        chain = _rn16(chain)
     reg = torch.zeros(lead, dtype=torch.float32, device=dev)
     step = m.k // m.halves
     every = every or k
@@ -143,14 +170,15 @@ def chain_dots(
             p = va_t[sa] * vb_t[sb]
             e = ea_t[sa] + eb_t[sb]
             if m.scale_format is None:
-                chain = _step(p, e, chain, m)
+                chain = _step(p, e, chain, m, f16)
                 continue
             blocks = slice(j // m.scale_block, (j + step) // m.scale_block)
             p, e, nan = _scaled_terms(p, e, sai[..., blocks], sbi[..., blocks], m, scale_tables)
             chain = torch.where(nan, torch.nan, _step(p, e, chain, m))
         reg = (reg + chain.to(torch.float32)) if every != k else chain.to(torch.float32)
     bits = reg.view(torch.int32)
-    return torch.where(torch.isnan(reg), torch.full_like(bits, _F32_NAN_BITS), bits).view(torch.float32)
+    nan_bits = _F16_NAN_AS_F32_BITS if f16 else _F32_NAN_BITS
+    return torch.where(torch.isnan(reg), torch.full_like(bits, nan_bits), bits).view(torch.float32)
 
 
 def chain_gemm(
@@ -163,6 +191,7 @@ def chain_gemm(
     split: tuple[int, str] | None = None,
     tile_elements: int | None = None,
     scales: tuple[Any, Any] | None = None,
+    accumulate: str = "float32",
 ) -> np.ndarray:
     """float32 (M, N) numpy: ``a @ b`` as the chains compute it, on ``ac``'s device.  ``ac``: (M, K)
     and ``bc``: (K, N) integer code tensors; ``split``: cuBLAS split-K (:mod:`fp8sim.gemm.splitk`),
@@ -192,7 +221,9 @@ def chain_gemm(
         rows = max(1, tile_elements // max(n * m.k, 1))
         for r0 in range(0, mm, rows):
             sc = {} if sa is None else {"scale_a": sa[r0 : r0 + rows, None, :], "scale_b": sbt[None, :, :]}
-            out[r0 : r0 + rows] = chain_dots(a2[r0 : r0 + rows, None, :], b2t[None, :, :], None, fa, fb, m, every, **sc)
+            out[r0 : r0 + rows] = chain_dots(
+                a2[r0 : r0 + rows, None, :], b2t[None, :, :], None, fa, fb, m, every, **sc, accumulate=accumulate
+            )
         return out
 
     def padded(idx: Any) -> tuple[Any, Any]:  # gather K (-1: code 0, +0) and pad to whole instructions

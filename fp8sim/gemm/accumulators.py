@@ -8,6 +8,12 @@
   result to the next as ``c``; ``promote_every`` K elements (split accumulation) the chain's result
   is added with float32 round-to-nearest into a register accumulator and the chain restarts from 0.
   ``promote_every=None`` chains over all of K (cuBLAS FAST_ACCUM=1).
+- float16 accumulation (``accumulate="float16"``, ``mma.sync ... .f16``: c and d are float16, as a
+  kernel with a ``half`` accumulator, e.g. Triton ``out_dtype=float16`` or CUTLASS ``half_t``): each
+  instruction's result is rounded to float16 and fed to the next.  Modelled for Ada only
+  (``ada_fast_f16``: ``ada_mma`` with float16 output reproduces real Ada ``mma.sync...f16.e4m3/e5m2``
+  bit for bit, ``tests/test_gemm_f16_accumulate.py``); the Hopper and Blackwell ``mma.sync`` rule is
+  not known (``reports/hardware_f16_accumulate.md``) and is refused.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Literal
 
 from .instructions import INSTRUCTION_MODELS
 
-__all__ = ["Accumulator", "ACCUMULATORS", "get_accumulator"]
+__all__ = ["Accumulator", "ACCUMULATORS", "F16_ACCUMULATE", "get_accumulator"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class Accumulator:
     instruction: str | None = None
     promote_every: int | None = None
     description: str = ""
+    accumulate: Literal["float32", "float16"] = "float32"
 
     def __post_init__(self) -> None:
         if self.kind not in ("exact", "dequantized_fp32", "tensor_core"):
@@ -42,11 +49,22 @@ class Accumulator:
             k = INSTRUCTION_MODELS[self.instruction].k
             if self.promote_every is not None and (self.promote_every < k or self.promote_every % k):
                 raise ValueError(f"promote_every must be a positive multiple of the instruction's K={k}")
+        if self.accumulate not in ("float32", "float16"):
+            raise ValueError(f"accumulate must be 'float32' or 'float16'; got {self.accumulate!r}")
+        if self.accumulate == "float16" and self.instruction not in F16_ACCUMULATE:
+            raise ValueError(
+                f"accumulate='float16' is modelled for {', '.join(F16_ACCUMULATE)} (measured on Ada mma.sync .f16); "
+                f"got {self.kind} {self.instruction or ''}: the float16-accumulate rule of Hopper and Blackwell "
+                "mma.sync is not known (reports/hardware_f16_accumulate.md)"
+            )
 
     def with_promotion(self, every: int | None) -> Accumulator:
         """The same chain with another promotion interval (None: never promote)."""
         return replace(self, name=f"{self.name}@{every}", promote_every=every)
 
+
+# instruction models whose float16-accumulate variant matches real hardware (tests/test_gemm_f16_accumulate.py)
+F16_ACCUMULATE = ("ada_mma",)
 
 ACCUMULATORS: dict[str, Accumulator] = {
     a.name: a
@@ -65,6 +83,14 @@ ACCUMULATORS: dict[str, Accumulator] = {
         Accumulator("blackwell", "tensor_core", "blackwell_tcgen05", None, "Blackwell tcgen05 (25 bits), chained"),
         Accumulator("blackwell_split", "tensor_core", "blackwell_tcgen05", 128, "Blackwell, promoted every 128 K"),
         Accumulator("blackwell_mma", "tensor_core", "blackwell_mma", None, "Blackwell sm_100 mma.sync, RN each step"),
+        Accumulator(
+            "ada_fast_f16",
+            "tensor_core",
+            "ada_mma",
+            None,
+            "Ada mma.sync .f16 chained over all K in float16 (measured on an RTX 1000 Ada)",
+            accumulate="float16",
+        ),
     )
 }
 _ALIASES = {
@@ -73,6 +99,7 @@ _ALIASES = {
     "hopper_split128": "hopper_split",
     "ada": "ada_fast",
     "ada_split128": "ada_split",
+    "ada_f16": "ada_fast_f16",
     "blackwell_f8f6f4": "blackwell",
     "blackwell_mx": "blackwell",
     "blackwell_nvfp4": "blackwell",

@@ -15,8 +15,11 @@ For ``d = c + sum_i a_i * b_i`` of one instruction:
 5. specials come first, from an exact float64 evaluation of the sum: NaN -> 0x7FFFFFFF (0x7FFF),
    +-Inf -> +-Inf.
 
-Models with ``rounding="rn"`` (Blackwell sm_100 ``mma.sync``, measured) skip steps 2-4: the exact
-sum of the products and c is rounded once to float32, nearest even.
+Models with ``rounding="rn"`` (Blackwell sm_100 ``mma.sync``, measured) round once to float32, nearest
+even, instead of step 4: with ``frac_bits=None`` the exact sum of the products and c, otherwise the
+sum of the terms aligned and truncated as in step 2 (the finite alignment of Khattak & Mikaitis'
+parameterised model, ``models/tools/Generic_BFMA_TC.m``: their ``neab`` extra alignment bits are
+``frac_bits - 23``, ``frmode`` ``"rz"``/``"rne"`` is ``"truncate"``/``"rn"``, ``fma`` is ``k``).
 
 Models are data (:class:`InstructionModel`), so a new device is one record.  Every intermediate is
 an integer below 2^53, so the arithmetic runs exactly in vectorised float64.
@@ -50,13 +53,14 @@ class InstructionModel:
     instruction runs as this many sequential sub-instructions of ``k / halves`` (Ada);
     ``scale_format`` / ``scale_block``: block scales (``"e8m0"`` exponents added to each product,
     or ``"ue4m3"`` scaling exact ``scale_block``-product group sums, as ``kind::mxf4nvf4``);
-    ``rounding``: ``"truncate"`` (steps 2-4) or ``"rn"`` (exact sum, one nearest-even rounding to
-    float32; ``frac_bits`` and ``out_mbits`` unused; float16 accumulation not modelled).
+    ``rounding``: ``"truncate"`` (steps 2-4) or ``"rn"`` (one nearest-even rounding to float32 of
+    the terms aligned to ``frac_bits`` bits, or of the exact sum for ``frac_bits=None``;
+    ``out_mbits`` unused; float16 accumulation not modelled).
     """
 
     name: str
     k: int
-    frac_bits: int
+    frac_bits: int | None
     out_mbits: int = 23
     halves: int = 1
     scale_format: str | None = None
@@ -67,6 +71,10 @@ class InstructionModel:
     def __post_init__(self) -> None:
         if self.rounding not in ("truncate", "rn"):
             raise ValueError(f"rounding must be 'truncate' or 'rn'; got {self.rounding!r}")
+        if self.frac_bits is None and self.rounding == "truncate":
+            raise ValueError("frac_bits=None (no alignment limit) needs rounding='rn'")
+        if self.frac_bits is not None and not 0 <= self.frac_bits <= 60:
+            raise ValueError(f"frac_bits must be None or an integer in [0, 60]; got {self.frac_bits!r}")
         if self.k % self.halves:
             raise ValueError(f"k={self.k} must be a multiple of halves={self.halves}")
         if (self.scale_format is None) != (self.scale_block is None):
@@ -84,10 +92,20 @@ INSTRUCTION_MODELS: dict[str, InstructionModel] = {
         InstructionModel(
             "blackwell_mma",
             32,
-            0,
+            None,
             23,
             rounding="rn",
-            description="Blackwell sm_100 mma.sync m16n8k32 FP8 -> f32: exact sum, one nearest-even rounding",
+            description="Blackwell sm_100 mma.sync m16n8k32 FP8 -> f32: exact sum, one nearest-even rounding "
+            "(measured: B200 E4M3 5,000/5,000, E5M2 4,999/5,000)",
+        ),
+        InstructionModel(
+            "blackwell_mma_km",
+            32,
+            25,
+            23,
+            rounding="rn",
+            description="Khattak-Mikaitis B200TCRN FP8 parameters (fma 32, neab 2: 25 alignment bits, truncation, "
+            "one nearest-even rounding); their published model, not the measured B200 (E4M3 4,754/5,000)",
         ),
         InstructionModel(
             "blackwell_mxf8f6f4",
@@ -205,7 +223,9 @@ def run_instruction(
             if sa is not None:
                 blocks = slice(h * step // m.scale_block, (h + 1) * step // m.scale_block)
                 psa, psb = sa[..., blocks], sb[..., blocks]
-            acc = _fused(m, fa, fb, ac[..., part], bc[..., part], acc, psa, psb, out_dtype, specials)
+            new = _fused(m, fa, fb, ac[..., part], bc[..., part], acc, psa, psb, out_dtype, specials)
+            # without the specials pass, a half that overflowed (float16) must stay Inf in the next half
+            acc = new if specials else np.where(np.isfinite(acc), new, acc)
     return acc
 
 
@@ -252,20 +272,27 @@ def align_sum(m: InstructionModel, p: np.ndarray, e: np.ndarray, c: np.ndarray, 
     """Steps 2-4 for finite terms: ``p`` the exact term values ``[..., terms]`` with nominal
     exponents ``e``, ``c`` the accumulator input (float64 holding a float32/float16 value).  Each
     term ``s * 2^e`` truncated to ``frac_bits`` below E is ``trunc(p * 2^(frac_bits - E))``."""
+    c = np.where(np.isfinite(c), c, 0.0)
     if m.rounding == "rn":
+        if m.frac_bits is not None:
+            unit = _unit(m.frac_bits, e, c, out_dtype)
+            p, c = np.trunc(p * unit[..., None]) / unit[..., None], np.trunc(c * unit) / unit
         return _exact_rn(m, p, c, out_dtype)
-    c_emin = -14 if out_dtype == "float16" else -126
-    c_mag = np.where(np.isfinite(c), np.abs(c), 0.0)
-    e_c = np.where(c_mag > 0, np.maximum(np.frexp(c_mag)[1] - 1, c_emin), c_emin)
-    big_e = np.maximum(e.max(axis=-1), e_c)
-    n = m.frac_bits
-    unit = np.ldexp(1.0, n - big_e)  # 2^(n - E): one truncation grid per output
-    total = np.trunc(p * unit[..., None]).sum(axis=-1) + np.trunc(np.where(np.isfinite(c), c, 0.0) * unit)
+    unit = _unit(m.frac_bits, e, c, out_dtype)
+    total = np.trunc(p * unit[..., None]).sum(axis=-1) + np.trunc(c * unit)
     value = total / unit  # exact: an integer times a power of two
     if out_dtype == "float16":
         with np.errstate(over="ignore"):
             return value.astype(np.float16).astype(np.float64)
     return _truncate_f32(value, m.out_mbits)
+
+
+def _unit(n: int, e: np.ndarray, c: np.ndarray, out_dtype: str) -> np.ndarray:
+    """``2^(n - E)``: one truncation grid per output, E the largest exponent of the terms and c."""
+    c_emin = -14 if out_dtype == "float16" else -126
+    c_mag = np.abs(c)
+    e_c = np.where(c_mag > 0, np.maximum(np.frexp(c_mag)[1] - 1, c_emin), c_emin)
+    return np.ldexp(1.0, n - np.maximum(e.max(axis=-1), e_c))
 
 
 def _truncate_f32(v: np.ndarray, mbits: int) -> np.ndarray:
@@ -279,13 +306,13 @@ def _truncate_f32(v: np.ndarray, mbits: int) -> np.ndarray:
 
 
 def _exact_rn(m: InstructionModel, p: np.ndarray, c: np.ndarray, out_dtype: str) -> np.ndarray:
-    """float32 nearest-even of the exact ``sum(p) + c`` (finite terms)."""
+    """float32 nearest-even of the exact ``sum(p) + c`` (finite terms, already aligned if the model limits it)."""
     if out_dtype != "float32":
         raise ValueError(
             f"{m.name}: float16 accumulation is not modelled (the rule is open; see reports/hardware_f16_accumulate.md)"
         )
     from ._exact import _distill, round_sum_to_f32
 
-    terms = [p[..., i] for i in range(p.shape[-1])] + [np.where(np.isfinite(c), c, 0.0)]
+    terms = [p[..., i] for i in range(p.shape[-1])] + [c]
     hi, rem = _distill(terms)
     return round_sum_to_f32(hi, rem).astype(np.float64)

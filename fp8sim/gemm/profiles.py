@@ -38,7 +38,10 @@ def _shape_text(m: int, n: int, k: int, out: str, fast: bool, fa: str, fb: str) 
 class DeviceProfile:
     """One device's ``torch._scaled_mm``: ``fast`` / ``split`` accumulator presets (for
     ``use_fast_accum`` True / False), ``epilogue`` (see :func:`fp8sim.gemm.scaled_mm`), the split-K
-    ``schemes`` its kernels use and a ``split_rule`` (None: unknown for every shape)."""
+    ``schemes`` its kernels use and a ``split_rule`` (None: unknown for every shape).
+    ``f16_accumulate``: the preset of a kernel that accumulates in float16 on this device (``mma.sync
+    ... .f16``: Triton ``out_dtype=float16``, CUTLASS ``half_t``; cuBLASLt's FP8 GEMMs always accumulate
+    in float32), None where the device's rule is not known."""
 
     name: str
     fast: str
@@ -48,15 +51,29 @@ class DeviceProfile:
     split_rule: SplitRule | None = None
     splits: Mapping[tuple, tuple[int, str]] = field(default_factory=lambda: MappingProxyType({}))
     description: str = ""
+    f16_accumulate: str | None = None
 
     def __post_init__(self) -> None:
         get_accumulator(self.fast)
         get_accumulator(self.split)
+        if self.f16_accumulate is not None and get_accumulator(self.f16_accumulate).accumulate != "float16":
+            raise ValueError(f"f16_accumulate must name a float16-accumulate preset; got {self.f16_accumulate!r}")
         if self.epilogue not in ("alpha", "sequential"):
             raise ValueError(f"epilogue must be 'alpha' or 'sequential', got {self.epilogue!r}")
 
-    def accumulator_for(self, use_fast_accum: bool) -> str:
-        return self.fast if use_fast_accum else self.split
+    def accumulator_for(self, use_fast_accum: bool, accumulate: str = "float32") -> str:
+        """The preset for ``use_fast_accum`` (float32 accumulation) or, with ``accumulate="float16"``,
+        for float16 accumulation (ValueError where this device's rule is not known)."""
+        if accumulate == "float32":
+            return self.fast if use_fast_accum else self.split
+        if accumulate != "float16":
+            raise ValueError(f"accumulate must be 'float32' or 'float16'; got {accumulate!r}")
+        if self.f16_accumulate is None:
+            raise ValueError(
+                f"profile {self.name!r} has no float16-accumulate model: its mma.sync .f16 rule is not known "
+                "(reports/hardware_f16_accumulate.md); modelled on Ada (rtx4060_cublaslt_12_8, l40s: ada_fast_f16)"
+            )
+        return self.f16_accumulate
 
     def with_splits(self, splits: Mapping[tuple, Any]) -> DeviceProfile:
         """The same profile with observed splits: keys ``(M, N, K)`` or ``(M, N, K, out, use_fast_accum)``,
@@ -153,11 +170,20 @@ PROFILES: dict[str, DeviceProfile] = {
             "ada_split",
             schemes=("serial", "pairwise"),
             split_rule=_mmaemu_rule("ada"),
-            description="RTX 4060 (24 SMs), cuBLASLt 12.8.3.14, torch 2.7.1 _scaled_mm (mmaemu 'ada')",
+            description="RTX 4060 (24 SMs), cuBLASLt 12.8.3.14, torch 2.7.1 _scaled_mm (mmaemu 'ada'); float16 "
+            "accumulation: Ada mma.sync .f16 as measured on an RTX 1000 Ada",
+            f16_accumulate="ada_fast_f16",
         ),
         DeviceProfile("h100_sxm", "hopper_fast", "hopper_split", description="H100 SXM: split-K rule not recorded"),
         DeviceProfile("h200", "hopper_fast", "hopper_split", description="H200: split-K rule not recorded"),
-        DeviceProfile("l40s", "ada_fast", "ada_split", description="L40S: split-K rule not recorded"),
+        DeviceProfile(
+            "l40s",
+            "ada_fast",
+            "ada_split",
+            description="L40S: split-K rule not recorded; float16 accumulation: Ada mma.sync .f16 as measured on an "
+            "RTX 1000 Ada (the L40S float32 set agrees with the same ada_mma model)",
+            f16_accumulate="ada_fast_f16",
+        ),
         DeviceProfile("b200", "blackwell", "blackwell_split", description="B200 (tcgen05): split-K rule not recorded"),
     )
 }

@@ -7,7 +7,10 @@ epilogue applies the dequantization scales, the bias and the output rounding:
   default) or ``fl32(fl32(acc * sa) * sb)`` (``"sequential"``); then ``fl32(d + bias)``; then round
   to the output dtype (nearest even; FP8 output is ``satfinite(RN(d * scale_result))``).
 - 1x128 / 128x128 block scales (float32): per 128-wide K tile ``P`` (the accumulator over the
-  tile), ``y = fma(fl32(P * s1), s2, y)`` as TE's cuBLAS-exact blockwise reference does (spec 8.3).
+  tile), ``y = fma(fl32(P * s1), s2, y)`` as TE's cuBLAS-exact blockwise reference does (spec 8.3);
+  any other tiling (A per m-block x k-block, B per k-block x n-block, e.g. CUTLASS's 128x64x128)
+  with ``block_shape=`` or ``strict=False``, in the FMA order ``block_order`` names
+  (:mod:`fp8sim.gemm._blocks`).
 - MX 1x32 (E8M0 codes) and NVFP4 1x16 (UE4M3 codes): the block scales enter the instructions
   (Blackwell ``kind::mxf8f6f4`` / ``kind::mxf4nvf4``); scales are given unswizzled, one per block,
   shaped ``(M, K/block)`` and ``(K/block, N)``.
@@ -30,6 +33,7 @@ from ..formats import FloatFormat, get_format
 from ..scaling.amax import dtype_name
 from ..scaling.swizzle import unswizzle_mm_scales
 from . import _numba
+from ._blocks import BLOCK_ORDERS, blockwise, expand_block_scales, resolve_tiling, torch_tiling
 from ._checks import (
     _OUT_FLOATS,
     _SCALE_CODE_DTYPES,
@@ -42,7 +46,7 @@ from ._checks import (
     out_dtype_name,
 )
 from ._dispatch import _IN_INSTRUCTION, _block_instruction, _keep_on_device, _torch_backend, _torch_gemm
-from ._exact import exact_matmul_f32, round_sum_to_f32, two_sum
+from ._exact import exact_matmul_f32
 from .accumulators import Accumulator, get_accumulator
 from .instructions import _decoded, align_sum, get_instruction_model, run_instruction
 from .splitk import check_split_k, split_accumulate
@@ -130,6 +134,8 @@ def scaled_mm(
     split_k: tuple[int, str] | None = None,
     profile: Any = None,
     backend: str | None = None,
+    block_shape: tuple[int, int, int] | None = None,
+    block_order: str | None = None,
 ) -> Any:
     """Emulated ``torch._scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype,
     use_fast_accum)``; scales are dequantization multipliers.
@@ -151,6 +157,15 @@ def scaled_mm(
     same bits; every tensor-core accumulator, with tensorwise, rowwise, 1x128/128x128 block, MX or
     NVFP4 scales, and ``exact`` with tensorwise or rowwise scales); None (default): ``"torch"`` for
     torch operands on a CUDA (or other non-CPU, non-MPS) device where it applies, else ``"numpy"``.
+
+    ``block_shape=(block_m, block_n, block_k)``: float32 block scales of any tiling (CUTLASS's scale
+    granularity M x N x K, e.g. ``(128, 64, 128)``; ``scale_a`` shaped ``(ceil(M/block_m), ceil(K/block_k))``,
+    ``scale_b`` ``(ceil(K/block_k), ceil(N/block_n))``, partial edge blocks allowed), as a reference for
+    blockwise kernels; with ``strict=False`` a tiling whose blocks divide the shapes is also inferred
+    from the scale shapes (torch's 1x128 / 128x128 shapes keep torch's meaning).  ``block_order``: how
+    each K-block's partial enters the float32 result, ``"scale_a_first"`` ``fma(fl32(P*sa), sb, y)``,
+    ``"scale_b_first"`` ``fma(fl32(P*sb), sa, y)`` or ``"scale_product"`` ``fma(P, fl32(sa*sb), y)``;
+    None: TE's cuBLAS rule (``scale_b_first`` for 2D A with 1D B, else ``scale_a_first``).
     """
     check_arguments(a, b, scale_a, scale_b)
     if backend not in (None, "numpy", "torch"):
@@ -185,7 +200,7 @@ def scaled_mm(
     sa, sb = _scale(scale_a), _scale(scale_b)
     # MX/NVFP4 scales may come flat in the 128x4 blocked layout, as torch._scaled_mm takes them (issue 17)
     sa, sb = unswizzle_mm_scales(scale_a, scale_b, sa, sb, m, k, n, fa.name == "e2m1")
-    layout = _layout(sa, sb, m, k, n, fa)
+    layout, tiling = _block_layout(sa, sb, m, k, n, fa, block_shape, block_order, strict)
     if split is not None and layout not in ("tensorwise", "rowwise"):
         raise ValueError(f"split_k applies to tensorwise and rowwise scales; these scales are {layout}")
     on_torch = _torch_backend(backend, acc, layout, host)
@@ -194,7 +209,7 @@ def scaled_mm(
     if m == 0 or n == 0 or k == 0:
         d = np.zeros((m, n), np.float32)
     elif acc.kind == "dequantized_fp32":
-        d = _dequantized(ac, bc, fa, fb, sa, sb, layout, split)
+        d = _dequantized(ac, bc, fa, fb, sa, sb, layout, split, tiling)
     elif on_torch and layout in _IN_INSTRUCTION:
         d = _torch_gemm(ac, bc, fa, fb, acc, None, _block_instruction(acc, layout), (sa, sb))
     elif on_torch and layout in ("tensorwise", "rowwise"):
@@ -207,7 +222,7 @@ def scaled_mm(
             raw = split_accumulate(ac, bc, split, lambda x, y: _accumulate(x, y, fa, fb, acc))
         d = _alpha(raw, sa.reshape(-1, 1) if layout == "rowwise" else sa.reshape(1, 1), sb.reshape(1, -1), epilogue)
     elif layout.startswith("block"):
-        d = _blockwise(ac, bc, fa, fb, acc, sa, sb, layout, on_torch)
+        d = _blockwise(ac, bc, fa, fb, acc, sa, sb, layout, tiling, block_order, on_torch)
     else:
         d = _block_scaled_in_instruction(ac, bc, fa, fb, acc, sa, sb, layout)
     if bias is not None:
@@ -217,6 +232,27 @@ def scaled_mm(
     if cpu and out_dtype is None:
         scale_result = None  # torch's CPU kernel ignores scale_result unless out_dtype is given (torch 2.13)
     return _finish(d, out, scale_result, torch_in, a, divide_scale_result=cpu)
+
+
+def _block_layout(sa, sb, m, k, n, fa, block_shape, block_order, strict) -> tuple[str, Any]:  # noqa: ANN001
+    """The scale layout and, for block scales, their tiling ``(block_m, block_n, block_k)``."""
+    if block_order is not None and block_order not in BLOCK_ORDERS:
+        raise ValueError(f"block_order must be None or one of {', '.join(BLOCK_ORDERS)}; got {block_order!r}")
+    if block_shape is not None:
+        if sa.dtype != np.float32 or sb.dtype != np.float32:
+            raise ValueError(f"block_shape takes float32 block scales; got {sa.dtype} and {sb.dtype}")
+        return "block", resolve_tiling(sa, sb, m, k, n, block_shape, None, strict)
+    try:
+        layout = _layout(sa, sb, m, k, n, fa)
+    except ValueError as e:
+        if not (sa.dtype == np.float32 and sb.dtype == np.float32 and sa.ndim == 2 and sb.ndim == 2):
+            raise
+        return "block", resolve_tiling(sa, sb, m, k, n, None, str(e), strict)
+    if layout.startswith("block"):
+        return layout, torch_tiling(layout)
+    if block_order is not None:
+        raise ValueError(f"block_order applies to float32 block scales; these scales are {layout}")
+    return layout, None
 
 
 def _pick_accumulator(acc: Any, fast: bool, device: str) -> Accumulator:
@@ -256,7 +292,7 @@ def _matmul_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return torch.matmul(torch.from_numpy(np.ascontiguousarray(a)), torch.from_numpy(np.ascontiguousarray(b))).numpy()
 
 
-def _expand_scales(s: np.ndarray, rows: int, cols: int, layout: str, side: str) -> np.ndarray:
+def _expand_scales(s: np.ndarray, rows: int, cols: int, layout: str, side: str, tiling: Any = None) -> np.ndarray:
     """Per-element dequantization scales (float32 or float64 for block-scale codes) of one operand."""
     if layout == "tensorwise":
         return s.reshape(1, 1).astype(np.float32)
@@ -267,22 +303,17 @@ def _expand_scales(s: np.ndarray, rows: int, cols: int, layout: str, side: str) 
         v = np.abs(decode(s, fmt)).astype(np.float32)  # a UE4M3 scale's sign bit is ignored
         block = 32 if layout == "mx" else 16
         return np.repeat(v, block, axis=1 if side == "a" else 0)[:rows, :cols]
-    two_d = layout[6 if side == "a" else 8] == "2"
-    v = s.astype(np.float32)
-    v = np.repeat(v, 128, axis=1 if side == "a" else 0)  # along K
-    if two_d:
-        v = np.repeat(v, 128, axis=0 if side == "a" else 1)
-    return v[:rows, :cols]
+    return expand_block_scales(s, rows, cols, tiling, side)
 
 
-def _dequantized(ac, bc, fa, fb, sa, sb, layout, split=None) -> np.ndarray:  # noqa: ANN001
+def _dequantized(ac, bc, fa, fb, sa, sb, layout, split=None, tiling=None) -> np.ndarray:  # noqa: ANN001
     """Dequantize each operand with its scales (float32 multiply), then one float32 matmul: torchao's
     ``emulate=True`` and torch's CPU ``_scaled_mm`` (spec 6.2, 8.3)."""
     m, k = ac.shape
     n = bc.shape[1]
     with np.errstate(invalid="ignore", over="ignore"):
-        a = (_values(ac, fa) * _expand_scales(sa, m, k, layout, "a")).astype(np.float32)
-        b = (_values(bc, fb) * _expand_scales(sb, k, n, layout, "b")).astype(np.float32)
+        a = (_values(ac, fa) * _expand_scales(sa, m, k, layout, "a", tiling)).astype(np.float32)
+        b = (_values(bc, fb) * _expand_scales(sb, k, n, layout, "b", tiling)).astype(np.float32)
     if split is not None:
         return split_accumulate(a, b, split, _matmul_f32)
     return _matmul_f32(a, b)
@@ -308,8 +339,9 @@ def _tensor_core(
     sb: np.ndarray | None,
     instruction: str | None = None,
 ) -> np.ndarray:
-    """Chains of instructions along K with optional float32 promotion; float32 (M, N)."""
+    """Chains of instructions along K (float32 or float16 c/d) with optional float32 promotion; float32 (M, N)."""
     im = get_instruction_model(instruction or acc.instruction)
+    cd = acc.accumulate
     m, k = ac.shape
     n = bc.shape[1]
     kk = -(-k // im.k) * im.k
@@ -324,7 +356,7 @@ def _tensor_core(
     bt = np.ascontiguousarray(bc.T)
     specials = bool(_has_specials(ac, fa) or _has_specials(bc, fb))
     block = im.k // im.halves
-    if not specials and sa is None and im.rounding == "truncate" and _numba.available():
+    if not specials and sa is None and im.rounding == "truncate" and cd == "float32" and _numba.available():
         ta, tb = _decoded(fa), _decoded(fb)
         return _numba.chain_gemm(
             ac, bt, (ta[0], ta[2]), (tb[0], tb[2]), block, im.frac_bits, im.out_mbits,
@@ -355,7 +387,7 @@ def _tensor_core(
                         p = va[r0:r1, None, blk] * vb[None, :, blk]
                         e = ea[r0:r1, None, blk] + eb[None, :, blk]
                         # a NaN/Inf accumulator (NaN scale, overflow) stays what it is, as in the model
-                        chain = np.where(np.isfinite(chain), align_sum(im, p, e, chain, "float32"), chain)
+                        chain = np.where(np.isfinite(chain), align_sum(im, p, e, chain, cd), chain)
                         if sa is not None:
                             sj = j // im.scale_block  # NaN scale (0xFF) -> NaN, then carried along the chain
                             bad = (sa[r0:r1, sj, None] == 0xFF) | (sb[None, sj, :] == 0xFF)
@@ -367,7 +399,7 @@ def _tensor_core(
                         psa = sa[r0:r1, None, sblk]
                         psb = sb.T[None, :, sblk]
                     new = run_instruction(
-                        im, fa, fb, ac[r0:r1, None, blk], bt[None, :, blk], chain, psa, psb, specials=specials
+                        im, fa, fb, ac[r0:r1, None, blk], bt[None, :, blk], chain, psa, psb, cd, specials=specials
                     )
                     # without special operands, a NaN (NaN scale) or Inf (overflow) chain stays what it is
                     chain = new if specials else np.where(np.isfinite(chain), new, chain)
@@ -391,41 +423,20 @@ def _alpha(raw: np.ndarray, sa: np.ndarray, sb: np.ndarray, epilogue: str) -> np
         return ((raw * sa32).astype(np.float32) * sb32).astype(np.float32)
 
 
-def _fma_f32(x: np.ndarray, s: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """float32 fma(x, s, y): the exact x*s + y rounded once (float32 inputs)."""
-    p = x.astype(np.float64) * s.astype(np.float64)  # exact: 24 x 24 bits
-    hi, lo = two_sum(p, y.astype(np.float64))
-    with np.errstate(invalid="ignore"):
-        special = ~np.isfinite(hi)
-    return np.where(special, hi.astype(np.float32), round_sum_to_f32(np.where(special, 0.0, hi), lo))
-
-
-def _blockwise(ac, bc, fa, fb, acc, sa, sb, layout, on_torch=False) -> np.ndarray:  # noqa: ANN001
-    """TE's cuBLAS-exact blockwise reference (spec 8.3): per 128-wide K tile P, then an FMA
-    (``on_torch``: the tiles' chains in torch ops on the operands' device, the FMAs on the host)."""
+def _blockwise(ac, bc, fa, fb, acc, sa, sb, layout, tiling, order, on_torch=False) -> np.ndarray:  # noqa: ANN001
+    """Block scales (:mod:`fp8sim.gemm._blocks`): per K-block the accumulator's partial, then one FMA
+    (``on_torch``: the blocks' chains in torch ops on the operands' device, the FMAs on the host)."""
+    if layout == "block_2x2":  # torch's 128x128 x 128x128 (only ambiguous shapes get here): cuBLAS refuses
+        raise RuntimeError("2D by 2D block gemm not supported.")
     m, k = ac.shape
     n = bc.shape[1]
-    a2d, b2d = layout[6] == "2", layout[8] == "2"
-    if a2d and b2d:
-        raise RuntimeError("2D by 2D block gemm not supported.")
-    y = np.zeros((m, n), np.float32)
-    for t, k0 in enumerate(range(0, k, 128)):
-        sl = slice(k0, k0 + 128)
-        p = (
-            _torch_gemm(ac[:, sl], bc[sl], fa, fb, acc, None)
-            if on_torch
-            else _accumulate(ac[:, sl], bc[sl], fa, fb, acc)
-        )
-        s_a = np.repeat(sa[:, t : t + 1], 128, axis=0)[:m] if a2d else sa[:, t : t + 1]
-        s_b = np.repeat(sb[t : t + 1, :], 128, axis=1)[:, :n] if b2d else sb[t : t + 1, :]
-        s_a = np.broadcast_to(s_a.astype(np.float32), (m, n))
-        s_b = np.broadcast_to(s_b.astype(np.float32), (m, n))
-        with np.errstate(invalid="ignore", over="ignore"):
-            if a2d:  # 2D(a) x 1D(b): y = fma(fl32(P * sb), sa, y)
-                y = _fma_f32((p * s_b).astype(np.float32), s_a, y)
-            else:  # 1D(a) x 1D/2D(b): y = fma(fl32(P * sa), sb, y)
-                y = _fma_f32((p * s_a).astype(np.float32), s_b, y)
-    return y
+
+    def tile_sum(sl: slice) -> np.ndarray:
+        if on_torch:
+            return _torch_gemm(ac[:, sl], bc[sl], fa, fb, acc, None)
+        return _accumulate(ac[:, sl], bc[sl], fa, fb, acc)
+
+    return blockwise(m, n, k, sa, sb, tiling, order, tile_sum)
 
 
 def _block_scaled_in_instruction(ac, bc, fa, fb, acc, sa, sb, layout) -> np.ndarray:  # noqa: ANN001
