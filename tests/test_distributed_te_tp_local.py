@@ -82,7 +82,7 @@ def test_all_reduce_of_a_tensor_with_te_dispatch_leaves_it_and_reduce_scatter_su
 def test_the_fp8_all_reduce_quirk_warns_and_a_mutable_all_reduce_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """fp8sim reproduces TE's unreduced FP8 tensor only where torch's ``c10d.allreduce_`` is not mutable (TE's
     dispatch branch); a torch that marked it mutable would make TE re-quantize the sum, which is refused."""
-    from fp8sim._upstream_quirk import UpstreamQuirkWarning
+    from fp8sim._util.upstream_quirk import UpstreamQuirkWarning
     from fp8sim.pytorch.module import _tp_fp8_io as fio
 
     with pytest.warns(UpstreamQuirkWarning, match="te-fp8-allreduce-noop"):

@@ -2,7 +2,7 @@
 
 Names, signatures, defaults, return values and messages are TE's: the collectives return ``(out, handle)``
 with ``handle`` None unless ``async_op=True``; one rank (or no initialised ``torch.distributed``) skips the
-communication.  float8 and packed-FP4 payloads travel as byte views (:mod:`fp8sim.distributed`: gloo refuses
+communication.  float8 and packed-FP4 payloads travel as byte views (:mod:`fp8sim.collectives`: gloo refuses
 float8).  A collective that fp8sim computes itself (a float8 reduce-scatter) is synchronous; its handle is
 already complete.  ``gather_along_first_dim`` with a ``quantizer`` follows TE's dispatch: per-tensor FP8
 (``_all_gather_fp8``: the local shard quantized rowwise, the codes gathered, this rank's ``scale_inv`` kept),
@@ -99,7 +99,7 @@ def split_tensor_into_1d_equal_chunks(tensor: torch.Tensor, tp_group: Any, new_b
 
 def gather_split_1d_tensor(tensor: torch.Tensor, tp_group: Any) -> torch.Tensor:
     """TE: every rank's 1D chunk concatenated in rank order (the inverse of the split)."""
-    from ..distributed import all_gather_into_tensor
+    from ..collectives import all_gather_into_tensor
 
     out = torch.empty(
         torch.numel(tensor) * get_distributed_world_size(tp_group), dtype=tensor.dtype, device=tensor.device
@@ -112,7 +112,7 @@ def reduce_scatter_along_first_dim(
     inp: torch.Tensor, tp_group: Any, async_op: bool = False, output: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, Any]:
     """TE: the SUM over ``tp_group`` of ``inp``, this rank's ``1 / world`` of dim 0, in ``output`` if given."""
-    from ..distributed import BYTE_DTYPES, reduce_scatter_tensor
+    from ..collectives import BYTE_DTYPES, reduce_scatter_tensor
 
     world = get_distributed_world_size(tp_group)
     if world == 1:
@@ -136,7 +136,7 @@ def reduce_scatter_along_first_dim(
 
 def _gather_bytes(out: torch.Tensor, inp: torch.Tensor, group: Any, async_op: bool) -> Any:
     """``all_gather_into_tensor`` of any dtype's bytes (byte views: no numerics), TE's handle."""
-    from ..distributed import wire_view
+    from ..collectives import wire_view
 
     return _dist().all_gather_into_tensor(wire_view(out), wire_view(inp.contiguous()), group=group, async_op=async_op)
 
@@ -333,7 +333,7 @@ def gather_along_first_dim(
 
 def allreduce(inp: torch.Tensor, tp_group: Any = None, async_op: bool = False) -> tuple[torch.Tensor, Any]:
     """TE: ``inp`` SUM-reduced over ``tp_group`` in place (a float8 ``inp`` by fp8sim, synchronously)."""
-    from ..distributed import BYTE_DTYPES, all_reduce
+    from ..collectives import BYTE_DTYPES, all_reduce
 
     if get_distributed_world_size(tp_group) == 1:
         return inp, None

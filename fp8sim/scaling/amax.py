@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_torch_tensor, numpy_view
+from .._util.tensors import is_torch_tensor, numpy_view
 
 __all__ = ["as_float32", "dtype_name", "amax_nan_skipping", "amax_nan_propagating"]
 

@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._torch import is_torch_tensor, numpy_view
+from .._util.tensors import is_torch_tensor, numpy_view
 from ..cast import decode, encode
 from ..formats import E2M1, E4M3
 from ._nvfp4_torchao import _block_amax, _quantize_torchao, _quantize_torchao_single, _torch_global_amax

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._torch import is_torch_tensor
+from .._util.tensors import is_torch_tensor
 from ..cast import decode
 from ..cast.ptx_sr import encode_ptx_rs
 from ..cast.te_nvfp4_sr import te_nvfp4_sr_words

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..cast import decode, encode
-from ..conventions import get_convention
+from ..cast.conventions import get_convention
 from ..formats import FloatFormat, get_format
 from ..recipe import (
     DelayedScaling,
@@ -20,7 +20,7 @@ from ..recipe import (
     tensor_format,
 )
 from . import _bits
-from .compare import assert_bit_exact, assert_within_ulp
+from .assertions import assert_bit_exact, assert_within_ulp
 
 __all__ = ["emulate", "assert_matches_emulator", "CAST_OPS"]
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._torch import numpy_view
+from .._util.tensors import numpy_view
 from ..cast import encode
 from ..formats import FloatFormat, get_format
 from ..gemm import Accumulator, get_accumulator, scaled_mm

@@ -303,7 +303,7 @@ def _element_format(fp8_dtype: Any) -> Any:
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
-    from ..._torch import numpy_view
+    from ..._util.tensors import numpy_view
 
     return np.array(numpy_view(t), copy=True)  # a copy: .numpy() pins the storage FSDP2 frees
 

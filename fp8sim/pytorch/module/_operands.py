@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._torch import numpy_view
+from ..._util.tensors import numpy_view
 from ...cast import decode, encode
 from ...formats import FloatFormat
 from ...recipe import (

@@ -16,7 +16,7 @@ Amax reduction as TE: delayed scaling reduces its amax history over autocast's `
 (TE's ``fp8_group``; None: the world), and TE refuses ``sequence_parallel`` without ``reduce_amax``;
 current scaling reduces the amax of a sequence-parallel input (column) or grad output (row) over
 ``tp_group`` (``set_quantizer_amax_reduction_group``), every other amax stays local.  FP8 payloads travel
-through :mod:`fp8sim.distributed` as byte views (gloo refuses float8).
+through :mod:`fp8sim.collectives` as byte views (gloo refuses float8).
 
 FP8 boundaries (``fp8_output`` row-parallel, ``fp8_grad`` column-parallel, an FP8 input) meet the collectives
 as TE's ``Float8Tensor`` does (``_tp_fp8_io``): an all-reduce leaves the FP8 tensor this rank's unreduced
@@ -144,7 +144,7 @@ def _quantize_local(g: Any, x: torch.Tensor, recipe: Any, kind: str, group: Any)
 def _gather_fp8(op: Any, shape: tuple, group: Any) -> FP8Handoff:
     """All-gather a per-tensor FP8 operand's codes along dim 0 (as float8 bytes); every rank's codes are
     read with this rank's ``scale_inv`` (TE ``_all_gather_fp8``)."""
-    from ...distributed import all_gather_into_tensor
+    from ...collectives import all_gather_into_tensor
 
     world = get_distributed_world_size(group)
     codes = op.codes.contiguous()

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ..._upstream_quirk import UpstreamQuirkWarning
+from ..._util.upstream_quirk import UpstreamQuirkWarning
 from ._fp8_handoff import FP8Handoff
 from ._operands import Operand
 

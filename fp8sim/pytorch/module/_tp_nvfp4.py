@@ -79,7 +79,7 @@ def _max_over(value: float, group: Any) -> float:
 def _gather0(t: torch.Tensor, group: Any, world: int, wire: str) -> torch.Tensor:
     """Every rank's ``t`` (uint8) concatenated along dim 0, carried as ``wire`` (a byte-sized float
     dtype where this torch has it) through the byte-view collective."""
-    from ...distributed import all_gather_into_tensor
+    from ...collectives import all_gather_into_tensor
 
     t = t.contiguous()
     out = torch.empty((t.shape[0] * world, *t.shape[1:]), dtype=torch.uint8)

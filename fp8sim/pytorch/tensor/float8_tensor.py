@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._torch import numpy_view
+from ..._util.tensors import numpy_view
 from ...cast.numpy_backend import encode_scaled_with_amax
 from ...formats import get_format
 from ...scaling.amax import amax_nan_skipping
