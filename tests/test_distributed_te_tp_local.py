@@ -57,7 +57,7 @@ def test_nvfp4_columnwise_gather_is_deinterleaved_as_te_swap_first_dims(world: i
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from fp8sim.pytorch.module._tp_nvfp4 import _swap_first_dims
+    from fp8sim.collectives.quantized import swap_first_dims as _swap_first_dims
 
     @settings(max_examples=20, deadline=None)
     @given(st.integers(1, 5), st.integers(1, 5), st.integers(0, 2**31 - 1))

@@ -38,6 +38,9 @@ _SYMMETRIC_KINDS = ("multimem_all_reduce", "two_shot", "one_shot")
 _UNSUPPORTED = "Attempting to all-gather an unsupported quantized tensor. Falling back to high-precision all-gather."
 _MX_FALLBACK = "Cannot quantize input tensor. Performing all-gather in high precision."
 _MX_MISMATCH = "Input and quantizer do not have matching usages. Dequantizing and requantizing to MXFP8."
+_NVFP4_BLOCK = 16
+_NVFP4_FALLBACK = "Cannot quantize input tensor. Performing all-gather in high precision."
+_NVFP4_MISMATCH = "Input and quantizer do not have matching usages. Dequantizing and requantizing to NVFP4."
 
 
 class _Done:
@@ -314,9 +317,7 @@ def gather_along_first_dim(
     if isinstance(inp, NVFP4Tensor) or isinstance(quantizer, NVFP4Quantizer):
         if not isinstance(quantizer, NVFP4Quantizer):
             raise TypeError(f"Expected NVFP4Quantizer for NVFP4 all-gather, but got {type(quantizer).__name__}.")
-        from .module._tp_nvfp4 import all_gather_nvfp4
-
-        return all_gather_nvfp4(inp, process_group, quantizer), _Done() if async_op else None
+        return _all_gather_nvfp4(inp, process_group, quantizer), _Done() if async_op else None
     if quantizer is not None:
         warnings.warn(_UNSUPPORTED, stacklevel=2)
         if isinstance(inp, QuantizedTensorStorage):
@@ -329,6 +330,59 @@ def gather_along_first_dim(
     if output_tensor is None:
         return _gather_plain(inp, process_group, async_op, out_shape)
     return output_tensor, _gather_bytes(output_tensor, inp, process_group, async_op)
+
+
+def _all_gather_nvfp4(inp: torch.Tensor, group: Any, quantizer: Any) -> Any:
+    """TE ``_all_gather_nvfp4``: this rank's rows ``inp`` (high precision: ``quantizer(inp)`` on this rank,
+    with ``with_amax_reduction`` and ``amax_reduction_group`` set as TE's layers set them; or an
+    ``NVFP4Tensor``), data and scales of the quantizer's usages gathered and laid out as TE lays them, in an
+    ``NVFP4Tensor`` of the gathered shape."""
+    from ..collectives.quantized import gather_codes, swap_first_dims, world_rank
+    from .tensor.nvfp4_tensor import NVFP4Tensor, is_nvfp4_quantizable
+
+    world, _ = world_rank(group)
+    shape = tuple(inp.shape)
+    out_shape = (shape[0] * world, *shape[1:])
+    if isinstance(inp, NVFP4Tensor):  # TE: its data as it is, unless the quantizer wants a copy it lacks
+        local = inp
+        if (quantizer.rowwise_usage and inp._rowwise_data is None) or (
+            quantizer.columnwise_usage and inp._columnwise_data is None
+        ):
+            warnings.warn(_NVFP4_MISMATCH, stacklevel=2)
+            local = quantizer(inp.dequantize(dtype=inp.dtype))
+    elif not is_nvfp4_quantizable(shape, quantizer.row_scaled_nvfp4):
+        warnings.warn(_NVFP4_FALLBACK, stacklevel=2)
+        return quantizer(gather_along_first_dim(inp, group)[0])
+    else:
+        local = quantizer(inp)
+    m, k = math.prod(shape[:-1]), shape[-1]
+    names = ("rowwise_data", "rowwise_scale_inv", "amax_rowwise", "columnwise_data", "columnwise_scale_inv")
+    fields: dict[str, Any] = dict.fromkeys((*names, "amax_columnwise"))
+    if quantizer.rowwise_usage:
+        data = gather_codes(local._rowwise_data.reshape(m, k // 2), group, "float4_e2m1fn_x2")
+        scales = gather_codes(local._rowwise_scale_inv[:m], group, "float8_e4m3fn")
+        sc = torch.zeros(quantizer.get_scale_shape(out_shape, False), dtype=torch.uint8)
+        sc[: scales.shape[0]] = scales  # TE: the padding rows are make_empty's (uninitialised); fp8sim: 0
+        fields.update(rowwise_data=data.reshape(*out_shape[:-1], k // 2), rowwise_scale_inv=sc)
+        fields["amax_rowwise"] = local._amax_rowwise
+    if quantizer.columnwise_usage:
+        data = swap_first_dims(gather_codes(local._columnwise_data, group, "float4_e2m1fn_x2"), world)
+        scales = local._columnwise_scale_inv[:k, : m // _NVFP4_BLOCK]
+        scales = swap_first_dims(gather_codes(scales, group, "float8_e4m3fn"), world)
+        sc = torch.zeros(quantizer.get_scale_shape(out_shape, True), dtype=torch.uint8)
+        sc[:k, : scales.shape[1]] = scales  # TE pad_columnwise_scale_inv: zero padding
+        fields.update(columnwise_data=data, columnwise_scale_inv=sc, amax_columnwise=local._amax_columnwise)
+    return NVFP4Tensor(
+        shape=out_shape,
+        dtype=inp.dtype,
+        device=inp.device,
+        **fields,
+        fp4_dtype=quantizer.dtype,
+        quantizer=quantizer,
+        with_2d_quantization=quantizer.with_2d_quantization,
+        nvfp4_use_4over6=quantizer.nvfp4_use_4over6,
+        nvfp4_e4m3_max=quantizer.nvfp4_e4m3_max,
+    )
 
 
 def allreduce(inp: torch.Tensor, tp_group: Any = None, async_op: bool = False) -> tuple[torch.Tensor, Any]:

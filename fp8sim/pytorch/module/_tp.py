@@ -45,14 +45,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...cast import decode
 from ...recipe import DelayedScaling, Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling
 from ...scaling.current import compute_scale_from_amax
 from .. import _comm
 from .._comm import get_distributed_world_size
 from ..quantization import current_state, get_recipe
+from . import _tp_fp8_io as fio
 from ._fp8_handoff import FP8Handoff
 from ._operands import PER_TENSOR, _per_tensor, _role_qparams, nan_skipping_amax
+from ._tp_fp8_io import _gather_fp8
 
 __all__ = [
     "divide",
@@ -139,25 +140,6 @@ def _quantize_local(g: Any, x: torch.Tensor, recipe: Any, kind: str, group: Any)
     qp = _role_qparams(recipe, kind)
     scale = compute_scale_from_amax(np.float32(amax.item()), fmt.max, pow2=qp.power_2_scale, eps=qp.amax_epsilon)
     return _per_tensor(x2, fmt, float(scale), g.stats)
-
-
-def _gather_fp8(op: Any, shape: tuple, group: Any) -> FP8Handoff:
-    """All-gather a per-tensor FP8 operand's codes along dim 0 (as float8 bytes); every rank's codes are
-    read with this rank's ``scale_inv`` (TE ``_all_gather_fp8``)."""
-    from ...collectives import all_gather_into_tensor
-
-    world = get_distributed_world_size(group)
-    codes = op.codes.contiguous()
-    out = torch.empty((codes.shape[0] * world, *codes.shape[1:]), dtype=torch.uint8)
-    wire = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}.get(op.fmt.name)
-    if wire is not None:  # the float8 dtype, through the byte-view collective (gloo refuses float8)
-        dtype = getattr(torch, wire)
-        all_gather_into_tensor(out.view(dtype), codes.view(dtype), group=group)
-    else:
-        all_gather_into_tensor(out, codes, group=group)
-    full = (shape[0] * world, *shape[1:])
-    vals = decode(out, op.fmt).reshape(full)
-    return FP8Handoff(vals, out.reshape(full), op.scale_inv, op.fmt)
 
 
 def _fp8_per_tensor() -> Any:
@@ -290,8 +272,6 @@ def tp_linear(
     output's dtype after the reduction; ``io``: the caller's FP8 boundaries (``fp8_output``, ``fp8_grad``,
     an FP8 input), on this rank's side of the collectives, and where they meet one, as TE's
     ``Float8Tensor`` meets it (``_tp_fp8_io``)."""
-    from . import _tp_fp8_io as fio
-
     check_tp_forward(module)
     _check_gathered_sr(module, mode)
     if mode == "column":

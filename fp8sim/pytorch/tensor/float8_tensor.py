@@ -173,6 +173,7 @@ class Float8CurrentScalingQuantizer(Quantizer):
         return q
 
     update_quantized = _fsdp2.current_scaling_update_quantized  # honours dst.amax_reduction_group (FSDP2)
+    fsdp_reduces_amax = True  # FSDP2's pre-all-gather gives its shards the mesh's amax_reduction_group
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -58,6 +58,11 @@ _E2M1, _E4M3 = get_format("e2m1"), get_format("e4m3")
 _OUT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
+def is_nvfp4_quantizable(shape: tuple[int, ...], row_scaled: bool = False) -> bool:
+    """TE ``NVFP4Quantizer.is_quantizable`` for a shard of ``shape``."""
+    return not row_scaled and len(shape) >= 2 and shape[-1] % _B == 0 and math.prod(shape[:-1]) % _B == 0
+
+
 class NVFP4Quantizer(Quantizer):
     """NVFP4: E2M1 elements, E4M3 scales per 16 (or per 16x16 tile with ``with_2d_quantization``),
     a float32 global scale from the amax (all-reduced with MAX when ``with_amax_reduction``)."""
