@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from ..formats import E2M1, E4M3
 from ..scaling.packing import pack_fp4, unpack_fp4
-from ..scaling.quantized import QuantizedTensor
+from ..scaling.quantized import QuantizedData
 from .wire import all_gather_into_tensor
 
 __all__ = ["world_rank", "max_over", "gather_codes", "swap_first_dims", "gather_nvfp4"]
@@ -54,7 +54,7 @@ def swap_first_dims(t: torch.Tensor, world: int) -> torch.Tensor:
     return t.reshape(world, d0, -1).transpose(0, 1).reshape(d0, -1)
 
 
-def gather_nvfp4(q: QuantizedTensor, group: Any, columnwise: bool) -> QuantizedTensor:
+def gather_nvfp4(q: QuantizedData, group: Any, columnwise: bool) -> QuantizedData:
     """Every rank's NVFP4 shard ``q``, gathered as TE gathers it: packed codes and E4M3 scales along dim 0
     (rowwise), or along dim 1 for the transposed columnwise copy; the global scale is this rank's."""
     world = dist.get_world_size(group)
@@ -64,7 +64,7 @@ def gather_nvfp4(q: QuantizedTensor, group: Any, columnwise: bool) -> QuantizedT
         codes, scales = swap_first_dims(codes, world), swap_first_dims(scales, world)
     c = unpack_fp4(codes).numpy()
     shape = (q.shape[0], q.shape[1] * world) if columnwise else (q.shape[0] * world, q.shape[1])
-    return QuantizedTensor(
+    return QuantizedData(
         c,
         scales.numpy(),
         E2M1,

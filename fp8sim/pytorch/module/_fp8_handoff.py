@@ -19,8 +19,9 @@ import torch
 
 from ...formats import FloatFormat
 from ...recipe import DelayedScaling, tensor_format
+from ...scaling.amax import amax_nan_skipping_tensor
 from ...scaling.current import compute_scale_from_amax
-from ._operands import PER_TENSOR, Operand, _per_tensor, nan_skipping_amax, quantize_operand
+from ._operands import PER_TENSOR, Operand, cast_per_tensor, quantize_operand
 
 __all__ = ["ATTR", "FP8Handoff", "attach", "handoff_of", "boundary_cast"]
 
@@ -107,9 +108,9 @@ def boundary_cast(d: torch.Tensor, recipe: Any, forward: bool, scaler: Any, inde
         return quantize_operand(d, recipe, "input" if forward else "grad", 1, scaler=scaler, index=index)
     fmt = tensor_format(recipe.fp8_format, forward)
     da = d.to(act)
-    amax = np.float32(nan_skipping_amax(da))
+    amax = np.float32(amax_nan_skipping_tensor(da))
     scale = compute_scale_from_amax(amax, fmt.max, pow2=bool(recipe.use_power_2_scales), eps=0.0)
-    return _per_tensor(da, fmt, float(scale), None)
+    return cast_per_tensor(da, fmt, scale)
 
 
 def attach_output(module: Any, out: torch.Tensor, fp8_io: dict | None) -> torch.Tensor:

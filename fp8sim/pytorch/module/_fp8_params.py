@@ -31,7 +31,7 @@ from ...recipe import (
     Recipe,
     tensor_format,
 )
-from ...scaling.quantized import QuantizedTensor as _SimQT
+from ...scaling.quantized import QuantizedData as _SimQT
 from ._operands import Operand
 
 __all__ = [

@@ -46,13 +46,14 @@ import numpy as np
 import torch
 
 from ...recipe import DelayedScaling, Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling
+from ...scaling.amax import amax_nan_skipping_tensor
 from ...scaling.current import compute_scale_from_amax
 from .. import _comm
 from .._comm import get_distributed_world_size
 from ..quantization import current_state, get_recipe
 from . import _tp_fp8_io as fio
 from ._fp8_handoff import FP8Handoff
-from ._operands import PER_TENSOR, _per_tensor, _role_qparams, nan_skipping_amax
+from ._operands import PER_TENSOR, _role_qparams, cast_per_tensor
 from ._tp_fp8_io import _gather_fp8
 
 __all__ = [
@@ -135,11 +136,11 @@ def _quantize_local(g: Any, x: torch.Tensor, recipe: Any, kind: str, group: Any)
     from ...recipe import tensor_format
 
     fmt = tensor_format(recipe.fp8_format, kind != "grad")
-    amax = torch.tensor([nan_skipping_amax(x2)], dtype=torch.float32)
+    amax = torch.tensor([amax_nan_skipping_tensor(x2)], dtype=torch.float32)
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
     qp = _role_qparams(recipe, kind)
     scale = compute_scale_from_amax(np.float32(amax.item()), fmt.max, pow2=qp.power_2_scale, eps=qp.amax_epsilon)
-    return _per_tensor(x2, fmt, float(scale), g.stats)
+    return cast_per_tensor(x2, fmt, scale, g.stats)
 
 
 def _fp8_per_tensor() -> Any:

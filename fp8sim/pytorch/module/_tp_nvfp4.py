@@ -32,9 +32,10 @@ import torch
 from ...collectives.quantized import gather_nvfp4, max_over, world_rank
 from ...formats import E2M1
 from ...recipe import NVFP4BlockScaling
+from ...scaling.amax import amax_nan_skipping_tensor
 from ...scaling.nvfp4 import apply_rht, quantize_nvfp4
 from ..tensor.nvfp4_tensor import is_nvfp4_quantizable
-from ._operands import Operand, nan_skipping_amax
+from ._operands import Operand
 from ._quantizers import _4over6_scope
 
 __all__ = ["set_shard_hook", "sr_gather_qparams"]
@@ -62,7 +63,7 @@ def _shard_operand(local: torch.Tensor, qp: Any, k_axis: int, seed: int, group: 
     rht = qp.random_hadamard_transform and columnwise
     xt = local.detach().to(torch.bfloat16 if rht else torch.float32)  # TE's RHT kernel takes bf16
     xt = xt.t().contiguous() if columnwise else xt.contiguous()
-    amax = max_over(nan_skipping_amax(apply_rht(xt) if rht else xt), group)
+    amax = max_over(amax_nan_skipping_tensor(apply_rht(xt) if rht else xt), group)
     q = quantize_nvfp4(
         xt,
         rht=rht,

@@ -30,7 +30,6 @@ from ._bias import bias_through_bf16
 from ._fp8_params import is_fp8_weight, quantize_primary_weights, reset_sharded_parameters
 from ._gemm_state import _GemmState, _ScalingMeta
 from ._linear_function import LinearOptions, fp8_linear, hp_linear
-from ._operands import nan_skipping_amax
 from ._rng_init import run_init, set_init_tracker
 
 __all__ = [
@@ -475,4 +474,3 @@ def _calibration_amax(t: torch.Tensor) -> float:
 # the name the pre-restructure module used
 _FP8Base = TransformerEngineBaseModule
 _check_dims = assert_dim_for_fp8_exec
-nan_skipping_amax = nan_skipping_amax

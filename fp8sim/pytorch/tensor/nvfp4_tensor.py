@@ -44,7 +44,7 @@ from ...scaling.nvfp4_te_sr import (
     te_rht_cast_fusion_eligible,
 )
 from ...scaling.packing import pack_fp4, unpack_fp4
-from ...scaling.quantized import QuantizedTensor as _SimQT
+from ...scaling.quantized import QuantizedData as _SimQT
 from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType, TE_DType
 from . import _fsdp2, _fsdp2_nvfp4
 from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
