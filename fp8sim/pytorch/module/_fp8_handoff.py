@@ -21,6 +21,7 @@ from ...formats import FloatFormat
 from ...recipe import DelayedScaling, tensor_format
 from ...scaling.amax import amax_nan_skipping_tensor
 from ...scaling.current import compute_scale_from_amax
+from ...scaling.quantized import QuantizedData
 from ._operands import PER_TENSOR, Operand, cast_per_tensor, quantize_operand
 
 __all__ = ["ATTR", "FP8Handoff", "attach", "handoff_of", "boundary_cast"]
@@ -41,6 +42,13 @@ class FP8Handoff:
     fmt: FloatFormat
     grad: FP8Handoff | None = None
     on_grad: Any = None
+    qt: Any = None  # the QuantizedData record the codes came from, where there is one
+
+    @classmethod
+    def of_record(cls, q: QuantizedData, device: Any = None) -> FP8Handoff:
+        """The hand-off of a per-tensor record (a TE ``Float8Tensor``'s ``quantized_data()``)."""
+        op = Operand.of_per_tensor(q, device)
+        return cls(op.vals, op.codes, op.scale_inv, q.fmt, qt=q)
 
     def dequant(self, dtype: torch.dtype) -> torch.Tensor:
         """``fl32(vals * scale_inv)`` rounded to ``dtype`` (``Float8Tensor.dequantize(dtype=...)``)."""
@@ -59,6 +67,17 @@ def attach(t: torch.Tensor, h: FP8Handoff) -> torch.Tensor:
 def handoff_of(t: Any) -> FP8Handoff | None:
     h = getattr(t, ATTR, None)
     return h if isinstance(h, FP8Handoff) and h.vals.shape == t.shape else None
+
+
+def float8_input(t: Any) -> FP8Handoff | None:
+    """A TE ``Float8Tensor`` (per-tensor FP8 data) as the hand-off of a module input: TE's GEMM modules
+    use its codes and ``scale_inv`` and skip their INPUT quantizer (``linear.py``: a
+    ``QuantizedTensorStorage`` input is not quantized again), so its amax joins no amax history."""
+    from ..tensor.storage.float8_tensor_storage import Float8TensorStorage
+
+    if not isinstance(t, Float8TensorStorage) or (t._data is None and t._transpose is None):
+        return None
+    return FP8Handoff.of_record(t.quantized_data(), t.device)
 
 
 def fp8_boundaries(inp: Any, fp8_output: bool, fp8_grad: bool) -> dict | None:
@@ -88,6 +107,8 @@ def fp8_boundaries(inp: Any, fp8_output: bool, fp8_grad: bool) -> dict | None:
             )
         raise NotImplementedError(msg)
     h = handoff_of(inp)
+    if h is None and isinstance(recipe, PER_TENSOR):
+        h = float8_input(inp)
     if h is None and not (fp8_output or fp8_grad):
         return None
     return {"input_fp8": h, "fp8_output": fp8_output, "fp8_grad": fp8_grad}

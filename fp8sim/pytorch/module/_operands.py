@@ -51,6 +51,14 @@ class Operand:
     qt: Any = None  # block recipes: the QuantizedData record (codes and block scales)
     transposed: bool = False  # ``qt`` holds the transpose of this operand
 
+    @classmethod
+    def of_per_tensor(cls, q: QuantizedData, device: Any = None) -> Operand:
+        """The GEMM operand of a per-tensor record: its codes and their decoded values as tensors (on
+        ``device``), ``scale_inv`` the record's one scale."""
+        codes = torch.from_numpy(q.codes)
+        codes = codes if device is None else codes.to(device)
+        return cls(None, q.fmt, decode(codes, q.fmt), codes, float(q.scales.reshape(-1)[0]), qt=q)
+
     def dequant(self) -> torch.Tensor:
         """float32 dequantized values: ``fl32(vals * scale_inv)`` for per-tensor recipes."""
         if self.dq is None:
@@ -72,11 +80,10 @@ class Operand:
 def _per_tensor(x: torch.Tensor, q: QuantizedData, scale: Any, stats: dict | None) -> Operand:
     """The GEMM operand of ``q``, the per-tensor record of ``x`` that the scaling layer cast with ``scale``:
     the codes and their decoded values as tensors on ``x``'s device, ``scale_inv`` the record's scale."""
-    codes = torch.from_numpy(q.codes).to(x.device)
-    vals = decode(codes, q.fmt)
+    op = Operand.of_per_tensor(q, x.device)
     if stats is not None:
-        _count(stats, x, x.detach().float() * torch.tensor(float(scale), dtype=torch.float32), vals, q.fmt)
-    return Operand(None, q.fmt, vals, codes, float(q.scales.reshape(-1)[0]), qt=q)
+        _count(stats, x, x.detach().float() * torch.tensor(float(scale), dtype=torch.float32), op.vals, q.fmt)
+    return op
 
 
 def cast_per_tensor(x: torch.Tensor, fmt: FloatFormat, scale: Any, stats: dict | None = None) -> Operand:
