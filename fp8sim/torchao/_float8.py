@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..formats import FloatFormat
+from ..scaling.quantized import QuantizedData
 
 __all__ = ["_FP8_FORMATS", "_Float8"]
 
@@ -22,9 +23,23 @@ _FP8_FORMATS = {
 @dataclass(frozen=True)
 class _Float8:
     """An operand cast to float8 (what torchao's Float8TrainingTensor holds): uint8 codes in the
-    operand's shape, the float32 quantization scale (0-dim, or keepdim for axiswise), the format."""
+    operand's shape, the float32 quantization scale (0-dim, or keepdim for axiswise), the format.
+
+    Not the scaling layer's :class:`~fp8sim.scaling.QuantizedData`: these are torch tensors on the
+    operand's device (torchao's cast runs as torch ops there, and FSDP2 gathers the codes in place), the
+    record holds numpy arrays.  :meth:`quantized_data` gives the record (CPU copies)."""
 
     codes: torch.Tensor
     scale: torch.Tensor
     fmt: FloatFormat
     axiswise: bool
+
+    def quantized_data(self) -> QuantizedData:
+        """The record: the codes, the scales as divisors (torchao dequantizes ``codes / scale``)."""
+        codes = self.codes.detach().cpu().contiguous().numpy()
+        scale = self.scale.detach().cpu().to(torch.float32).numpy()
+        if self.axiswise:
+            block = tuple(c // s for c, s in zip(codes.shape, scale.shape, strict=True))
+        else:
+            scale, block = scale.reshape((1,) * codes.ndim), tuple(max(d, 1) for d in codes.shape)
+        return QuantizedData(codes, scale, self.fmt, block, codes.shape, "float32", scale_is_divisor=True)
