@@ -225,6 +225,32 @@ def test_progress_bar_draws_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) 
         assert ("2/2" in stream.getvalue()) is drawn
 
 
+def test_progress_bar_is_tqdm_and_optional(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bar is tqdm's (``fp8sim[progress]``); without tqdm nothing is drawn and nothing fails, and
+    ``import fp8sim`` (with the CLI and the report modules) never imports it."""
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    monkeypatch.setattr(sys, "stderr", stream)
+    bar = _progress.Progress(3, True, prefix="report ")
+    for label in "abc":
+        bar.step(label)
+    assert "report: 100%" in stream.getvalue() and "3/3" in stream.getvalue()
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # `import tqdm` now raises ImportError
+    stream = Tty()
+    monkeypatch.setattr(sys, "stderr", stream)
+    bar = _progress.Progress(2, True)
+    bar.step("a")
+    bar.step("b")
+    assert stream.getvalue() == "" and not bar.enabled
+    code = "import sys, fp8sim, fp8sim.cli, fp8sim.report, fp8sim.native.compare; print('tqdm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
 def test_help_documents_every_option_and_lists_the_recipes() -> None:
     ap = cli.build_parser()
     subs = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))

@@ -1,9 +1,10 @@
-"""A one-line progress bar on stderr (no dependency), drawn only when stderr is a terminal."""
+"""Progress bars on stderr: tqdm's, drawn only when stderr is a terminal (a log file or CI output gets
+none) and tqdm is installed (``pip install 'fp8sim[progress]'``; ``import fp8sim`` does not need it)."""
 
 from __future__ import annotations
 
 import sys
-import time
+from typing import Any
 
 
 def _is_tty(stream: object) -> bool:
@@ -15,22 +16,28 @@ def _is_tty(stream: object) -> bool:
 
 
 class Progress:
-    """``step(label)`` advances by one of ``total``; silent when ``enabled`` is False or stderr is
-    not a terminal (a log file or CI output gets no carriage-return bars)."""
+    """``step(label)`` advances by one of ``total``; silent when ``enabled`` is False, stderr is not a
+    terminal or tqdm is missing."""
 
     def __init__(self, total: int, enabled: bool = True, prefix: str = "") -> None:
-        self.total, self.done, self.prefix = total, 0, prefix
-        self.enabled = enabled and _is_tty(sys.stderr)
-        self.t0 = time.monotonic()
+        self.total, self.done = total, 0
+        self._bar: Any = None
+        if enabled and _is_tty(sys.stderr):
+            try:
+                from tqdm import tqdm
+            except ImportError:  # optional: a bar is no reason to fail a run
+                return
+            self._bar = tqdm(total=total, desc=prefix.strip() or None, file=sys.stderr, dynamic_ncols=True)
+
+    @property
+    def enabled(self) -> bool:
+        return self._bar is not None
 
     def step(self, label: str = "") -> None:
         self.done += 1
-        if not self.enabled:
+        if self._bar is None:
             return
-        frac = self.done / max(self.total, 1)
-        bar = "#" * int(frac * 30)
-        eta = (time.monotonic() - self.t0) / frac * (1 - frac) if frac else 0.0
-        sys.stderr.write(f"\r{self.prefix}[{bar:<30}] {self.done}/{self.total} {label[:40]:<40} eta {eta:5.0f}s")
-        sys.stderr.flush()
+        self._bar.set_postfix_str(label[:40], refresh=False)
+        self._bar.update(1)
         if self.done >= self.total:
-            sys.stderr.write("\n")
+            self._bar.close()
