@@ -5,8 +5,9 @@
 
 from __future__ import annotations
 
+from ._util import moved as _moved
 from .cast import ROUNDING_MODES, decode, encode, quantize
-from .conventions import CONVENTIONS, Convention, get_convention
+from .cast.conventions import CONVENTIONS, Convention, get_convention
 from .formats import (
     E2M1,
     E2M3,
@@ -23,6 +24,13 @@ from .formats import (
 )
 
 __version__ = "0.1.0"
+
+_moved.install()  # old module paths (fp8sim.shim, fp8sim.study, fp8sim.distributed, ...) keep importing
+
+
+def __getattr__(name: str) -> object:
+    return _moved.attribute(__name__, name)
+
 
 __all__ = [
     "FloatFormat",

@@ -46,7 +46,7 @@ _NO_PROGRESS = "no progress bar on stderr (bars are drawn only when stderr is a 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand but ``run`` (whose arguments belong to the script)."""
-    from .study import STUDY_RECIPES
+    from .report.training_study import STUDY_RECIPES
 
     ap = argparse.ArgumentParser(prog="fp8sim", description="Bit-exact FP8 emulator and numerics simulator.")
     ap.add_argument("--version", action="version", version=f"fp8sim {__version__}")
@@ -123,7 +123,7 @@ _COMMANDS = ("formats", "verify", "capture", "compare", "report", "run", "study"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ._atomic import install_signal_cleanup
+    from ._util.atomic import install_signal_cleanup
 
     args_in = sys.argv[1:] if argv is None else list(argv)
     install_signal_cleanup()  # SIGTERM removes this process's temporary files
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     prog = f"fp8sim {command}" if command in _COMMANDS else "fp8sim"
     try:
         if command == "run":  # everything after the run options belongs to the script
-            from ._runargs import run_command
+            from .run._runargs import run_command
 
             return run_command(args_in[1:])
         return _dispatch(build_parser().parse_args(args_in))
@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check(fn: Callable, *args: object, **kw: object) -> object:
     """Run a pre-flight check; its OutputPathError or MissingDependency becomes a UsageError."""
-    from ._deps import MissingDependency
-    from ._outpaths import OutputPathError
+    from ._util.deps import MissingDependency
+    from ._util.outpaths import OutputPathError
 
     try:
         return fn(*args, **kw)
@@ -155,16 +155,16 @@ def _check(fn: Callable, *args: object, **kw: object) -> object:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from ._deps import require
-    from ._outpaths import check_output_dir, check_output_file
+    from ._util.deps import require
+    from ._util.outpaths import check_output_dir, check_output_file
 
     if args.command == "formats":
-        from .report import formats_table
+        from .report.build import formats_table
 
         print(formats_table())
         return 0
     if args.command == "verify":
-        from .conformance import format_table, run
+        from .report.conformance import format_table, run
 
         backends = ("numpy",) if args.no_torch else ("numpy", "torch")
         if "torch" in backends:
@@ -206,7 +206,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             args.captures = "reports/captures"
         elif not os.path.isdir(args.captures):
             raise UsageError(f"--captures {args.captures}: no such folder")
-        from .report import build_default_report
+        from .report.build import build_default_report
 
         path = build_default_report(
             args.out, quick=args.quick, progress=not args.no_progress, captures=args.captures, force=args.force
@@ -214,7 +214,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
         return 0
     if args.command == "study" and args.distributed:
-        from .distributed.study import run_distributed_study, write_distributed_study
+        from .report.distributed_study import run_distributed_study, write_distributed_study
 
         _check(require, "torch", "fp8sim study --distributed")
         try:
@@ -226,7 +226,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"wrote {out}")
         return 0
     if args.command == "study":
-        from .study import STUDY_RECIPES, run_study, write_study
+        from .report.training_study import STUDY_RECIPES, run_study, write_study
 
         recipes = tuple(r for r in args.recipes.split(",") if r) or STUDY_RECIPES
         unknown = [r for r in recipes if r not in STUDY_RECIPES]
@@ -244,8 +244,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from ._deps import require
-    from ._outpaths import check_input_file, check_output_dir
+    from ._util.deps import require
+    from ._util.outpaths import check_input_file, check_output_dir
     from .native.compare import compare_capture
     from .native.fileformat import CaptureFileError
 
@@ -267,7 +267,7 @@ def _compare(args: argparse.Namespace) -> int:
             status += f"; {o.extra['split_inference']['text']}"
         print(f"{o.name:<64} {status}")
     if args.report:
-        from .report import write_compare_report
+        from .report.build import write_compare_report
 
         print(f"wrote {write_compare_report(res, args.report, force=args.force)}")
     problems = res.vacuous(only, "--ops") + res.vacuous(required, "--require-bit-exact")

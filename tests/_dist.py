@@ -1,4 +1,4 @@
-"""Spawning gloo ranks for the multi-process tests: :func:`fp8sim.distributed.spawn.run_ranks` with
+"""Spawning gloo ranks for the multi-process tests: :func:`fp8sim.collectives.spawn.run_ranks` with
 the test suite's limits (one thread per rank; a run that has not finished after 120 s fails: each run
 takes a few seconds on 2 idle cores, the margin is for a machine shared with other work).  A run that
 hangs fails with each rank's Python stacks, dumped by ``faulthandler`` just before the deadline, so
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fp8sim.distributed.spawn import RankFailure, run_ranks
+from fp8sim.collectives.spawn import RankFailure, run_ranks
 
 __all__ = ["RankFailure", "ranks", "TIMEOUT_S"]
 

@@ -72,7 +72,7 @@ def _state(m: object) -> tuple:
 
 
 def _quirk(caught: list) -> int:
-    from fp8sim._upstream_quirk import UpstreamQuirkWarning
+    from fp8sim._util.upstream_quirk import UpstreamQuirkWarning
 
     return sum(
         issubclass(w.category, UpstreamQuirkWarning) and "te-fp8-allreduce-noop" in str(w.message) for w in caught

@@ -190,7 +190,7 @@ def _quantizer_gather(rank: int, tp: object) -> dict:
     """``all_gather_nvfp4`` with ``NVFP4Quantizer.te_rng_generator`` seeded per rank: the gathered codes are each
     shard's TE Philox cast (``quantize_nvfp4_te_sr`` with the rank's ``rng_state`` and the whole tensor's
     amax), concatenated as TE lays them; the scales and amaxes are the whole tensor's quantization's."""
-    from fp8sim.pytorch.module._tp_nvfp4 import all_gather_nvfp4
+    from fp8sim.pytorch._comm import _all_gather_nvfp4 as all_gather_nvfp4
     from fp8sim.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer
     from fp8sim.scaling.nvfp4_te_sr import TEPhiloxGenerator, quantize_nvfp4_te_sr
     from fp8sim.scaling.packing import unpack_fp4

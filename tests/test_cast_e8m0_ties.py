@@ -78,7 +78,7 @@ def test_unknown_tie_rule_names_the_choices():
 
 
 def test_ml_dtypes_ties_even_convention_differs_from_ml_dtypes_only_on_ties():
-    from fp8sim.conventions import get_convention
+    from fp8sim.cast.conventions import get_convention
 
     x = _sample()
     even, plain = get_convention("ml_dtypes_ties_even"), get_convention("ml_dtypes")

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import fp8sim
-from fp8sim import cli, conformance
+from fp8sim import cli
+from fp8sim.report import conformance
 
 
 def test_formats_prints_every_format_with_its_limits(capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import fp8sim
-from fp8sim import _progress, cli
+from fp8sim import cli
+from fp8sim._util import progress as _progress
 from fp8sim.native.fileformat import read_bundle, write_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +112,8 @@ def test_report_study_and_compare_outputs_checked_before_the_work(
     small_cap: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # noqa: ANN001
     pytest.importorskip("matplotlib")
-    from fp8sim import report, study
+    from fp8sim.report import build as report
+    from fp8sim.report import training_study as study
 
     monkeypatch.setattr(report, "build_default_report", lambda *a, **k: pytest.fail("report ran"))
     monkeypatch.setattr(study, "run_study", lambda *a, **k: pytest.fail("study ran"))
@@ -163,7 +165,7 @@ def test_study_steps_out_of_range_is_a_usage_error(steps: str, capsys) -> None: 
 
 def test_run_study_refuses_zero_steps() -> None:
     pytest.importorskip("torch")
-    from fp8sim.study import run_study
+    from fp8sim.report.training_study import run_study
 
     with pytest.raises(ValueError, match="steps must be a positive integer, got 0"):
         run_study(("fp32",), steps=0, progress=False)
@@ -223,6 +225,32 @@ def test_progress_bar_draws_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) 
         assert ("2/2" in stream.getvalue()) is drawn
 
 
+def test_progress_bar_is_tqdm_and_optional(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bar is tqdm's (``fp8sim[progress]``); without tqdm nothing is drawn and nothing fails, and
+    ``import fp8sim`` (with the CLI and the report modules) never imports it."""
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    monkeypatch.setattr(sys, "stderr", stream)
+    bar = _progress.Progress(3, True, prefix="report ")
+    for label in "abc":
+        bar.step(label)
+    assert "report: 100%" in stream.getvalue() and "3/3" in stream.getvalue()
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # `import tqdm` now raises ImportError
+    stream = Tty()
+    monkeypatch.setattr(sys, "stderr", stream)
+    bar = _progress.Progress(2, True)
+    bar.step("a")
+    bar.step("b")
+    assert stream.getvalue() == "" and not bar.enabled
+    code = "import sys, fp8sim, fp8sim.cli, fp8sim.report, fp8sim.native.compare; print('tqdm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
 def test_help_documents_every_option_and_lists_the_recipes() -> None:
     ap = cli.build_parser()
     subs = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
@@ -230,7 +258,7 @@ def test_help_documents_every_option_and_lists_the_recipes() -> None:
         for action in parser._actions:
             if action.option_strings:
                 assert action.help, f"fp8sim {name} {action.option_strings[0]} has no help"
-    from fp8sim.study import STUDY_RECIPES
+    from fp8sim.report.training_study import STUDY_RECIPES
 
     text = subs.choices["study"].format_help().replace("\n", " ")
     text = " ".join(text.split())
@@ -289,7 +317,7 @@ def test_ml_dtypes_float8_e5m2_arrays_are_accepted_as_input() -> None:
 def test_run_study_trains_with_one_torch_thread_and_restores_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch's default (a thread per core) made the study ten times slower on a loaded CPU."""
     torch = pytest.importorskip("torch")
-    from fp8sim import study
+    from fp8sim.report import training_study as study
 
     seen = []
     monkeypatch.setattr(study, "_train_all", lambda *a: seen.append(torch.get_num_threads()) or "done")
@@ -307,8 +335,8 @@ def test_run_study_trains_with_one_torch_thread_and_restores_the_setting(monkeyp
 def test_plots_have_titles_legends_beside_the_data_and_e8m0_on_its_own_axis() -> None:
     pytest.importorskip("torch")
     plt = pytest.importorskip("matplotlib.pyplot")
-    from fp8sim._report_plots import grid_figure
-    from fp8sim.study import StudyResult, plot_losses
+    from fp8sim.report._plots import grid_figure
+    from fp8sim.report.training_study import StudyResult, plot_losses
 
     fig = grid_figure()
     top, bottom = fig.axes

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import fp8sim
-from fp8sim.conformance import count_mismatches
 from fp8sim.formats import FORMATS
+from fp8sim.report.conformance import count_mismatches
 
 BITS16 = np.arange(1 << 16, dtype=np.uint16)
 

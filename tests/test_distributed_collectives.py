@@ -1,4 +1,4 @@
-"""fp8sim.distributed collectives on gloo: float8 and packed FP4 payloads move as bytes, float8
+"""fp8sim.collectives on gloo: float8 and packed FP4 payloads move as bytes, float8
 reductions are fp8sim's (decode exactly, reduce in float64 in rank order, round once).
 
 Oracles: each rank's payload is known to the test (seeded), the expected gathers are plain
@@ -19,7 +19,7 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 from _dist import ranks  # noqa: E402
 
-import fp8sim.distributed as fd  # noqa: E402
+import fp8sim.collectives as fd  # noqa: E402
 
 WORLD = 2
 N = 300  # not a multiple of anything in particular
@@ -141,6 +141,6 @@ def test_reductions_reject_packed_fp4_and_bad_ops() -> None:
     if not hasattr(torch, "float4_e2m1fn_x2"):
         pytest.skip("this torch has no float4_e2m1fn_x2")
     with pytest.raises(TypeError, match="packed FP4"):
-        fd.collectives._reduce_rows(torch.zeros(2, 3, dtype=torch.uint8).view(torch.float4_e2m1fn_x2), "SUM", None)
+        fd.wire._reduce_rows(torch.zeros(2, 3, dtype=torch.uint8).view(torch.float4_e2m1fn_x2), "SUM", None)
     with pytest.raises(ValueError, match="op must be ReduceOp.SUM, ReduceOp.MAX or ReduceOp.MIN"):
-        fd.collectives._op_name(dist.ReduceOp.PRODUCT)
+        fd.wire._op_name(dist.ReduceOp.PRODUCT)

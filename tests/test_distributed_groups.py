@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from fp8sim.distributed import PRESETS, ParallelLayout, group_ranks  # noqa: E402
+from fp8sim.collectives import PRESETS, ParallelLayout, group_ranks  # noqa: E402
 
 
 def test_tp2_dp2_groups() -> None:

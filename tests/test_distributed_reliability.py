@@ -1,6 +1,6 @@
 """Multi-process runs fail in bounded time and name the rank at fault (issue 16, reliability).
 
-:func:`fp8sim.distributed.spawn.run_ranks` (through ``tests/_dist.py``) is checked on ranks that
+:func:`fp8sim.collectives.spawn.run_ranks` (through ``tests/_dist.py``) is checked on ranks that
 raise mid-step while the peer waits in a collective, die without raising (``os._exit``), or hang;
 and the two-rank gloo amax-reduction run (the scenario of ``tests/test_pytorch_modules.py``) is
 repeated 20 times: every run must end cleanly, both ranks holding the same scales.  That run

@@ -57,7 +57,7 @@ def test_nvfp4_columnwise_gather_is_deinterleaved_as_te_swap_first_dims(world: i
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from fp8sim.pytorch.module._tp_nvfp4 import _swap_first_dims
+    from fp8sim.collectives.quantized import swap_first_dims as _swap_first_dims
 
     @settings(max_examples=20, deadline=None)
     @given(st.integers(1, 5), st.integers(1, 5), st.integers(0, 2**31 - 1))
@@ -82,7 +82,7 @@ def test_all_reduce_of_a_tensor_with_te_dispatch_leaves_it_and_reduce_scatter_su
 def test_the_fp8_all_reduce_quirk_warns_and_a_mutable_all_reduce_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """fp8sim reproduces TE's unreduced FP8 tensor only where torch's ``c10d.allreduce_`` is not mutable (TE's
     dispatch branch); a torch that marked it mutable would make TE re-quantize the sum, which is refused."""
-    from fp8sim._upstream_quirk import UpstreamQuirkWarning
+    from fp8sim._util.upstream_quirk import UpstreamQuirkWarning
     from fp8sim.pytorch.module import _tp_fp8_io as fio
 
     with pytest.warns(UpstreamQuirkWarning, match="te-fp8-allreduce-noop"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fp8sim import conformance
+from fp8sim.report import conformance
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fp8sim import _atomic
+from fp8sim._util import atomic as _atomic
 from fp8sim.native.fileformat import CaptureFileError, read_bundle, write_bundle
 from fp8sim.native.suite import input_set
 
@@ -288,7 +288,7 @@ def test_dangling_symlink_at_the_target_is_not_replaced_without_force(tmp_path: 
 _KILLED_WRITER = """
 import sys, time
 sys.path.insert(0, {root!r})
-from fp8sim._atomic import atomic_dir, atomic_file, install_signal_cleanup
+from fp8sim._util.atomic import atomic_dir, atomic_file, install_signal_cleanup
 install_signal_cleanup()
 if {folder!r}:
     with atomic_dir({target!r}, replace=True) as d:

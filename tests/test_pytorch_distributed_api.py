@@ -96,7 +96,7 @@ def test_tensor_model_parallel_attributes_set_once() -> None:
 def test_names_resolve_under_the_shim() -> None:
     import importlib
 
-    import fp8sim.shim as shim
+    import fp8sim.run.shim as shim
 
     was = shim.is_installed()
     shim.install(quiet=True)

@@ -148,8 +148,8 @@ def test_tensor_storage_and_utils_names_resolve_under_transformer_engine() -> No
     (``replace_raw_data``, ``quantize_master_weights``, ``cast_master_weights_to_fp8``), ``quantized_tensor.py``."""
     import importlib
 
-    from fp8sim import shim
     from fp8sim.pytorch import tensor as fp8_tensor
+    from fp8sim.run import shim
 
     if not shim.is_installed() and importlib.util.find_spec("transformer_engine") is not None:
         pytest.skip("a real TransformerEngine is installed")
@@ -250,9 +250,9 @@ def test_fp8sim_run_resolves_issue_13_names() -> None:
     """`fp8sim run`: TE's recompute, GEMM, state-manager and extra-state names resolve; te.ops is named
     in a NotImplementedError (fp8sim does not emulate the fusible-operations API)."""
     import fp8sim.pytorch as fp8_te
-    from fp8sim import shim
     from fp8sim.pytorch import _extra_state_te, distributed
     from fp8sim.pytorch.cpp_extensions import general_gemm
+    from fp8sim.run import shim
 
     shim.install(quiet=True)
     try:

@@ -239,7 +239,7 @@ def test_quantize_master_weights_1x128_runs_tes_128x128_tile_kernels_into_the_1x
     (lines 593-749), whose kernels (``fp8_partial_cast.cpp`` 11-45, block_len 128) compute 128x128-tile amaxes
     into ``amax[tile_h * stride_h + tile_w]`` of the ``get_scale_shape`` buffer, which for 1x128 is
     ``(ceil(K/128), round_up(M, 4))``; ``scale_inv`` is that buffer's reciprocal scale."""
-    from fp8sim._upstream_quirk import UpstreamQuirkWarning
+    from fp8sim._util.upstream_quirk import UpstreamQuirkWarning
 
     q = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=True, block_scaling_dim=1)
     w = q(torch.zeros(256, 384, dtype=torch.bfloat16))

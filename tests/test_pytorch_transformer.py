@@ -376,7 +376,7 @@ def test_te_llama_style_block_through_the_shim_trains():
     RotaryPositionEmbedding, imported as ``transformer_engine.pytorch`` under the shim."""
     import importlib
 
-    import fp8sim.shim as shim
+    import fp8sim.run.shim as shim
 
     shim.install(quiet=True)  # quiet: the once-per-process banner stays for test_shim to see
     try:

@@ -171,7 +171,7 @@ def test_float8_block_scaling_nested_mmparams_as_pydantic(field: str, value: Any
 
 # pydantic-core also reads a sign after leading zeros ("0-1" is -1, "00-5" is -5, "0-0" is 0: it strips the
 # zeros before its JSON number parser); fp8sim refuses such strings (a loud difference on garbage input, named
-# in fp8sim/_recipe_fields.py), so the generated strings put a sign only first.
+# in fp8sim/recipe/_fields.py), so the generated strings put a sign only first.
 _NUMERIC_TEXT = st.builds(
     lambda sign, body: sign + body,
     st.sampled_from(["", "+", "-", " "]),

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import fp8sim
-from fp8sim.scaling import QuantizedTensor
+from fp8sim.scaling import QuantizedData
 from fp8sim.scaling.nvfp4 import (
     RHT_SIGNS,
     NVFP4QParams,
@@ -105,7 +105,7 @@ def assert_same(got, want, inputs, what: str) -> None:
         )
 
 
-def assert_matches_oracle(q: QuantizedTensor, x: torch.Tensor, **oracle_kw) -> None:
+def assert_matches_oracle(q: QuantizedData, x: torch.Tensor, **oracle_kw) -> None:
     scales, codes, s_dec = te_oracle(x, **oracle_kw)
     xs = x.float().numpy()
     assert_same(q.scales, scales, xs, "E4M3 block scales")
@@ -544,7 +544,7 @@ def test_dequantize_bad_arguments():
         dequantize_nvfp4(dataclasses.replace(q, global_amax=None), "te")
     with pytest.raises(ValueError, match="unknown out_dtype 'int8'"):
         dequantize_nvfp4(q, "torchao", out_dtype="int8")
-    with pytest.raises(TypeError, match="NVFP4 QuantizedTensor"):
+    with pytest.raises(TypeError, match="NVFP4 QuantizedData"):
         dequantize_nvfp4("q")
 
 

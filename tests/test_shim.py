@@ -1,4 +1,4 @@
-"""`fp8sim run` / fp8sim.shim: unchanged TransformerEngine and accelerate scripts on a CPU (issue 9)."""
+"""`fp8sim run` / fp8sim.run.shim: unchanged TransformerEngine and accelerate scripts on a CPU (issue 9)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import fp8sim.shim as shim  # noqa: E402
+import fp8sim.run.shim as shim  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "shim"
 
@@ -172,13 +172,13 @@ def test_te_tensor_submodules_resolve_where_tes_tests_import_them() -> None:
 def test_cli_run_hands_its_emulation_options_to_the_shim_before_the_script(monkeypatch, tmp_path) -> None:  # noqa: ANN001
     """`fp8sim run --device-map cuda=cpu --scaled-mm hopper_fast --quiet x.py --steps 3`: the three
     options reach the shim first, the script and its own arguments untouched after them."""
-    import fp8sim.shim
+    import fp8sim.run.shim
     from fp8sim.cli import main
 
     script = tmp_path / "x.py"
     script.write_text("pass\n")
     seen = []
-    monkeypatch.setattr(fp8sim.shim, "run", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setattr(fp8sim.run.shim, "run", lambda argv: seen.append(argv) or 0)
     argv = ["run", "--device-map", "cuda=cpu", "--scaled-mm", "hopper_fast", "--quiet", str(script), "--steps", "3"]
     assert main(argv) == 0
     assert seen == [["--device-map", "cuda=cpu", "--scaled-mm", "hopper_fast", "--quiet", str(script), "--steps", "3"]]

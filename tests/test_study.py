@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("torch")
 
 from fp8sim import cli  # noqa: E402
-from fp8sim.study import run_study, write_study  # noqa: E402
+from fp8sim.report.training_study import run_study, write_study  # noqa: E402
 
 # Tolerances on the final loss relative to fp32 (mean of the last 10 steps, 60 steps of training):
 # FP8 recipes with scaling stay within 3% (NVFP4, 4-bit elements: 15%); E4M3 gradients without

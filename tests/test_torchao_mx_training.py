@@ -176,7 +176,8 @@ def test_bf16_dequantize_in_torch_ops_equals_the_float32_product_rounded_once() 
     gives the float32 product (ml_dtypes values) rounded to bf16 by torch, bit for bit."""
     import ml_dtypes
 
-    from fp8sim.torchao.mx_linear import _MX, _dequantize_bf16
+    from fp8sim.torchao.mx_linear import _dequantize_bf16
+    from fp8sim.torchao.mx_linear import _mx_record as _MX
 
     codes = np.tile(np.arange(256, dtype=np.uint8), (6, 1))  # 6 rows x 256 codes = 8 blocks per row
     scales = np.array([0, 1, 127, 200, 254, 255], np.uint8)[:, None].repeat(8, axis=1)

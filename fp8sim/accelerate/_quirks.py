@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .._upstream_quirk import UpstreamQuirkWarning  # one class for every upstream fp8sim emulates
+from .._util.upstream_quirk import UpstreamQuirkWarning  # one class for every upstream fp8sim emulates
 
 __all__ = ["UpstreamQuirkWarning", "QUIRKS", "settings", "documented_semantics"]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_torch_tensor
+from .._util.tensors import is_torch_tensor
 from ..formats import FloatFormat, get_format
 from . import numpy_backend
 from ._rounding import ROUNDING_MODES, SR_BITS

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_torch_tensor
+from .._util.tensors import is_torch_tensor
 from ..formats import get_format
 from . import encode
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_torch_tensor
+from .._util.tensors import is_torch_tensor
 from ..formats import FORMATS, FloatFormat, get_format
 from ..scaling.amax import dtype_name
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_torch_tensor, numpy_view
+from .._util.tensors import is_torch_tensor, numpy_view
 from ..cast._tables import code_values
 from ..formats import FloatFormat, get_format
 

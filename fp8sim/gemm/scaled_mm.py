@@ -27,7 +27,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .._torch import is_torch_tensor, numpy_view
+from .._util.tensors import is_torch_tensor, numpy_view
 from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
 from ..scaling.amax import dtype_name

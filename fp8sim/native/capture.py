@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from .._outpaths import check_output_file
-from .._progress import Progress
+from .._util.outpaths import check_output_file
+from .._util.progress import Progress
 from ..formats import FORMATS
 from .fileformat import write_bundle
 from .suite import INPUT_SETS, SUITE_VERSION, gemm_cases, gemm_operands, input_set

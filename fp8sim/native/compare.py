@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from .._progress import Progress
+from .._util.progress import Progress
 from ..cast import encode
 from ..cast._tables import code_values
-from ..conventions import CONVENTIONS
+from ..cast.conventions import CONVENTIONS
 from ..formats import FORMATS, FloatFormat
 from ..gemm import scaled_mm
 from .fileformat import read_bundle

@@ -6,7 +6,7 @@ Layout: a zip archive (numpy ``.npz``) holding the arrays and ``__meta__.json``:
      "sha256": {"<array name>": "<hex digest of its raw bytes>", ...}}
 
 Files are written to a temporary name in the same folder and published in one step
-(:mod:`fp8sim._atomic`), so a crash never leaves a partial file and an existing file is never
+(:mod:`fp8sim._util.atomic`), so a crash never leaves a partial file and an existing file is never
 replaced unless ``force=True``, even by a concurrent writer.  Reading checks the container, the
 header against its schema (:mod:`fp8sim.native.schema`), every checksum and every array's shape,
 and names what is wrong.
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .._atomic import atomic_file
-from .._outpaths import OutputPathError, check_input_file
+from .._util.atomic import atomic_file
+from .._util.outpaths import OutputPathError, check_input_file
 from .schema import validate_arrays, validate_header
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CaptureFileError", "write_bundle", "read_bundle"]

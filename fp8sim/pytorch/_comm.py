@@ -2,7 +2,7 @@
 
 Names, signatures, defaults, return values and messages are TE's: the collectives return ``(out, handle)``
 with ``handle`` None unless ``async_op=True``; one rank (or no initialised ``torch.distributed``) skips the
-communication.  float8 and packed-FP4 payloads travel as byte views (:mod:`fp8sim.distributed`: gloo refuses
+communication.  float8 and packed-FP4 payloads travel as byte views (:mod:`fp8sim.collectives`: gloo refuses
 float8).  A collective that fp8sim computes itself (a float8 reduce-scatter) is synchronous; its handle is
 already complete.  ``gather_along_first_dim`` with a ``quantizer`` follows TE's dispatch: per-tensor FP8
 (``_all_gather_fp8``: the local shard quantized rowwise, the codes gathered, this rank's ``scale_inv`` kept),
@@ -38,6 +38,9 @@ _SYMMETRIC_KINDS = ("multimem_all_reduce", "two_shot", "one_shot")
 _UNSUPPORTED = "Attempting to all-gather an unsupported quantized tensor. Falling back to high-precision all-gather."
 _MX_FALLBACK = "Cannot quantize input tensor. Performing all-gather in high precision."
 _MX_MISMATCH = "Input and quantizer do not have matching usages. Dequantizing and requantizing to MXFP8."
+_NVFP4_BLOCK = 16
+_NVFP4_FALLBACK = "Cannot quantize input tensor. Performing all-gather in high precision."
+_NVFP4_MISMATCH = "Input and quantizer do not have matching usages. Dequantizing and requantizing to NVFP4."
 
 
 class _Done:
@@ -99,7 +102,7 @@ def split_tensor_into_1d_equal_chunks(tensor: torch.Tensor, tp_group: Any, new_b
 
 def gather_split_1d_tensor(tensor: torch.Tensor, tp_group: Any) -> torch.Tensor:
     """TE: every rank's 1D chunk concatenated in rank order (the inverse of the split)."""
-    from ..distributed import all_gather_into_tensor
+    from ..collectives import all_gather_into_tensor
 
     out = torch.empty(
         torch.numel(tensor) * get_distributed_world_size(tp_group), dtype=tensor.dtype, device=tensor.device
@@ -112,7 +115,7 @@ def reduce_scatter_along_first_dim(
     inp: torch.Tensor, tp_group: Any, async_op: bool = False, output: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, Any]:
     """TE: the SUM over ``tp_group`` of ``inp``, this rank's ``1 / world`` of dim 0, in ``output`` if given."""
-    from ..distributed import BYTE_DTYPES, reduce_scatter_tensor
+    from ..collectives import BYTE_DTYPES, reduce_scatter_tensor
 
     world = get_distributed_world_size(tp_group)
     if world == 1:
@@ -136,7 +139,7 @@ def reduce_scatter_along_first_dim(
 
 def _gather_bytes(out: torch.Tensor, inp: torch.Tensor, group: Any, async_op: bool) -> Any:
     """``all_gather_into_tensor`` of any dtype's bytes (byte views: no numerics), TE's handle."""
-    from ..distributed import wire_view
+    from ..collectives import wire_view
 
     return _dist().all_gather_into_tensor(wire_view(out), wire_view(inp.contiguous()), group=group, async_op=async_op)
 
@@ -314,9 +317,7 @@ def gather_along_first_dim(
     if isinstance(inp, NVFP4Tensor) or isinstance(quantizer, NVFP4Quantizer):
         if not isinstance(quantizer, NVFP4Quantizer):
             raise TypeError(f"Expected NVFP4Quantizer for NVFP4 all-gather, but got {type(quantizer).__name__}.")
-        from .module._tp_nvfp4 import all_gather_nvfp4
-
-        return all_gather_nvfp4(inp, process_group, quantizer), _Done() if async_op else None
+        return _all_gather_nvfp4(inp, process_group, quantizer), _Done() if async_op else None
     if quantizer is not None:
         warnings.warn(_UNSUPPORTED, stacklevel=2)
         if isinstance(inp, QuantizedTensorStorage):
@@ -331,9 +332,62 @@ def gather_along_first_dim(
     return output_tensor, _gather_bytes(output_tensor, inp, process_group, async_op)
 
 
+def _all_gather_nvfp4(inp: torch.Tensor, group: Any, quantizer: Any) -> Any:
+    """TE ``_all_gather_nvfp4``: this rank's rows ``inp`` (high precision: ``quantizer(inp)`` on this rank,
+    with ``with_amax_reduction`` and ``amax_reduction_group`` set as TE's layers set them; or an
+    ``NVFP4Tensor``), data and scales of the quantizer's usages gathered and laid out as TE lays them, in an
+    ``NVFP4Tensor`` of the gathered shape."""
+    from ..collectives.quantized import gather_codes, swap_first_dims, world_rank
+    from .tensor.nvfp4_tensor import NVFP4Tensor, is_nvfp4_quantizable
+
+    world, _ = world_rank(group)
+    shape = tuple(inp.shape)
+    out_shape = (shape[0] * world, *shape[1:])
+    if isinstance(inp, NVFP4Tensor):  # TE: its data as it is, unless the quantizer wants a copy it lacks
+        local = inp
+        if (quantizer.rowwise_usage and inp._rowwise_data is None) or (
+            quantizer.columnwise_usage and inp._columnwise_data is None
+        ):
+            warnings.warn(_NVFP4_MISMATCH, stacklevel=2)
+            local = quantizer(inp.dequantize(dtype=inp.dtype))
+    elif not is_nvfp4_quantizable(shape, quantizer.row_scaled_nvfp4):
+        warnings.warn(_NVFP4_FALLBACK, stacklevel=2)
+        return quantizer(gather_along_first_dim(inp, group)[0])
+    else:
+        local = quantizer(inp)
+    m, k = math.prod(shape[:-1]), shape[-1]
+    names = ("rowwise_data", "rowwise_scale_inv", "amax_rowwise", "columnwise_data", "columnwise_scale_inv")
+    fields: dict[str, Any] = dict.fromkeys((*names, "amax_columnwise"))
+    if quantizer.rowwise_usage:
+        data = gather_codes(local._rowwise_data.reshape(m, k // 2), group, "float4_e2m1fn_x2")
+        scales = gather_codes(local._rowwise_scale_inv[:m], group, "float8_e4m3fn")
+        sc = torch.zeros(quantizer.get_scale_shape(out_shape, False), dtype=torch.uint8)
+        sc[: scales.shape[0]] = scales  # TE: the padding rows are make_empty's (uninitialised); fp8sim: 0
+        fields.update(rowwise_data=data.reshape(*out_shape[:-1], k // 2), rowwise_scale_inv=sc)
+        fields["amax_rowwise"] = local._amax_rowwise
+    if quantizer.columnwise_usage:
+        data = swap_first_dims(gather_codes(local._columnwise_data, group, "float4_e2m1fn_x2"), world)
+        scales = local._columnwise_scale_inv[:k, : m // _NVFP4_BLOCK]
+        scales = swap_first_dims(gather_codes(scales, group, "float8_e4m3fn"), world)
+        sc = torch.zeros(quantizer.get_scale_shape(out_shape, True), dtype=torch.uint8)
+        sc[:k, : scales.shape[1]] = scales  # TE pad_columnwise_scale_inv: zero padding
+        fields.update(columnwise_data=data, columnwise_scale_inv=sc, amax_columnwise=local._amax_columnwise)
+    return NVFP4Tensor(
+        shape=out_shape,
+        dtype=inp.dtype,
+        device=inp.device,
+        **fields,
+        fp4_dtype=quantizer.dtype,
+        quantizer=quantizer,
+        with_2d_quantization=quantizer.with_2d_quantization,
+        nvfp4_use_4over6=quantizer.nvfp4_use_4over6,
+        nvfp4_e4m3_max=quantizer.nvfp4_e4m3_max,
+    )
+
+
 def allreduce(inp: torch.Tensor, tp_group: Any = None, async_op: bool = False) -> tuple[torch.Tensor, Any]:
     """TE: ``inp`` SUM-reduced over ``tp_group`` in place (a float8 ``inp`` by fp8sim, synchronously)."""
-    from ..distributed import BYTE_DTYPES, all_reduce
+    from ..collectives import BYTE_DTYPES, all_reduce
 
     if get_distributed_world_size(tp_group) == 1:
         return inp, None

@@ -16,8 +16,6 @@ from typing import Any
 
 import torch
 
-from .module.base import get_default_init_method, init_method_constant, init_method_normal
-
 __all__ = [
     "init_method_normal",
     "init_method_constant",
@@ -59,6 +57,29 @@ def is_non_tn_fp8_gemm_supported() -> bool:
     """TE: FP8 GEMMs take non-TN layouts on capability [10.0, 12.0) and >= 13.0."""
     cc = get_device_compute_capability()
     return (10, 0) <= cc < (12, 0) or cc >= (13, 0)
+
+
+def get_default_init_method() -> Callable[[torch.Tensor], Any]:
+    """TE's default weight initialisation: ``N(0, 0.023)`` (``utils.get_default_init_method``)."""
+    return init_method_normal(0.023)
+
+
+def init_method_normal(sigma: float) -> Callable[[torch.Tensor], Any]:
+    """TE ``utils.init_method_normal``: ``init_(t)`` fills ``t`` from ``N(0, sigma)``."""
+
+    def init_(tensor: torch.Tensor) -> Any:
+        return torch.nn.init.normal_(tensor, mean=0.0, std=sigma)
+
+    return init_
+
+
+def init_method_constant(val: float) -> Callable[[torch.Tensor], Any]:
+    """TE ``utils.init_method_constant``: fills with ``val``."""
+
+    def init_(tensor: torch.Tensor) -> Any:
+        return torch.nn.init.constant_(tensor, val)
+
+    return init_
 
 
 def scaled_init_method_normal(sigma: float, num_layers: int) -> Callable[[torch.Tensor], Any]:

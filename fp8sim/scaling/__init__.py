@@ -2,7 +2,7 @@
 
 Modules: ``delayed`` (TE DelayedScaling state), ``current`` (TE current scaling, torchao scale
 math), ``block`` (1x128 / 128x128), ``mx`` (MX with E8M0 scales), ``nvfp4``, ``packing``; every
-layout returns a :class:`QuantizedTensor`.
+layout returns a :class:`QuantizedData`.
 """
 
 from .block import quantize_block_scaling
@@ -11,10 +11,10 @@ from .delayed import DelayedScaler
 from .mx import MX_ELEM_FORMATS, MX_FLAVORS, SCALE_RULES, e8m0_scale_codes, quantize_mx, quantize_mx_rowwise_columnwise
 from .nvfp4 import apply_rht, dequantize_nvfp4, quantize_nvfp4, quantize_nvfp4_role, rht_matrix
 from .packing import pack_fp4, pack_fp6, unpack_fp4, unpack_fp6
-from .quantized import QuantizedTensor, expand_blocks
+from .quantized import QuantizedData, _deprecated_name, expand_blocks
 
 __all__ = [
-    "QuantizedTensor",
+    "QuantizedData",
     "expand_blocks",
     "DelayedScaler",
     "compute_scale_from_amax",
@@ -38,3 +38,7 @@ __all__ = [
     "unpack_fp4",
     "unpack_fp6",
 ]
+
+
+def __getattr__(name: str) -> object:
+    return _deprecated_name(__name__, name)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_torch_tensor
+from .._util.tensors import is_torch_tensor
 from ..cast import decode, encode
 from ..formats import E2M1, E4M3
 from .quantized import expand_blocks

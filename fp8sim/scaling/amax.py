@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_torch_tensor, numpy_view
+from .._util.tensors import is_torch_tensor, numpy_view
 
-__all__ = ["as_float32", "dtype_name", "amax_nan_skipping", "amax_nan_propagating"]
+__all__ = ["as_float32", "dtype_name", "amax_nan_skipping", "amax_nan_skipping_tensor", "amax_nan_propagating"]
 
 
 def as_float32(x: Any, arg: str = "x") -> np.ndarray:
@@ -40,6 +40,21 @@ def amax_nan_skipping(x: np.ndarray, axis: Any = None, keepdims: bool = False) -
     hi = np.fmax.reduce(x, axis=axis, keepdims=keepdims, initial=np.float32(0))
     lo = np.fmin.reduce(x, axis=axis, keepdims=keepdims, initial=np.float32(0))
     return np.maximum(hi, -lo)  # no |x| temporary; both reductions skip NaN
+
+
+def amax_nan_skipping_tensor(x: Any) -> float:
+    """:func:`amax_nan_skipping` of a torch tensor, computed by torch on its device (one ``aminmax`` pass;
+    the NaN-skipping pass only when a NaN is there), as a Python float."""
+    import torch
+
+    if x.numel() == 0:
+        return 0.0
+    lo, hi = torch.aminmax(x.detach())
+    amax = max(float(hi), -float(lo))  # one pass; any NaN makes it NaN
+    if amax == amax:
+        return amax
+    a = x.detach().abs()  # rare: skip the NaNs
+    return float(torch.where(torch.isnan(a), torch.zeros((), dtype=a.dtype), a).max())
 
 
 def amax_nan_propagating(x: np.ndarray, axis: Any = None, keepdims: bool = False) -> np.ndarray:

@@ -23,7 +23,7 @@ from ..cast import encode
 from ..formats import FloatFormat, get_format
 from .amax import amax_nan_skipping, as_float32, dtype_name
 from .current import compute_scale_from_amax
-from .quantized import QuantizedTensor
+from .quantized import QuantizedData
 
 __all__ = ["quantize_block_scaling", "BLOCK_SIZE", "MAX_BLOCK_SIZE", "input_dtype_max"]
 
@@ -49,7 +49,7 @@ def quantize_block_scaling(
     pow2: bool = True,
     block_size: int = BLOCK_SIZE,
     eps: float = 0.0,
-) -> QuantizedTensor:
+) -> QuantizedData:
     """Quantize with 1x``block_size`` (``block_dim=1``; ``columnwise``: ``block_size``x1 along dim 0)
     or ``block_size``x``block_size`` (``block_dim=2``) blocks.  1-D blocks along the last dim accept
     any rank; the columnwise and 2-D layouts need a 2-D tensor.  ``eps``: a block amax below it is
@@ -88,4 +88,4 @@ def quantize_block_scaling(
     expanded = np.expand_dims(scale, inner)
     with np.errstate(invalid="ignore", over="ignore"):  # Inf * 0 -> NaN, as upstream
         codes = encode((split * expanded).reshape(padded.shape), f, saturate=True)
-    return QuantizedTensor(codes, scale_inv, f, block, x32.shape, dtype)
+    return QuantizedData(codes, scale_inv, f, block, x32.shape, dtype)

@@ -18,16 +18,17 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_torch_tensor
+from .._util.tensors import is_torch_tensor
 from ..cast import encode
 from ..cast.numpy_backend import encode_scaled_with_amax
 from ..formats import FloatFormat, get_format
 from .amax import amax_nan_propagating, amax_nan_skipping, as_float32, dtype_name
-from .quantized import QuantizedTensor
+from .quantized import QuantizedData
 
 __all__ = [
     "compute_scale_from_amax",
     "quantize_current_scaling",
+    "quantize_with_scale",
     "torchao_amax_to_scale",
     "quantize_torchao",
     "TORCHAO_EPS",
@@ -59,10 +60,10 @@ def compute_scale_from_amax(
 
 def _pertensor(
     codes: np.ndarray, scale_value: np.float32, fmt: FloatFormat, shape: tuple, dtype: str, **kw: Any
-) -> QuantizedTensor:
+) -> QuantizedData:
     # an empty tensor still has its one scale (amax 0): a zero-length dim holds one empty block
     block = tuple(max(d, 1) for d in shape)
-    return QuantizedTensor(codes, np.full((1,) * len(shape), scale_value, np.float32), fmt, block, shape, dtype, **kw)
+    return QuantizedData(codes, np.full((1,) * len(shape), scale_value, np.float32), fmt, block, shape, dtype, **kw)
 
 
 def _amax_torchao(x: Any, x32: np.ndarray, axis: int | None) -> np.ndarray:
@@ -105,9 +106,20 @@ def _torch_nan_codes(codes: np.ndarray, scaled: np.ndarray, fmt: FloatFormat) ->
     return np.where(nan, np.uint8(0x7F) | sign, codes).astype(np.uint8)
 
 
+def quantize_with_scale(x: Any, scale: Any, fmt: str | FloatFormat = "e4m3") -> QuantizedData:
+    """``satfinite(RN(fl32(x) * scale))`` with a given float32 per-tensor quantization ``scale`` (a delayed
+    scale, an amax reduced across ranks); the record's scale is ``scale_inv = 1/scale`` rounded once."""
+    f = get_format(fmt)
+    x32 = as_float32(x)
+    s = np.float32(scale)
+    codes, _ = encode_scaled_with_amax(x32, s, f, saturate=True)
+    with np.errstate(divide="ignore"):
+        return _pertensor(codes, np.float32(1) / s, f, x32.shape, dtype_name(x))
+
+
 def quantize_current_scaling(
     x: Any, fmt: str | FloatFormat = "e4m3", *, pow2: bool = False, eps: float = 0.0
-) -> QuantizedTensor:
+) -> QuantizedData:
     """TE current scaling of one tensor: amax over the whole tensor (NaN skipped), the scale from
     :func:`compute_scale_from_amax`, ``satfinite(RN(fl32(x) * scale))``, ``scale_inv = 1/scale``
     rounded once (the result's scale)."""
@@ -137,7 +149,7 @@ def quantize_torchao(
     granularity: str = "tensorwise",
     axiswise_dim: int = -1,
     round_scales_to_power_of_2: bool = False,
-) -> QuantizedTensor:
+) -> QuantizedData:
     """torchao float8 dynamic scaling: ``granularity`` "tensorwise" (one scale) or "axiswise" (one
     scale per slice, reducing over ``axiswise_dim`` with keepdim, as torchao's rowwise recipes do);
     amax in the input dtype, NaN propagating; cast ``clamp(fl32(x) * scale, +-max)`` then RN.
@@ -161,4 +173,4 @@ def quantize_torchao(
     codes = _torch_nan_codes(encode(scaled, f, saturate=True), scaled, f)
     # an empty reduced dim is one empty block (its amax is 0), not a block of length 0
     block = tuple(max(n, 1) if i == dim else 1 for i, n in enumerate(x32.shape))
-    return QuantizedTensor(codes, scale, f, block, x32.shape, dtype_name(x), scale_is_divisor=True)
+    return QuantizedData(codes, scale, f, block, x32.shape, dtype_name(x), scale_is_divisor=True)

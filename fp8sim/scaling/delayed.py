@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_torch_tensor
+from .._util.tensors import is_torch_tensor
 from ..cast.numpy_backend import encode_scaled_with_amax
 from ..recipe import DelayedScaling, Format, tensor_format
 from .amax import amax_nan_skipping, as_float32, dtype_name
-from .quantized import QuantizedTensor
+from .quantized import QuantizedData
 
 __all__ = ["DelayedScaler", "FLT_MAX", "reduce_and_update"]
 
@@ -117,7 +117,7 @@ class DelayedScaler:
         self.amax_history[0, index] = np.fmax(self.amax_history[0, index], amax)
         return amax
 
-    def quantize(self, index: int, x: Any) -> QuantizedTensor:
+    def quantize(self, index: int, x: Any) -> QuantizedData:
         """Cast ``x`` with the current scale, ``satfinite(RN(fl32(x) * scale))``, and record its amax.
 
         The result's scale is ``scale_inv`` (a per-tensor block covering the whole tensor).
@@ -128,7 +128,7 @@ class DelayedScaler:
         self.amax_history[0, index] = np.fmax(self.amax_history[0, index], amax)
         block = tuple(max(d, 1) for d in x32.shape)
         scales = np.full((1,) * x32.ndim, self.scale_inv[index], np.float32)
-        return QuantizedTensor(codes, scales, self.fmt, block, x32.shape, dtype_name(x))
+        return QuantizedData(codes, scales, self.fmt, block, x32.shape, dtype_name(x))
 
     def update(self, reduced_amax: np.ndarray | None = None, group: Any = None) -> None:
         """TE's scale update, in place.  With ``recipe.reduce_amax`` and an initialised

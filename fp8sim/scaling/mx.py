@@ -28,11 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_torch_tensor, numpy_view
+from .._util.tensors import is_torch_tensor, numpy_view
+from ..cast import encode as _encode
 from ..cast._tables import f32_code_table
 from ..formats import E2M1, E2M3, E3M2, E4M3, E5M2, E8M0, FloatFormat, get_format
 from .amax import dtype_name
-from .quantized import QuantizedTensor
+from .quantized import QuantizedData
 
 __all__ = [
     "MX_ELEM_FORMATS",
@@ -41,6 +42,7 @@ __all__ = [
     "e8m0_scale_codes",
     "quantize_mx",
     "quantize_mx_rowwise_columnwise",
+    "quantize_mx_2d_te",
 ]
 
 MX_ELEM_FORMATS: tuple[FloatFormat, ...] = (E4M3, E5M2, E2M3, E3M2, E2M1)
@@ -354,7 +356,7 @@ def _quantize(
     flavor: str,
     mxfma: bool,
     pad: bool | None,
-) -> QuantizedTensor:
+) -> QuantizedData:
     ndim = arr.ndim
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"axis must be an int, got {axis!r}")
@@ -379,7 +381,7 @@ def _quantize(
     x3 = arr.reshape(outer * (padded[ax] // block_size), block_size, inner)
     codes, scales = _quantize_blocks(x3, fmt, rule, flavor, rcp)
     block = tuple(block_size if d == ax else 1 for d in range(ndim))
-    return QuantizedTensor(
+    return QuantizedData(
         codes=codes.reshape(padded),
         scales=scales.reshape(tuple(s // b for s, b in zip(padded, block, strict=True))),
         fmt=fmt,
@@ -401,7 +403,7 @@ def quantize_mx(
     mxfma: bool = False,
     pad: bool | None = None,
     swizzle: bool = False,
-) -> QuantizedTensor:
+) -> QuantizedData:
     """MX-quantize ``x`` in blocks of ``block_size`` consecutive elements along ``axis``.
 
     ``x``: numpy float32/bfloat16/float16 array or torch tensor (moved to the CPU), any shape;
@@ -417,7 +419,7 @@ def quantize_mx(
     ``swizzle``: also give the scales in the 128x4 blocked layout (``blocked_scales``, 2-D ``x`` only;
     :func:`fp8sim.scaling.swizzle.with_blocked_scales`).
 
-    Returns a :class:`QuantizedTensor` with unpacked element codes, uint8 E8M0 scale codes and
+    Returns a :class:`QuantizedData` with unpacked element codes, uint8 E8M0 scale codes and
     ``block`` = ``block_size`` at ``axis`` and 1 elsewhere; its ``shape`` is the unpadded shape.
     """
     fmt, rule, flavor = _check_quantize_args(elem_format, scale_rule, flavor, block_size, mxfma, pad)
@@ -441,7 +443,7 @@ def quantize_mx_rowwise_columnwise(
     flavor: str = "torchao",
     mxfma: bool = False,
     pad: bool | None = None,
-) -> tuple[QuantizedTensor, QuantizedTensor]:
+) -> tuple[QuantizedData, QuantizedData]:
     """Both MX copies of a 2-D ``x`` (spec 5.2): rowwise (1 x block_size blocks along the last dim)
     and columnwise (block_size x 1 blocks along dim 0), each computed from the high-precision input,
     never one from the other.  Arguments as :func:`quantize_mx`."""
@@ -451,3 +453,49 @@ def quantize_mx_rowwise_columnwise(
         raise ValueError(f"quantize_mx_rowwise_columnwise takes a 2-D tensor; got shape {arr.shape}")
     args = (block_size, rule, flavor, bool(mxfma), pad)
     return _quantize(arr, dtype, fmt, -1, *args), _quantize(arr, dtype, fmt, 0, *args)
+
+
+# -- TE's MXFP8 2D weight quantization -----------------------------------------------------
+
+
+def _e8m0_ceil(amax: np.ndarray, fmax: float) -> np.ndarray:
+    """TE's E8M0 scale code for a tile amax: the exponent of ``fl32(amax * fl32(1/fmax))`` (the kernel
+    multiplies by ``max_norm_rcp``: ``common/cast/mxfp8/quantize_mxfp8.cuh`` lines 440-441), rounded
+    up when the mantissa is nonzero (not past 254; subnormals at most half an ulp round to 0); 0 for
+    amax 0 (the ceil rule as TE's ``tests/pytorch/test_mxfp8_2d_quantize.py`` ``_float_to_e8m0``)."""
+    val = (amax.astype(np.float32) * np.float32(1.0 / fmax)).astype(np.float32)
+    bits = val.view(np.uint32)
+    exponent = ((bits >> 23) & 0xFF).astype(np.int32)
+    mantissa = bits & 0x7FFFFF
+    up = (mantissa > 0) & (exponent != 254) & ~((exponent == 0) & (mantissa <= 0x400000))
+    exponent = np.where(val == 0, 0, exponent + up)
+    return exponent.astype(np.uint8)
+
+
+def quantize_mx_2d_te(x: np.ndarray, fmt: FloatFormat, k_axis: int) -> QuantizedData:
+    """MXFP8 2D weight quantization (``MXFP8BlockScaling(enable_2d_quantization=True)``): one E8M0
+    scale per 32x32 tile, shared by the rowwise and the columnwise copy (TE ``quantization.py``
+    MXFP8BlockScalingRecipeState: linear weights only; reference ``_mxfp8_2d_quantize_reference``).
+    ``x``: a 2-D float32 array.  Returned as 1x32 blocks along ``k_axis`` whose scales repeat the tile's."""
+    rows, cols = x.shape
+    pr, pc = -(-rows // 32) * 32, -(-cols // 32) * 32
+    xp = np.zeros((pr, pc), np.float32)
+    xp[:rows, :cols] = x
+    tiles = np.abs(xp).reshape(pr // 32, 32, pc // 32, 32).max(axis=(1, 3))
+    e8m0 = _e8m0_ceil(tiles, fmt.max)
+    scale_inv = np.ldexp(np.float32(1), e8m0.astype(np.int32) - 127).astype(np.float32)
+    full = np.repeat(np.repeat(scale_inv, 32, axis=0), 32, axis=1)
+    codes = _encode(xp / full, fmt, saturate=True)  # exact division by a power of two, then RN
+    if k_axis == 1:
+        scales, block = np.repeat(e8m0, 32, axis=0), (1, 32)
+    else:
+        scales, block = np.repeat(e8m0, 32, axis=1), (32, 1)
+    return QuantizedData(
+        codes=np.asarray(codes, np.uint8),
+        scales=scales,
+        fmt=fmt,
+        block=block,
+        shape=(rows, cols),
+        dtype="float32",
+        scale_format=E8M0,
+    )

@@ -27,7 +27,7 @@ Two flavours (``docs/semantics.md`` 5.4 and 6.3):
   float32 reciprocal (ATen ``div_true_kernel_cuda``), so torchao on GPU computes
   ``fl32(vec_max * fl32(1/6))`` and ``fl32(amax * fl32(1/2688))``; that variant is not emulated.
 
-``QuantizedTensor.dequantize()`` forms ``code * s_blk * global_scale`` exactly and rounds once.
+``QuantizedData.dequantize()`` forms ``code * s_blk * global_scale`` exactly and rounds once.
 Neither library dequantizes that way; :func:`dequantize_nvfp4` reproduces each one.
 
 Not emulated here: TE's fast-math path (bf16 scaling coefficient).  4over6 is
@@ -43,12 +43,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._torch import is_torch_tensor, numpy_view
+from .._util.tensors import is_torch_tensor, numpy_view
 from ..cast import decode, encode
 from ..formats import E2M1, E4M3
 from ._nvfp4_torchao import _block_amax, _quantize_torchao, _quantize_torchao_single, _torch_global_amax
 from .amax import dtype_name
-from .quantized import QuantizedTensor, expand_blocks
+from .quantized import QuantizedData, expand_blocks
 
 __all__ = [
     "NVFP4_BLOCK_SIZE",
@@ -276,7 +276,7 @@ def quantize_nvfp4(
     reference_zero_handling: bool = False,
     single_level: bool = False,
     swizzle: bool = False,
-) -> QuantizedTensor:
+) -> QuantizedData:
     """Quantize ``x`` to NVFP4 along its last dim (one rowwise copy; see the module docstring).
 
     ``x``: numpy float32/bfloat16 (ml_dtypes) or torch float32/bfloat16 (float16 too for ``"te"``).
@@ -296,7 +296,7 @@ def quantize_nvfp4(
     amax is ``torch.max(torch.abs(x))`` run by torch (a NaN amax has torch's bits, spec 0 "6.2").
     ``swizzle``: also give the E4M3 scales in the 128x4 blocked layout (``blocked_scales``; 2-D ``x``).
 
-    Returns a :class:`QuantizedTensor` with E2M1 codes, uint8 E4M3 block scales, ``block`` =
+    Returns a :class:`QuantizedData` with E2M1 codes, uint8 E4M3 block scales, ``block`` =
     ``(..., 1, 16)`` or ``(..., 16, 16)`` and ``global_scale`` = the float32 dequantization factor
     (``fl32(1/S_enc)`` for TE, ``per_tensor_scale`` for torchao).
     """
@@ -355,12 +355,12 @@ def quantize_nvfp4(
     else:
         if single_level:
             codes, scales = _quantize_torchao_single(x32, mag, block)
-            return QuantizedTensor(codes, scales, E2M1, block, shape, dtype, scale_format=E4M3)
+            return QuantizedData(codes, scales, E2M1, block, shape, dtype, scale_format=E4M3)
         amax = _torch_global_amax(x) if global_amax is None else _amax_arg(global_amax, shape, False)
         codes, scales, gscale = _quantize_torchao(x32, mag, np.float32(amax), block)
     glob = gscale.astype(np.float32) if row_scaled else float(gscale)
     amax_kept = np.asarray(amax, np.float32) if row_scaled else float(np.float32(amax))
-    return QuantizedTensor(
+    return QuantizedData(
         codes, scales, E2M1, block, shape, dtype, scale_format=E4M3, global_scale=glob, global_amax=amax_kept
     )
 
@@ -409,8 +409,8 @@ class NVFP4Copies(NamedTuple):
     """The two copies TE keeps: ``rowwise`` (blocks along the last dim of ``x``) and
     ``columnwise`` (the 2-D flattened ``x`` transposed, shape ``(K, M)``, blocks along ``M``)."""
 
-    rowwise: QuantizedTensor
-    columnwise: QuantizedTensor
+    rowwise: QuantizedData
+    columnwise: QuantizedData
 
 
 def quantize_nvfp4_role(
@@ -445,9 +445,9 @@ def quantize_nvfp4_role(
 
 
 def dequantize_nvfp4(
-    qt: QuantizedTensor, flavor: str = "te", *, global_amax: Any = None, out_dtype: str = "float32"
+    qt: QuantizedData, flavor: str = "te", *, global_amax: Any = None, out_dtype: str = "float32"
 ) -> np.ndarray:
-    """Dequantize as the library does (``QuantizedTensor.dequantize()`` rounds once instead).
+    """Dequantize as the library does (``QuantizedData.dequantize()`` rounds once instead).
 
     - ``"te"`` (``common/cast/nvfp4/dequantize_nvfp4.cuh``): ``final = fl32(fl32(s_blk * amax) *
       fl32(1/2688))``, ``out = cast(fl32(code * final))``.  TE keeps the amax, not ``1/S_enc``:
@@ -460,8 +460,8 @@ def dequantize_nvfp4(
     ``out_dtype``: ``"float32"``, ``"bfloat16"`` or ``"float16"`` (one RN cast from float32).
     Returns a numpy array of the original shape.
     """
-    if not isinstance(qt, QuantizedTensor) or qt.fmt != E2M1 or qt.scale_format != E4M3 or qt.global_scale is None:
-        raise TypeError("qt must be an NVFP4 QuantizedTensor (E2M1 codes, E4M3 scales, a global scale)")
+    if not isinstance(qt, QuantizedData) or qt.fmt != E2M1 or qt.scale_format != E4M3 or qt.global_scale is None:
+        raise TypeError("qt must be an NVFP4 QuantizedData (E2M1 codes, E4M3 scales, a global scale)")
     if not isinstance(flavor, str) or flavor not in FLAVORS:
         raise ValueError(f"unknown NVFP4 flavor {flavor!r}; known: {', '.join(FLAVORS)}")
     if not isinstance(out_dtype, str) or out_dtype not in _OUT_DTYPES:

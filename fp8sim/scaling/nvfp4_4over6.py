@@ -34,7 +34,7 @@ import numpy as np
 from ..cast import decode, encode
 from ..formats import E2M1, E4M3
 from .amax import dtype_name
-from .quantized import QuantizedTensor, expand_blocks
+from .quantized import QuantizedData, expand_blocks
 
 __all__ = [
     "ERR_MODES",
@@ -77,12 +77,12 @@ def quantize_nvfp4_4over6(
     global_amax: Any = None,
     block_2d: bool = False,
     row_scaled: bool = False,
-) -> QuantizedTensor:
+) -> QuantizedData:
     """TE 4over6 NVFP4 of ``x`` along its last dim (a multiple of 16); see the module docstring.
 
     ``block_2d``: 16x16 tiles over the 2-D view (rows a multiple of 16).  ``row_scaled``: one global amax
     per row of the 2-D view (``global_amax`` then has one value per row).  Returns a
-    :class:`QuantizedTensor` with E2M1 codes, uint8 E4M3 block scales (one per 1x16 block or 16x16 tile),
+    :class:`QuantizedData` with E2M1 codes, uint8 E4M3 block scales (one per 1x16 block or 16x16 tile),
     ``global_scale`` = ``fl32(1/S_enc)`` and ``global_amax`` (arrays of shape ``shape[:-1] + (1,)`` when
     ``row_scaled``)."""
     if err_mode not in ERR_MODES:
@@ -151,14 +151,14 @@ def quantize_nvfp4_4over6(
         amax_kept: Any = amax.reshape(*shape[:-1], 1)
     else:
         glob, amax_kept = float(s_dec.reshape(-1)[0]), float(amax.reshape(-1)[0])
-    return QuantizedTensor(
+    return QuantizedData(
         codes, scales, E2M1, block, shape, dtype, scale_format=E4M3, global_scale=glob, global_amax=amax_kept
     )
 
 
 def quantize_nvfp4_4over6_columnwise(
     x: Any, *, err_mode: str = "MAE", e4m3_max: int = 256, global_amax: Any = None, block_2d: bool = False
-) -> QuantizedTensor:
+) -> QuantizedData:
     """TE's columnwise 4over6 copy (``quantize_stage_colwise``): the 2-D view ``(M, K)`` transposed to
     ``(K, M)``, blocks of 16 along ``M`` (a multiple of 16), with ``x``'s global amax (the kernel reads the
     columnwise amax, which ``NVFP4Quantizer`` sets to the rowwise one); row-scaled tensors have none in TE."""

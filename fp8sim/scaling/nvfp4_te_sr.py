@@ -15,13 +15,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._torch import is_torch_tensor
+from .._util.tensors import is_torch_tensor
 from ..cast import decode
 from ..cast.ptx_sr import encode_ptx_rs
 from ..cast.te_nvfp4_sr import te_nvfp4_sr_words
 from ..formats import E2M1, E4M3
 from .nvfp4 import quantize_nvfp4
-from .quantized import QuantizedTensor, expand_blocks
+from .quantized import QuantizedData, expand_blocks
 
 __all__ = [
     "TEPhiloxGenerator",
@@ -59,8 +59,8 @@ class TEPhiloxGenerator:
 class TESRCopies(NamedTuple):
     """The copies one TE launch writes: rowwise ``(M, K)`` and columnwise ``(K, M)``; None if not asked."""
 
-    rowwise: QuantizedTensor | None
-    columnwise: QuantizedTensor | None
+    rowwise: QuantizedData | None
+    columnwise: QuantizedData | None
 
 
 def te_sr_kernel(dtype: str, rows: int, cols: int, rowwise: bool, block_2d: bool) -> str:
@@ -74,13 +74,13 @@ def te_sr_kernel(dtype: str, rows: int, cols: int, rowwise: bool, block_2d: bool
     return "nvfp4_2d" if block_2d else "tuned_1d"
 
 
-def _recode(q: QuantizedTensor, x32: np.ndarray, words: np.ndarray) -> QuantizedTensor:
+def _recode(q: QuantizedData, x32: np.ndarray, words: np.ndarray) -> QuantizedData:
     s_dec = _F32(q.global_scale)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         enc = np.fmin(_F32(1) / (decode(q.scales, E4M3) * s_dec), _FLT_MAX)
         v = x32 * expand_blocks(enc, q.block)
     codes = encode_ptx_rs(v.astype(np.float32), E2M1, words)
-    return QuantizedTensor(
+    return QuantizedData(
         codes,
         q.scales,
         E2M1,
@@ -144,7 +144,7 @@ def te_rht_cast_fusion_eligible(dtype: str, rows: int, cols: int, sm_arch: int) 
     return dtype == "bfloat16" and rows % 64 == 0 and cols % 128 == 0 and lo <= int(sm_arch) <= hi
 
 
-def _cast_with_words(x: Any, words: np.ndarray, global_amax: Any) -> QuantizedTensor:
+def _cast_with_words(x: Any, words: np.ndarray, global_amax: Any) -> QuantizedData:
     """The 1x16 round-to-nearest scales of the 2-D ``x`` and its values rounded with ``words`` (one per 4)."""
     x32 = x.detach().to("cpu").float().numpy() if is_torch_tensor(x) else np.asarray(x).astype(np.float32)
     if global_amax is None:

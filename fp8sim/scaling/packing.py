@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_torch_tensor
+from .._util.tensors import is_torch_tensor
 
 __all__ = ["pack_fp4", "unpack_fp4", "pack_fp6", "unpack_fp6"]
 

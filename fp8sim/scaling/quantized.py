@@ -1,4 +1,9 @@
-"""QuantizedTensor: what a scaled low-precision tensor really holds.
+"""QuantizedData: what a scaled low-precision tensor really holds, the one quantized-data record of fp8sim.
+
+Every quantizer of :mod:`fp8sim.scaling` returns it; the layers above carry it (TE's tensor classes in
+``fp8sim.pytorch.tensor`` convert to it, the modules' GEMM operands and the torchao emulation hold it).
+It was named ``QuantizedTensor`` before, a name TE's torch class ``fp8sim.pytorch.tensor.QuantizedTensor``
+keeps; the old name still resolves here, with a DeprecationWarning.
 
 One type for every layout (per-tensor, per-row, 1x128 / 128x128 blocks, MX, NVFP4): element codes,
 one scale per block, the element and scale formats, the block shape, and the original shape and
@@ -15,11 +20,30 @@ import numpy as np
 from ..cast import decode
 from ..formats import FloatFormat
 
-__all__ = ["QuantizedTensor", "expand_blocks"]
+__all__ = ["QuantizedData", "expand_blocks"]
+
+
+def __getattr__(name: str) -> Any:
+    return _deprecated_name(__name__, name)
+
+
+def _deprecated_name(module: str, name: str) -> Any:
+    """``QuantizedTensor``, the record's old name (a module ``__getattr__``)."""
+    if name == "QuantizedTensor":
+        import warnings
+
+        warnings.warn(
+            f"{module}.QuantizedTensor is now {module}.QuantizedData (TE's QuantizedTensor is the torch class "
+            "fp8sim.pytorch.tensor.QuantizedTensor); the old name will be removed",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return QuantizedData
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True, eq=False)
-class QuantizedTensor:
+class QuantizedData:
     """A block-scaled tensor.
 
     - ``codes``: uint8 numpy array, one (unpacked) element code per element, shape ``padded_shape``.
@@ -93,7 +117,7 @@ class QuantizedTensor:
     def __repr__(self) -> str:
         sf = self.scale_format.name if self.scale_format else "float32"
         return (
-            f"QuantizedTensor(fmt={self.fmt.name}, shape={self.shape}, block={self.block}, "
+            f"QuantizedData(fmt={self.fmt.name}, shape={self.shape}, block={self.block}, "
             f"scales={sf}{tuple(self.scales.shape)}, dtype={self.dtype})"
         )
 

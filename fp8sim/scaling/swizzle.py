@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .._torch import is_torch_tensor
+from .._util.tensors import is_torch_tensor
 
 __all__ = ["blocked_size", "to_blocked", "from_blocked", "with_blocked_scales", "unswizzle_mm_scales"]
 
@@ -85,7 +85,7 @@ def from_blocked(blocked: Any, rows: int, cols: int) -> Any:
 
 
 def with_blocked_scales(qt: Any) -> Any:
-    """``qt`` (a 2-D MX/NVFP4 :class:`~fp8sim.scaling.quantized.QuantizedTensor`) with ``blocked_scales``
+    """``qt`` (a 2-D MX/NVFP4 :class:`~fp8sim.scaling.quantized.QuantizedData`) with ``blocked_scales``
     filled as ``torch._scaled_mm`` takes them: blocks along the last dim (``mat1``, ``(M, K/bs)`` scales)
     swizzle as they are; blocks along dim 0 (``mat2``, ``(K/bs, N)``) swizzle the ``(N, K/bs)`` transpose."""
     import dataclasses

@@ -16,7 +16,7 @@ Importing this package needs only numpy and ml_dtypes.
 
 from __future__ import annotations
 
-from .compare import (
+from .assertions import (
     HISTOGRAM_BUCKETS,
     MISMATCH_CLASSES,
     ComparisonResult,

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..cast import decode, encode
-from ..conventions import get_convention
+from ..cast.conventions import get_convention
 from ..formats import FloatFormat, get_format
 from ..recipe import (
     DelayedScaling,
@@ -20,7 +20,7 @@ from ..recipe import (
     tensor_format,
 )
 from . import _bits
-from .compare import assert_bit_exact, assert_within_ulp
+from .assertions import assert_bit_exact, assert_within_ulp
 
 __all__ = ["emulate", "assert_matches_emulator", "CAST_OPS"]
 
@@ -151,7 +151,7 @@ def emulate(op: Any, *inputs: Any, **options: Any) -> Any:
 
     - ``"encode"`` / ``"cast"``: uint8 codes; ``"quantize"``: float32 values (numpy, or torch for a
       torch input).
-    - a recipe object: the :class:`~fp8sim.scaling.QuantizedTensor` of its quantizer.
+    - a recipe object: the :class:`~fp8sim.scaling.QuantizedData` of its quantizer.
     - ``"scaled_mm"``: ``fp8sim.gemm.scaled_mm(*inputs, **options)``.
     """
     return _emulate(op, inputs, dict(options))[0]
@@ -196,10 +196,10 @@ def _exact_float32(a: np.ndarray) -> np.ndarray:
 
 
 def _check_quantized(actual: Any, qt: Any, ulp_budget: int, max_report: int, what: str) -> None:
-    from ..scaling.quantized import QuantizedTensor
+    from ..scaling.quantized import QuantizedData
 
     glob = None
-    if isinstance(actual, QuantizedTensor):
+    if isinstance(actual, QuantizedData):
         data = actual.codes[tuple(slice(0, n) for n in actual.shape)]
         scales, glob = actual.scales, actual.global_scale
     elif isinstance(actual, tuple) and len(actual) in (2, 3):
@@ -247,7 +247,7 @@ def assert_matches_emulator(
       (128x128 where the role's ``*_block_scaling_dim`` is 2; ``columnwise=True``: 128x1).
       ``NVFP4BlockScaling``: TE NVFP4, the ``copy="rowwise"`` (default) or ``"columnwise"`` copy;
       ``seed=`` where the role rounds stochastically (fp8sim's SR, not TE's Philox bits).
-      ``actual``: a ``QuantizedTensor``; or ``(data, scales)`` / ``(data, scales, global_scale)``;
+      ``actual``: a ``QuantizedData``; or ``(data, scales)`` / ``(data, scales, global_scale)``;
       or the data alone (scales unchecked).  ``data``: element codes or values in the original shape;
       ``scales``: the dequantization scales (TE's ``scale_inv``), float32 or codes of the scale
       format (E8M0 for MX, E4M3 for NVFP4), one per block, any shape with the right size.  Scales
@@ -257,9 +257,9 @@ def assert_matches_emulator(
       for an FP8 output).
     """
     expected, fmt = _emulate(op, inputs, dict(options))
-    from ..scaling.quantized import QuantizedTensor
+    from ..scaling.quantized import QuantizedData
 
-    if isinstance(expected, QuantizedTensor):
+    if isinstance(expected, QuantizedData):
         desc = f"{type(op).__name__} (role {options.get('role', 'input')}, {expected.fmt.name})"
         _check_quantized(actual, expected, ulp_budget, max_report, desc)
         return

@@ -37,9 +37,20 @@ from torch import nn
 from ..cast import decode, encode
 from ..formats import get_format
 from ..scaling.current import TORCHAO_EPS
-from .linear import _FP8_FORMATS, Float8Linear, _Float8
+from ._float8 import _FP8_FORMATS, _Float8
 
 __all__ = ["WeightWithDynamicFloat8CastTensor", "precompute_float8_dynamic_scale_for_fsdp"]
+
+# the Float8Linear class (``.linear`` registers it): ``linear`` builds on this module, not the reverse
+_FLOAT8_LINEARS: list[type] = []
+
+
+def register_float8_linear(cls: type) -> type:
+    """Make :func:`precompute_float8_dynamic_scale_for_fsdp` see modules of class ``cls`` (torchao's
+    ``isinstance(m, Float8Linear)``)."""
+    _FLOAT8_LINEARS.append(cls)
+    return cls
+
 
 # the ops FSDP2 applies to a sharded parameter (padding, slicing, copying); their results stay wrapped
 _PRESERVE = {
@@ -195,7 +206,7 @@ def precompute_float8_dynamic_scale_for_fsdp(module: nn.Module) -> None:
     linears = [
         m
         for m in module.modules()
-        if isinstance(m, Float8Linear)
+        if isinstance(m, tuple(_FLOAT8_LINEARS))
         and hasattr(m.weight, "device_mesh")
         and isinstance(_local(m.weight), WeightWithDynamicFloat8CastTensor)
     ]

@@ -25,29 +25,25 @@ added after the GEMM in the output dtype (``out + bias.to(out.dtype)``), so its 
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 
-from .._torch import numpy_view
+from .._util.tensors import numpy_view
 from ..cast import encode
 from ..formats import FloatFormat, get_format
 from ..gemm import Accumulator, get_accumulator, scaled_mm
 from ..scaling.current import TORCHAO_EPS as _TORCHAO_EPS
 from ..scaling.current import quantize_torchao, torchao_amax_to_scale
+from ._float8 import _FP8_FORMATS, _Float8
 from .config import Float8LinearConfig, ScalingGranularity, ScalingType
+from .fsdp import WeightWithDynamicFloat8CastTensor, register_float8_linear
 
 __all__ = ["Float8Linear"]
 
-_FP8_FORMATS = {
-    torch.float8_e4m3fn: "e4m3",
-    torch.float8_e5m2: "e5m2",
-    torch.float8_e4m3fnuz: "e4m3fnuz",
-    torch.float8_e5m2fnuz: "e5m2fnuz",
-}
 _DEVICE_ACCUMULATORS = ("hopper", "ada", "blackwell")
 # the tensor-parallel group whose ranks hold shards of the operands being cast (set by fp8sim.torchao.tp)
 _TP_AMAX_GROUP: contextvars.ContextVar[Any] = contextvars.ContextVar("fp8sim_tp_amax_group", default=None)
@@ -80,17 +76,6 @@ def _gemm_specs(config: Float8LinearConfig, accumulator: str | Accumulator | Non
         _GemmSpec(config.gemm_config_grad_input.use_fast_accum, pad, pow2, acc),
         _GemmSpec(config.gemm_config_grad_weight.use_fast_accum, pad, pow2, acc),
     )
-
-
-@dataclass(frozen=True)
-class _Float8:
-    """An operand cast to float8 (what torchao's Float8TrainingTensor holds): uint8 codes in the
-    operand's shape, the float32 quantization scale (0-dim, or keepdim for axiswise), the format."""
-
-    codes: torch.Tensor
-    scale: torch.Tensor
-    fmt: FloatFormat
-    axiswise: bool
 
 
 def _check_accumulator(accumulator: str | Accumulator | None) -> str | Accumulator | None:
@@ -391,6 +376,7 @@ class _Float8MatMul(torch.autograd.Function):
         return grad_input, grad_weight_t, None, None, None, None
 
 
+@register_float8_linear
 class Float8Linear(nn.Linear):
     """``nn.Linear`` whose three GEMMs run in emulated float8 as torchao's ``Float8Linear`` (module docstring).
 
@@ -472,8 +458,6 @@ class Float8Linear(nn.Linear):
         new_mod.weight = mod.weight
         new_mod.bias = mod.bias
         if new_mod.config.enable_fsdp_float8_all_gather:  # last, as torchao: FSDP2 gathers this weight in float8
-            from .fsdp import WeightWithDynamicFloat8CastTensor
-
             w = new_mod.weight
             target = new_mod.config.cast_config_weight.target_dtype
             wrapped = WeightWithDynamicFloat8CastTensor(w.data, None, target)  # fp8sim needs no mm config

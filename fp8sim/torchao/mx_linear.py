@@ -33,7 +33,9 @@ from torch import nn
 from ..cast._tables import decode_table
 from ..formats import E4M3, E8M0
 from ..gemm import scaled_mm
+from ..scaling.amax import dtype_name
 from ..scaling.mx import quantize_mx
+from ..scaling.quantized import QuantizedData
 from .float8_linear_utils import swap_linear_layers
 
 __all__ = [
@@ -110,28 +112,20 @@ class MXFP8TrainingOpConfig:
         )
 
 
-@dataclass(frozen=True)
-class _MX:
-    """A 2-D operand cast by ``to_mx`` along its last dim: E4M3 codes (rows, K), E8M0 codes (rows, K/32)."""
-
-    codes: np.ndarray
-    scales: np.ndarray
-
-
-def _to_mx(x: torch.Tensor, mode: ScaleCalculationMode) -> _MX:
+def _to_mx(x: torch.Tensor, mode: ScaleCalculationMode) -> QuantizedData:
+    """torchao's ``to_mx`` along the last dim: E4M3 codes, E8M0 scale codes per 1x32 block."""
     if x.shape[-1] % _BLOCK:
         raise ValueError(f"the last dimension of shape {tuple(x.shape)} must be divisible by block_size {_BLOCK}")
     if x.numel() and x.dtype in (torch.float32, torch.bfloat16) and mode in _TORCH_OP_MODES:
         return _to_mx_in_torch_ops(x.detach().contiguous(), mode)
-    q = quantize_mx(x.detach().contiguous(), "e4m3", axis=-1, scale_rule=mode.value, flavor="torchao")
-    return _MX(q.codes, q.scales)
+    return quantize_mx(x.detach().contiguous(), "e4m3", axis=-1, scale_rule=mode.value, flavor="torchao")
 
 
 _TORCH_OP_MODES = (ScaleCalculationMode.FLOOR, ScaleCalculationMode.RCEIL)
 _E4M3_MAX, _E4M3_MAX_POW2, _E8M0_BIAS = 448.0, 8, 127
 
 
-def _to_mx_in_torch_ops(x: torch.Tensor, mode: ScaleCalculationMode) -> _MX:
+def _to_mx_in_torch_ops(x: torch.Tensor, mode: ScaleCalculationMode) -> QuantizedData:
     """torchao's ``to_mx`` for E4M3 elements (mx_tensor.py:214-380, eager, no inline PTX) as the torch ops it
     is defined by: block amax in the input dtype, then float32; FLOOR: the amax's exponent minus 8, clamped
     to [-127, 128], NaN amax -> 255, elements divided by ``max(2^e, 2^-126)``; RCEIL (``_to_mx_rceil``):
@@ -166,10 +160,17 @@ def _to_mx_in_torch_ops(x: torch.Tensor, mode: ScaleCalculationMode) -> _MX:
         scale = torch.clamp((exponent.to(torch.int32) << 23).view(torch.float32), min=2.0**-126)
         scaled = data / scale
     codes = torch.clamp(scaled, min=-_E4M3_MAX, max=_E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
-    return _MX(codes.reshape(shape).cpu().numpy(), exponent.reshape(*shape[:-1], shape[-1] // _BLOCK).cpu().numpy())
+    scales = exponent.reshape(*shape[:-1], shape[-1] // _BLOCK).cpu().numpy()
+    return _mx_record(codes.reshape(shape).cpu().numpy(), scales, dtype_name(x))
 
 
-def _dequantize(t: _MX, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _mx_record(codes: np.ndarray, scales: np.ndarray, dtype: str = "bfloat16") -> QuantizedData:
+    """The record of a ``to_mx`` cast along the last dim: E4M3 codes, one E8M0 scale code per 1x32 block."""
+    block = (1,) * (codes.ndim - 1) + (_BLOCK,)
+    return QuantizedData(codes, scales, E4M3, block, codes.shape, dtype, scale_format=E8M0)
+
+
+def _dequantize(t: QuantizedData, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """torchao ``mx_tensor.to_dtype``: ``data.to(dtype) * get_fp_scale(scale).to(dtype)``; both factors are
     exact in float32 and bf16/fp16 arithmetic rounds the float32 product once, as here."""
     if dtype == torch.bfloat16:
@@ -182,7 +183,7 @@ def _dequantize(t: _MX, dtype: torch.dtype, device: torch.device) -> torch.Tenso
     return torch.from_numpy(prod).to(device=device, dtype=dtype)
 
 
-def _dequantize_bf16(t: _MX) -> torch.Tensor:
+def _dequantize_bf16(t: QuantizedData) -> torch.Tensor:
     """The bf16 case in torch ops: E4M3 codes and E8M0 scales are exact in bf16 (its exponent range is
     float32's), and torch's bf16 multiply rounds the float32 product once, so the bits are those of the
     float32 product rounded to bf16 (NaN to torch's one bf16 NaN either way).  Faster than the numpy path."""
@@ -193,7 +194,9 @@ def _dequantize_bf16(t: _MX) -> torch.Tensor:
     return (vals * scale[:, :, None]).view(rows, k)
 
 
-def _mm(a: _MX, b: _MX, dtype: torch.dtype, device: torch.device, kernel: KernelPreference, acc: Any) -> torch.Tensor:
+def _mm(
+    a: QuantizedData, b: QuantizedData, dtype: torch.dtype, device: torch.device, kernel: KernelPreference, acc: Any
+) -> torch.Tensor:
     """``a @ b.t()`` of two operands blocked along their common last dim, as torchao's ``mx_mm`` runs it."""
     if kernel is KernelPreference.EMULATED:
         return torch.mm(_dequantize(a, dtype, device), _dequantize(b, dtype, device).t())

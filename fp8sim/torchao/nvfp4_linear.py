@@ -50,6 +50,7 @@ from ..cast.ptx_sr import encode_ptx_rs
 from ..formats import E2M1, E4M3
 from ..gemm import scaled_mm
 from ..gemm._exact import exact_matmul_f32
+from ..scaling.quantized import QuantizedData
 from .float8_linear_utils import swap_linear_layers
 from .mx_linear import KernelPreference
 
@@ -171,29 +172,32 @@ def _rht_t(a: np.ndarray, signs: tuple[int, ...]) -> np.ndarray:
     return torch.from_numpy(np.ascontiguousarray(f32).reshape(n, m)).to(torch.bfloat16).float().numpy()
 
 
-@dataclass(frozen=True)
-class _Q:
-    codes: np.ndarray  # E2M1 (R, C)
-    scales: np.ndarray  # UE4M3 (R, C/16)
-    amax: np.float32
+def _record(codes: np.ndarray, scales: np.ndarray, amax: np.float32) -> QuantizedData:
+    """One NVFP4 copy as fp8sim's record: E2M1 codes (R, C), UE4M3 scale codes per 1x16 block (a 16x16
+    tile's scale repeated on each of its rows, torchao's layout), the per-tensor scale ``1 / enc`` and the
+    amax it came from."""
+    _, dec = _global_scales(amax)
+    return QuantizedData(
+        codes, scales, E2M1, (1, 16), codes.shape, "bfloat16", scale_format=E4M3, global_scale=dec, global_amax=amax
+    )
 
 
 def _amax(x: np.ndarray) -> np.float32:
     return _F32(np.max(np.abs(x), initial=_F32(0)))
 
 
-def _rowwise(x: np.ndarray, words: np.ndarray | None) -> _Q:
+def _rowwise(x: np.ndarray, words: np.ndarray | None) -> QuantizedData:
     amax = _amax(x)
-    return _Q(*_quantize(x, amax, (1, 16), words), amax)
+    return _record(*_quantize(x, amax, (1, 16), words), amax)
 
 
-def _mm(a: _Q, b: _Q, out_shape: tuple[int, ...], acc: Any) -> torch.Tensor:
+def _mm(a: QuantizedData, b: QuantizedData, out_shape: tuple[int, ...], acc: Any) -> torch.Tensor:
     """``a @ b.t()`` of two NVFP4 copies blocked along their common last dim, bf16 out (module docstring)."""
     raw = scaled_mm(
         a.codes, np.ascontiguousarray(b.codes.T), a.scales, np.ascontiguousarray(b.scales.T),
         out_dtype="float32", accumulator=acc, a_format="e2m1", b_format="e2m1", strict=False,
     )  # fmt: skip
-    alpha = _F32((a.amax / _F32(2688)) * (b.amax / _F32(2688)))
+    alpha = _F32((a.global_amax / _F32(2688)) * (b.global_amax / _F32(2688)))
     with np.errstate(over="ignore", invalid="ignore"):
         out = (np.asarray(raw, dtype=_F32) * alpha).astype(_F32)
     return torch.from_numpy(out).to(torch.bfloat16).reshape(out_shape)
@@ -214,13 +218,13 @@ class _NVFP4MM(torch.autograd.Function):
         _check_dims(x2.shape[0], k, n)
         xa, wa = _bf16_np(x2), _bf16_np(w.to(torch.bfloat16))
         w_amax = _amax(wa)
-        wq = _Q(*_quantize(wa, w_amax, (16, 16), None), w_amax)
+        wq = _record(*_quantize(wa, w_amax, (16, 16), None), w_amax)
         out = _mm(_rowwise(xa, None), wq, (*x.shape[:-1], n), acc)
         if bias is not None:
             out = out + bias
         xc = _rht_t(xa, signs)
         ctx.xcol = _rowwise(xc, None)
-        ctx.wt = _Q(*_quantize(np.ascontiguousarray(wa.T), w_amax, (16, 16), None), w_amax)  # torchao's a_t copy
+        ctx.wt = _record(*_quantize(np.ascontiguousarray(wa.T), w_amax, (16, 16), None), w_amax)  # torchao's a_t copy
         ctx.meta = (x.shape, bias is not None, seed, signs, tile, acc)
         return out
 

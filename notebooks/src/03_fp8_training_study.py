@@ -5,7 +5,7 @@
 # notebook trains the same small model on the CPU under every recipe fp8sim emulates, from the same
 # initial weights and on the same batches, so the loss curves differ only by the numerics.
 #
-# The model is `fp8sim.study`'s built-in residual MLP: two `LayerNormMLP` blocks and a `Linear` head
+# The model is `fp8sim.report.training_study`'s built-in residual MLP: two `LayerNormMLP` blocks and a `Linear` head
 # from `fp8sim.pytorch` (TransformerEngine's module names) learning a fixed random teacher on
 # heavy-tailed inputs (row magnitudes over seven binades).  The recipes:
 #
@@ -26,7 +26,7 @@ import os
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
-from fp8sim.study import plot_losses, run_study
+from fp8sim.report.training_study import plot_losses, run_study
 
 plt.rcParams.update({"figure.dpi": 90, "figure.facecolor": "white", "axes.grid": True, "grid.alpha": 0.3})
 # The test suite executes this notebook with FP8SIM_NOTEBOOK_QUICK=1 (a short run, to check that it

@@ -19,8 +19,10 @@ import torch
 
 from ...formats import FloatFormat
 from ...recipe import DelayedScaling, tensor_format
+from ...scaling.amax import amax_nan_skipping_tensor
 from ...scaling.current import compute_scale_from_amax
-from ._operands import PER_TENSOR, Operand, _per_tensor, nan_skipping_amax, quantize_operand
+from ...scaling.quantized import QuantizedData
+from ._operands import PER_TENSOR, Operand, cast_per_tensor, quantize_operand
 
 __all__ = ["ATTR", "FP8Handoff", "attach", "handoff_of", "boundary_cast"]
 
@@ -40,6 +42,13 @@ class FP8Handoff:
     fmt: FloatFormat
     grad: FP8Handoff | None = None
     on_grad: Any = None
+    qt: Any = None  # the QuantizedData record the codes came from, where there is one
+
+    @classmethod
+    def of_record(cls, q: QuantizedData, device: Any = None) -> FP8Handoff:
+        """The hand-off of a per-tensor record (a TE ``Float8Tensor``'s ``quantized_data()``)."""
+        op = Operand.of_per_tensor(q, device)
+        return cls(op.vals, op.codes, op.scale_inv, q.fmt, qt=q)
 
     def dequant(self, dtype: torch.dtype) -> torch.Tensor:
         """``fl32(vals * scale_inv)`` rounded to ``dtype`` (``Float8Tensor.dequantize(dtype=...)``)."""
@@ -58,6 +67,17 @@ def attach(t: torch.Tensor, h: FP8Handoff) -> torch.Tensor:
 def handoff_of(t: Any) -> FP8Handoff | None:
     h = getattr(t, ATTR, None)
     return h if isinstance(h, FP8Handoff) and h.vals.shape == t.shape else None
+
+
+def float8_input(t: Any) -> FP8Handoff | None:
+    """A TE ``Float8Tensor`` (per-tensor FP8 data) as the hand-off of a module input: TE's GEMM modules
+    use its codes and ``scale_inv`` and skip their INPUT quantizer (``linear.py``: a
+    ``QuantizedTensorStorage`` input is not quantized again), so its amax joins no amax history."""
+    from ..tensor.storage.float8_tensor_storage import Float8TensorStorage
+
+    if not isinstance(t, Float8TensorStorage) or (t._data is None and t._transpose is None):
+        return None
+    return FP8Handoff.of_record(t.quantized_data(), t.device)
 
 
 def fp8_boundaries(inp: Any, fp8_output: bool, fp8_grad: bool) -> dict | None:
@@ -87,6 +107,8 @@ def fp8_boundaries(inp: Any, fp8_output: bool, fp8_grad: bool) -> dict | None:
             )
         raise NotImplementedError(msg)
     h = handoff_of(inp)
+    if h is None and isinstance(recipe, PER_TENSOR):
+        h = float8_input(inp)
     if h is None and not (fp8_output or fp8_grad):
         return None
     return {"input_fp8": h, "fp8_output": fp8_output, "fp8_grad": fp8_grad}
@@ -107,9 +129,9 @@ def boundary_cast(d: torch.Tensor, recipe: Any, forward: bool, scaler: Any, inde
         return quantize_operand(d, recipe, "input" if forward else "grad", 1, scaler=scaler, index=index)
     fmt = tensor_format(recipe.fp8_format, forward)
     da = d.to(act)
-    amax = np.float32(nan_skipping_amax(da))
+    amax = np.float32(amax_nan_skipping_tensor(da))
     scale = compute_scale_from_amax(amax, fmt.max, pow2=bool(recipe.use_power_2_scales), eps=0.0)
-    return _per_tensor(da, fmt, float(scale), None)
+    return cast_per_tensor(da, fmt, scale)
 
 
 def attach_output(module: Any, out: torch.Tensor, fp8_io: dict | None) -> torch.Tensor:

@@ -17,11 +17,9 @@ from __future__ import annotations
 import types
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from ...cast import decode
 from ...recipe import (
     DelayedScaling,
     Float8BlockScaling,
@@ -31,7 +29,6 @@ from ...recipe import (
     Recipe,
     tensor_format,
 )
-from ...scaling.quantized import QuantizedTensor as _SimQT
 from ._operands import Operand
 
 __all__ = [
@@ -188,12 +185,7 @@ def _attach_high_precision_init_val(param: Any, value: torch.Tensor) -> None:
 
 def operand_from_fp8_weight(w: Any) -> Operand:
     """The GEMM operand of a per-tensor FP8 primary weight: its own codes and ``scale_inv``."""
-    from ...formats import get_format
-    from ..constants import DType
-
-    fmt = get_format("e4m3" if w._fp8_dtype == DType.kFloat8E4M3 else "e5m2")
-    codes = w._data.reshape(w.shape)
-    return Operand(None, fmt, decode(codes, fmt), codes, float(np.float32(w._scale_inv.reshape(-1)[0].item())))
+    return Operand.of_per_tensor(w.quantized_data(), w.device)
 
 
 def block_operands_from_fp8_weight(w: Any) -> tuple[Operand, Operand | None]:
@@ -205,17 +197,13 @@ def block_operands_from_fp8_weight(w: Any) -> tuple[Operand, Operand | None]:
 
     if w._rowwise_data is None:
         raise RuntimeError(f"{type(w).__name__} weight has no rowwise data; quantize it with rowwise usage")
-    if isinstance(w, MXFP8Tensor):
-        row = _mxfp8_qt(w, columnwise=False)
-        col = _mxfp8_qt(w, columnwise=True) if w._columnwise_data is not None else None
+    if isinstance(w, MXFP8Tensor | NVFP4Tensor):
+        row = w.quantized_data()
+        col = w.quantized_data(columnwise=True) if w._columnwise_data is not None else None
     elif isinstance(w, Float8BlockwiseQTensor):
-        row = _blockwise_qt(w, columnwise=False)
-        col = (
-            row if w._is_2D_scaled else (_blockwise_qt(w, columnwise=True) if w._columnwise_data is not None else None)
-        )
-    elif isinstance(w, NVFP4Tensor):
-        row = _nvfp4_qt(w, columnwise=False)
-        col = _nvfp4_qt(w, columnwise=True) if w._columnwise_data is not None else None
+        row = w.quantized_data()
+        has_col = w._columnwise_data is not None
+        col = row if w._is_2D_scaled else (w.quantized_data(columnwise=True) if has_col else None)
     else:
         raise NotImplementedError(f"FP8 primary weights of type {type(w).__name__} are not emulated")
     row_op = Operand(torch.from_numpy(row.dequantize()), row.fmt, qt=row)
@@ -224,92 +212,3 @@ def block_operands_from_fp8_weight(w: Any) -> tuple[Operand, Operand | None]:
     if isinstance(w, NVFP4Tensor):  # stored (K, N): the operand is its transpose
         return row_op, Operand(torch.from_numpy(col.dequantize()).t(), col.fmt, qt=col, transposed=True)
     return row_op, Operand(torch.from_numpy(col.dequantize()), col.fmt, qt=col)
-
-
-def _mxfp8_qt(w: Any, columnwise: bool) -> _SimQT:
-    from ...formats import E8M0
-
-    m, k = _flatten(w.shape)
-    fmt = _element_format(w._fp8_dtype)
-    if columnwise:
-        codes, scales, block = w._columnwise_data, w._columnwise_scale_inv[: m // 32, :k], (32, 1)
-    else:
-        codes, scales, block = w._rowwise_data, w._rowwise_scale_inv[:m, : k // 32], (1, 32)
-    return _SimQT(_np(codes.reshape(m, k)), _np(scales), fmt, block, (m, k), "float32", scale_format=E8M0)
-
-
-def _blockwise_qt(w: Any, columnwise: bool) -> _SimQT:
-    """TE's 1x128 layouts: rowwise scale ``[j, m]`` (block j of row m), columnwise data (K, M) with
-    scale ``[i, k]``; 128x128: one scale per tile, rowwise ``[i, j]``."""
-    m, k = _flatten(w.shape)
-    fmt = _element_format(w._fp8_dtype)
-    b = 128
-    if w._is_2D_scaled:
-        codes = _pad(_np(w._rowwise_data.reshape(m, k)), b, b)
-        scales = _np(w._rowwise_scale_inv[: -(-m // b), : -(-k // b)])
-        block = (b, b)
-    elif columnwise:
-        codes = _pad(_np(w._columnwise_data.reshape(k, m)).T, b, 1)
-        scales, block = _np(w._columnwise_scale_inv[: -(-m // b), :k]), (b, 1)
-    else:
-        codes = _pad(_np(w._rowwise_data.reshape(m, k)), 1, b)
-        scales, block = _np(w._rowwise_scale_inv[: -(-k // b), :m]).T, (1, b)
-    return _SimQT(codes, np.ascontiguousarray(scales, np.float32), fmt, block, (m, k), "float32")
-
-
-def _nvfp4_qt(w: Any, columnwise: bool) -> _SimQT:
-    """Unpacked E2M1 codes, E4M3 block scales (one per 16x16 tile with 2D quantization, TE's rowwise
-    layout repeating it on each row of the tile), and the global scale ``1 / S_enc(amax)``."""
-    from ...formats import E2M1, E4M3
-    from ...scaling.nvfp4 import _te_encode_scale
-    from ...scaling.packing import unpack_fp4
-
-    m, k = _flatten(w.shape)
-    rows, cols = (k, m) if columnwise else (m, k)
-    data = w._columnwise_data if columnwise else w._rowwise_data
-    scale = w._columnwise_scale_inv if columnwise else w._rowwise_scale_inv
-    amax = (w._amax_columnwise if columnwise else w._amax_rowwise).reshape(-1)
-    if amax.numel() != 1:
-        raise NotImplementedError("row-scaled NVFP4 primary weights are not emulated (TE scales weights per tensor)")
-    codes = unpack_fp4(data.reshape(rows, cols // 2).cpu()).numpy()
-    scales = _np(scale[:rows, : -(-cols // 16)])
-    block = (1, 16)
-    if w._with_2d_quantization:
-        scales, block = scales[::16], (16, 16)
-    a = np.float32(amax[0].item())
-    g = float(np.float32(1) / np.float32(_te_encode_scale(np.asarray(a, np.float32), False)))
-    return _SimQT(
-        codes,
-        np.ascontiguousarray(scales),
-        E2M1,
-        block,
-        (rows, cols),
-        "float32",
-        scale_format=E4M3,
-        global_scale=g,
-        global_amax=float(a),
-    )
-
-
-def _flatten(shape: Any) -> tuple[int, int]:
-    return int(np.prod(shape[:-1], dtype=np.int64)), int(shape[-1])
-
-
-def _element_format(fp8_dtype: Any) -> Any:
-    from ...formats import get_format
-    from ..constants import DType
-
-    return get_format("e4m3" if fp8_dtype == DType.kFloat8E4M3 else "e5m2")
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    from ..._torch import numpy_view
-
-    return np.array(numpy_view(t), copy=True)  # a copy: .numpy() pins the storage FSDP2 frees
-
-
-def _pad(codes: np.ndarray, rb: int, cb: int) -> np.ndarray:
-    r, c = codes.shape
-    out = np.zeros((-(-r // rb) * rb, -(-c // cb) * cb), np.uint8)
-    out[:r, :c] = codes
-    return out

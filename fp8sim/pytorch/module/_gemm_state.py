@@ -129,12 +129,10 @@ class _ColumnwiseInBackward:
         self.weight = weight
 
     def __call__(self) -> Operand:
-        from ._fp8_params import _mxfp8_qt
-
         w = self.weight
         if w._columnwise_data is None:
             raise RuntimeError("Requested column-wise usage, but MXFP8Tensor is missing column-scaled FP8 data")
-        col = _mxfp8_qt(w, columnwise=True)
+        col = w.quantized_data(columnwise=True)
         return Operand(torch.from_numpy(col.dequantize()), col.fmt, qt=col)  # as block_operands_from_fp8_weight
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._torch import numpy_view
-from ...cast import decode, encode
+from ..._util.tensors import numpy_view
+from ...cast import decode
 from ...formats import FloatFormat
 from ...recipe import (
     DelayedScaling,
@@ -27,10 +27,12 @@ from ...recipe import (
     Recipe,
     tensor_format,
 )
-from ...scaling.current import compute_scale_from_amax
+from ...scaling.amax import amax_nan_skipping_tensor
+from ...scaling.current import compute_scale_from_amax, quantize_current_scaling, quantize_with_scale
+from ...scaling.quantized import QuantizedData
 from ._quantizers import _4over6_scope
 
-__all__ = ["Operand", "quantize_operand", "PER_TENSOR", "nan_skipping_amax"]
+__all__ = ["Operand", "quantize_operand", "cast_per_tensor", "PER_TENSOR"]
 
 PER_TENSOR = (DelayedScaling, Float8CurrentScaling)
 
@@ -46,8 +48,16 @@ class Operand:
     vals: torch.Tensor | None = None
     codes: torch.Tensor | None = None
     scale_inv: float | None = None
-    qt: Any = None  # block recipes: the QuantizedTensor (codes and block scales)
+    qt: Any = None  # block recipes: the QuantizedData record (codes and block scales)
     transposed: bool = False  # ``qt`` holds the transpose of this operand
+
+    @classmethod
+    def of_per_tensor(cls, q: QuantizedData, device: Any = None) -> Operand:
+        """The GEMM operand of a per-tensor record: its codes and their decoded values as tensors (on
+        ``device``), ``scale_inv`` the record's one scale."""
+        codes = torch.from_numpy(q.codes)
+        codes = codes if device is None else codes.to(device)
+        return cls(None, q.fmt, decode(codes, q.fmt), codes, float(q.scales.reshape(-1)[0]), qt=q)
 
     def dequant(self) -> torch.Tensor:
         """float32 dequantized values: ``fl32(vals * scale_inv)`` for per-tensor recipes."""
@@ -67,27 +77,18 @@ class Operand:
         )
 
 
-def nan_skipping_amax(x: torch.Tensor) -> float:
-    """max|x| as TE's ``fmaxf`` reduction computes it: NaN skipped, Inf kept, 0 when empty."""
-    if x.numel() == 0:
-        return 0.0
-    lo, hi = torch.aminmax(x.detach())
-    amax = max(float(hi), -float(lo))  # one pass; any NaN makes it NaN
-    if amax == amax:
-        return amax
-    a = x.detach().abs()  # rare: skip the NaNs
-    return float(torch.where(torch.isnan(a), torch.zeros((), dtype=a.dtype), a).max())
-
-
-def _per_tensor(x: torch.Tensor, fmt: FloatFormat, scale: float, stats: dict | None) -> Operand:
-    s = torch.tensor(scale, dtype=torch.float32)
-    scaled = x.detach().float() * s
-    codes = encode(scaled, fmt, saturate=True)
-    vals = decode(codes, fmt)
-    sinv = float(np.float32(1) / np.float32(scale))
+def _per_tensor(x: torch.Tensor, q: QuantizedData, scale: Any, stats: dict | None) -> Operand:
+    """The GEMM operand of ``q``, the per-tensor record of ``x`` that the scaling layer cast with ``scale``:
+    the codes and their decoded values as tensors on ``x``'s device, ``scale_inv`` the record's scale."""
+    op = Operand.of_per_tensor(q, x.device)
     if stats is not None:
-        _count(stats, x, scaled, vals, fmt)
-    return Operand(None, fmt, vals, codes, sinv)  # dequantized on demand: the GEMMs use vals and sinv
+        _count(stats, x, x.detach().float() * torch.tensor(float(scale), dtype=torch.float32), op.vals, q.fmt)
+    return op
+
+
+def cast_per_tensor(x: torch.Tensor, fmt: FloatFormat, scale: Any, stats: dict | None = None) -> Operand:
+    """``x`` cast with a given per-tensor ``scale`` (:func:`fp8sim.scaling.current.quantize_with_scale`)."""
+    return _per_tensor(x, quantize_with_scale(x.detach(), scale, fmt), scale, stats)
 
 
 def _count(stats: dict, x: torch.Tensor, scaled: torch.Tensor, vals: torch.Tensor, fmt: FloatFormat) -> None:
@@ -116,28 +117,30 @@ def quantize_operand(
     seed: int = 0,
     stats: dict | None = None,
 ) -> Operand:
-    """Quantize a 2-D operand (``kind``: "input", "weight" or "grad") for a GEMM reducing over
-    ``k_axis``; delayed scaling reads ``scaler.scale[index]`` and folds the amax into its staging row."""
+    """Quantize a 2-D operand (``kind``: "input", "weight" or "grad") for a GEMM reducing over ``k_axis``
+    with the recipe's quantizer from :mod:`fp8sim.scaling` (delayed scaling: ``scaler.quantize(index, x)``,
+    which casts with the slot's scale and folds the amax into its staging row)."""
     forward = kind != "grad"
     if isinstance(recipe, NVFP4BlockScaling):
         return _nvfp4(x, recipe, kind, k_axis, seed)
     fmt = tensor_format(recipe.fp8_format, forward)
-    if isinstance(recipe, DelayedScaling):
-        amax = np.float32(nan_skipping_amax(x))
-        scaler.amax_history[0, index] = np.fmax(scaler.amax_history[0, index], amax)
-        return _per_tensor(x, fmt, float(scaler.scale[index]), stats)
+    if isinstance(recipe, DelayedScaling):  # the slot's scale; the amax joins its staging row
+        scale = scaler.scale[index]
+        return _per_tensor(x, scaler.quantize(index, x.detach()), scale, stats)
     if isinstance(recipe, Float8CurrentScaling):
         qp = _role_qparams(recipe, kind)
-        scale = compute_scale_from_amax(
-            np.float32(nan_skipping_amax(x)), fmt.max, pow2=qp.power_2_scale, eps=qp.amax_epsilon
-        )
-        return _per_tensor(x, fmt, float(scale), stats)
+        q = quantize_current_scaling(x.detach(), fmt, pow2=qp.power_2_scale, eps=qp.amax_epsilon)
+        scale = None
+        if stats is not None:  # the statistics count overflows of fl32(x * scale): the scale the cast used
+            amax = np.float32(amax_nan_skipping_tensor(x))
+            scale = compute_scale_from_amax(amax, fmt.max, pow2=qp.power_2_scale, eps=qp.amax_epsilon)
+        return _per_tensor(x, q, scale, stats)
     xn = numpy_view(x.float())  # not .numpy(): that pins a parameter's storage (FSDP2 frees it)
     if isinstance(recipe, MXFP8BlockScaling):
-        from ...scaling.mx import quantize_mx
+        from ...scaling.mx import quantize_mx, quantize_mx_2d_te
 
         if kind == "weight" and getattr(recipe, "enable_2d_quantization", False):
-            q = _mxfp8_2d(xn, fmt, k_axis)
+            q = quantize_mx_2d_te(xn, fmt, k_axis)
             return Operand(torch.from_numpy(q.dequantize()), fmt, qt=q)
         q = quantize_mx(xn, fmt, axis=k_axis, scale_rule="rceil", flavor="te")
         return Operand(torch.from_numpy(q.dequantize()), fmt, qt=q)
@@ -151,52 +154,6 @@ def quantize_operand(
         q = quantize_block_scaling(xn, fmt, block_dim=dim, columnwise=(dim == 1 and k_axis == 0), pow2=qp.power_2_scale)
         return Operand(torch.from_numpy(q.dequantize()), fmt, qt=q)
     raise NotImplementedError(f"fp8sim does not emulate the recipe {type(recipe).__name__}")
-
-
-def _e8m0_ceil(amax: np.ndarray, fmax: float) -> np.ndarray:
-    """TE's E8M0 scale code for a tile amax: the exponent of ``fl32(amax * fl32(1/fmax))`` (the kernel
-    multiplies by ``max_norm_rcp``: ``common/cast/mxfp8/quantize_mxfp8.cuh`` lines 440-441), rounded
-    up when the mantissa is nonzero (not past 254; subnormals at most half an ulp round to 0); 0 for
-    amax 0 (the ceil rule as TE's ``tests/pytorch/test_mxfp8_2d_quantize.py`` ``_float_to_e8m0``)."""
-    val = (amax.astype(np.float32) * np.float32(1.0 / fmax)).astype(np.float32)
-    bits = val.view(np.uint32)
-    exponent = ((bits >> 23) & 0xFF).astype(np.int32)
-    mantissa = bits & 0x7FFFFF
-    up = (mantissa > 0) & (exponent != 254) & ~((exponent == 0) & (mantissa <= 0x400000))
-    exponent = np.where(val == 0, 0, exponent + up)
-    return exponent.astype(np.uint8)
-
-
-def _mxfp8_2d(x: np.ndarray, fmt: FloatFormat, k_axis: int) -> Any:
-    """MXFP8 2D weight quantization (``MXFP8BlockScaling(enable_2d_quantization=True)``): one E8M0
-    scale per 32x32 tile, shared by the rowwise and the columnwise copy (TE ``quantization.py``
-    MXFP8BlockScalingRecipeState: linear weights only; reference ``_mxfp8_2d_quantize_reference``).
-    Returned as 1x32 blocks along ``k_axis`` whose scales repeat the tile's."""
-    from ...formats import E8M0
-    from ...scaling.quantized import QuantizedTensor
-
-    rows, cols = x.shape
-    pr, pc = -(-rows // 32) * 32, -(-cols // 32) * 32
-    xp = np.zeros((pr, pc), np.float32)
-    xp[:rows, :cols] = x
-    tiles = np.abs(xp).reshape(pr // 32, 32, pc // 32, 32).max(axis=(1, 3))
-    e8m0 = _e8m0_ceil(tiles, fmt.max)
-    scale_inv = np.ldexp(np.float32(1), e8m0.astype(np.int32) - 127).astype(np.float32)
-    full = np.repeat(np.repeat(scale_inv, 32, axis=0), 32, axis=1)
-    codes = encode(xp / full, fmt, saturate=True)  # exact division by a power of two, then RN
-    if k_axis == 1:
-        scales, block = np.repeat(e8m0, 32, axis=0), (1, 32)
-    else:
-        scales, block = np.repeat(e8m0, 32, axis=1), (32, 1)
-    return QuantizedTensor(
-        codes=np.asarray(codes, np.uint8),
-        scales=scales,
-        fmt=fmt,
-        block=block,
-        shape=(rows, cols),
-        dtype="float32",
-        scale_format=E8M0,
-    )
 
 
 def _nvfp4(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, k_axis: int, seed: int) -> Operand:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .base import TransformerEngineBaseModule, get_default_init_method, init_method_constant
+from ..utils import get_default_init_method, init_method_constant
 
 __all__ = ["split_names", "make_linear_params", "make_norm_params", "cat_params"]
 
@@ -37,7 +37,7 @@ def resolve_params_dtype(params_dtype: torch.dtype | None) -> torch.dtype:
 
 
 def make_linear_params(
-    module: TransformerEngineBaseModule,
+    module: nn.Module,
     out_features: int,
     in_features: int,
     *,
@@ -69,7 +69,7 @@ def make_linear_params(
 
 
 def make_norm_params(
-    module: TransformerEngineBaseModule,
+    module: nn.Module,
     n: int,
     *,
     normalization: str,

@@ -16,7 +16,7 @@ Amax reduction as TE: delayed scaling reduces its amax history over autocast's `
 (TE's ``fp8_group``; None: the world), and TE refuses ``sequence_parallel`` without ``reduce_amax``;
 current scaling reduces the amax of a sequence-parallel input (column) or grad output (row) over
 ``tp_group`` (``set_quantizer_amax_reduction_group``), every other amax stays local.  FP8 payloads travel
-through :mod:`fp8sim.distributed` as byte views (gloo refuses float8).
+through :mod:`fp8sim.collectives` as byte views (gloo refuses float8).
 
 FP8 boundaries (``fp8_output`` row-parallel, ``fp8_grad`` column-parallel, an FP8 input) meet the collectives
 as TE's ``Float8Tensor`` does (``_tp_fp8_io``): an all-reduce leaves the FP8 tensor this rank's unreduced
@@ -45,14 +45,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...cast import decode
 from ...recipe import DelayedScaling, Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling
+from ...scaling.amax import amax_nan_skipping_tensor
 from ...scaling.current import compute_scale_from_amax
 from .. import _comm
 from .._comm import get_distributed_world_size
 from ..quantization import current_state, get_recipe
+from . import _tp_fp8_io as fio
 from ._fp8_handoff import FP8Handoff
-from ._operands import PER_TENSOR, _per_tensor, _role_qparams, nan_skipping_amax
+from ._operands import PER_TENSOR, _role_qparams, cast_per_tensor
+from ._tp_fp8_io import _gather_fp8
 
 __all__ = [
     "divide",
@@ -134,30 +136,11 @@ def _quantize_local(g: Any, x: torch.Tensor, recipe: Any, kind: str, group: Any)
     from ...recipe import tensor_format
 
     fmt = tensor_format(recipe.fp8_format, kind != "grad")
-    amax = torch.tensor([nan_skipping_amax(x2)], dtype=torch.float32)
+    amax = torch.tensor([amax_nan_skipping_tensor(x2)], dtype=torch.float32)
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
     qp = _role_qparams(recipe, kind)
     scale = compute_scale_from_amax(np.float32(amax.item()), fmt.max, pow2=qp.power_2_scale, eps=qp.amax_epsilon)
-    return _per_tensor(x2, fmt, float(scale), g.stats)
-
-
-def _gather_fp8(op: Any, shape: tuple, group: Any) -> FP8Handoff:
-    """All-gather a per-tensor FP8 operand's codes along dim 0 (as float8 bytes); every rank's codes are
-    read with this rank's ``scale_inv`` (TE ``_all_gather_fp8``)."""
-    from ...distributed import all_gather_into_tensor
-
-    world = get_distributed_world_size(group)
-    codes = op.codes.contiguous()
-    out = torch.empty((codes.shape[0] * world, *codes.shape[1:]), dtype=torch.uint8)
-    wire = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}.get(op.fmt.name)
-    if wire is not None:  # the float8 dtype, through the byte-view collective (gloo refuses float8)
-        dtype = getattr(torch, wire)
-        all_gather_into_tensor(out.view(dtype), codes.view(dtype), group=group)
-    else:
-        all_gather_into_tensor(out, codes, group=group)
-    full = (shape[0] * world, *shape[1:])
-    vals = decode(out, op.fmt).reshape(full)
-    return FP8Handoff(vals, out.reshape(full), op.scale_inv, op.fmt)
+    return cast_per_tensor(x2, fmt, scale, g.stats)
 
 
 def _fp8_per_tensor() -> Any:
@@ -290,8 +273,6 @@ def tp_linear(
     output's dtype after the reduction; ``io``: the caller's FP8 boundaries (``fp8_output``, ``fp8_grad``,
     an FP8 input), on this rank's side of the collectives, and where they meet one, as TE's
     ``Float8Tensor`` meets it (``_tp_fp8_io``)."""
-    from . import _tp_fp8_io as fio
-
     check_tp_forward(module)
     _check_gathered_sr(module, mode)
     if mode == "column":

@@ -35,7 +35,10 @@ from typing import Any
 
 import torch
 
-from ..._upstream_quirk import UpstreamQuirkWarning
+from ..._util.upstream_quirk import UpstreamQuirkWarning
+from ...cast import decode
+from ...collectives.quantized import gather_codes
+from .._comm import get_distributed_world_size, reduce_scatter_along_first_dim
 from ._fp8_handoff import FP8Handoff
 from ._operands import Operand
 
@@ -63,6 +66,17 @@ def check_allreduce_keeps_fp8(what: str) -> None:
     warnings.warn(QUIRK.format(what=what), UpstreamQuirkWarning, stacklevel=4)
 
 
+def _gather_fp8(op: Any, shape: tuple, group: Any) -> FP8Handoff:
+    """All-gather a per-tensor FP8 operand's codes along dim 0 (as float8 bytes); every rank's codes are
+    read with this rank's ``scale_inv`` (TE ``_all_gather_fp8``)."""
+    world = get_distributed_world_size(group)
+    wire = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}.get(op.fmt.name)  # as float8 bytes: gloo refuses float8
+    out = gather_codes(op.codes, group, wire)
+    full = (shape[0] * world, *shape[1:])
+    vals = decode(out, op.fmt).reshape(full)
+    return FP8Handoff(vals, out.reshape(full), op.scale_inv, op.fmt)
+
+
 class LocalDgrad(torch.autograd.Function):
     """Column parallel with ``fp8_grad`` (no sequence parallel): identity forward; backward: the FP8 dgrad as
     this rank computed it, since TE's all-reduce of the Float8Tensor does not change it."""
@@ -83,8 +97,6 @@ class GatherFP8Input(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, h: FP8Handoff, group: Any, slot: dict) -> torch.Tensor:  # type: ignore[override]
-        from ._tp import _gather_fp8
-
         ctx.group = group
         op = Operand(None, h.fmt, h.vals, h.codes, h.sinv)
         gathered = _gather_fp8(op, tuple(h.codes.shape), group)
@@ -93,9 +105,7 @@ class GatherFP8Input(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, dgrad: torch.Tensor) -> tuple:
-        from ._tp import reduce_scatter_along_first_dim
-
-        return reduce_scatter_along_first_dim(dgrad, ctx.group), None, None, None
+        return reduce_scatter_along_first_dim(dgrad, ctx.group)[0], None, None, None
 
 
 def drop_output_handoff(module: Any) -> FP8Handoff | None:

@@ -18,18 +18,18 @@ import torch
 from torch import nn
 
 from ...recipe import DelayedScaling, Recipe
-from ..distributed import _replay_fp8_state
+from .._recompute import _replay_fp8_state
 from ..quantization import (
     _register,
     current_state,
     get_recipe,
     reduce_and_update_fp8_tensors,
 )
+from ..utils import get_default_init_method, init_method_constant
 from ._bias import bias_through_bf16
 from ._fp8_params import is_fp8_weight, quantize_primary_weights, reset_sharded_parameters
 from ._gemm_state import _GemmState, _ScalingMeta
 from ._linear_function import LinearOptions, fp8_linear, hp_linear
-from ._operands import nan_skipping_amax
 from ._rng_init import run_init, set_init_tracker
 
 __all__ = [
@@ -51,29 +51,6 @@ def get_dummy_wgrad(shape: list, dtype: torch.dtype, zero: bool = False) -> torc
     if zero:
         _dummy_wgrads[key].fill_(0)
     return _dummy_wgrads[key].detach()
-
-
-def get_default_init_method() -> Callable[[torch.Tensor], Any]:
-    """TE's default weight initialisation: ``N(0, 0.023)`` (``utils.get_default_init_method``)."""
-    return init_method_normal(0.023)
-
-
-def init_method_normal(sigma: float) -> Callable[[torch.Tensor], Any]:
-    """TE ``utils.init_method_normal``: ``init_(t)`` fills ``t`` from ``N(0, sigma)``."""
-
-    def init_(tensor: torch.Tensor) -> Any:
-        return nn.init.normal_(tensor, mean=0.0, std=sigma)
-
-    return init_
-
-
-def init_method_constant(val: float) -> Callable[[torch.Tensor], Any]:
-    """TE ``utils.init_method_constant``: fills with ``val``."""
-
-    def init_(tensor: torch.Tensor) -> Any:
-        return nn.init.constant_(tensor, val)
-
-    return init_
 
 
 def assert_dim_for_fp8_exec(*tensors: torch.Tensor) -> None:
@@ -497,4 +474,3 @@ def _calibration_amax(t: torch.Tensor) -> float:
 # the name the pre-restructure module used
 _FP8Base = TransformerEngineBaseModule
 _check_dims = assert_dim_for_fp8_exec
-nan_skipping_amax = nan_skipping_amax

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..distributed import in_fp8_activation_recompute_phase, module_checkpoint
+from .._recompute import in_fp8_activation_recompute_phase, module_checkpoint
 from ._activations import GATED, activation_fn
 from ._norm_gemm import fused_producer, norm_for_gemm
 from ._normalization import check_normalization

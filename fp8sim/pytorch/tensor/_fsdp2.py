@@ -87,9 +87,7 @@ def fsdp_pre_all_gather(
 ) -> tuple[tuple[torch.Tensor, ...], tuple]:
     """The shard's FP8 codes to all-gather, and what rebuilds the gathered ``Float8Tensor``."""
     del orig_size, contiguous_orig_stride, mp_policy
-    from .float8_tensor import Float8CurrentScalingQuantizer
-
-    if isinstance(self._quantizer, Float8CurrentScalingQuantizer) and mesh is not None:
+    if getattr(self._quantizer, "fsdp_reduces_amax", False) and mesh is not None:  # current scaling
         self.amax_reduction_group = mesh.get_group()  # one scale for all shards of this weight
     rowwise, columnwise, _ = gather_usages(module, self._quantizer.columnwise_usage)
     if self._data is None:
@@ -100,15 +98,13 @@ def fsdp_pre_all_gather(
 def fsdp_post_all_gather(
     self: Any, all_gather_outputs: tuple[torch.Tensor, ...], metadata: Any, param_dtype: torch.dtype, *, out: Any = None
 ) -> tuple[Any, tuple[torch.Tensor, ...]] | None:
-    """A ``Float8Tensor`` over the gathered codes (or ``out`` with its codes swapped)."""
-    from .float8_tensor import Float8Tensor
-
+    """A ``Float8Tensor`` (the shard's class) over the gathered codes (or ``out`` with its codes swapped)."""
     (data,) = all_gather_outputs
     scale_inv, rowwise, columnwise, fp8_dtype = metadata
     if out is not None:
         out._data = data
     else:  # the first gather: the gathered tensor gets its own copy of the shard's quantizer
-        out = Float8Tensor(
+        out = type(self)(
             shape=data.size(),
             dtype=param_dtype,
             data=data,

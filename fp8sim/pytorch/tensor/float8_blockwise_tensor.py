@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._torch import numpy_view
+from ..._util.tensors import numpy_view
 from ...formats import get_format
 from ...scaling.block import quantize_block_scaling
 from ..constants import DType, TE_DType_To_Torch

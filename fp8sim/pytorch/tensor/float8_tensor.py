@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._torch import numpy_view
+from ..._util.tensors import numpy_view
 from ...cast.numpy_backend import encode_scaled_with_amax
 from ...formats import get_format
 from ...scaling.amax import amax_nan_skipping
@@ -173,6 +173,7 @@ class Float8CurrentScalingQuantizer(Quantizer):
         return q
 
     update_quantized = _fsdp2.current_scaling_update_quantized  # honours dst.amax_reduction_group (FSDP2)
+    fsdp_reduces_amax = True  # FSDP2's pre-all-gather gives its shards the mesh's amax_reduction_group
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

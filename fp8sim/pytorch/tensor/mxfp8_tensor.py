@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._torch import numpy_view
+from ..._util.tensors import numpy_view
 from ...formats import get_format
 from ...scaling.mx import quantize_mx
 from ..constants import MXFP8_BLOCK_SCALING_SIZE, DType, TE_DType_To_Torch

@@ -44,7 +44,7 @@ from ...scaling.nvfp4_te_sr import (
     te_rht_cast_fusion_eligible,
 )
 from ...scaling.packing import pack_fp4, unpack_fp4
-from ...scaling.quantized import QuantizedTensor as _SimQT
+from ...scaling.quantized import QuantizedData as _SimQT
 from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType, TE_DType
 from . import _fsdp2, _fsdp2_nvfp4
 from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
@@ -56,6 +56,11 @@ __all__ = ["NVFP4Quantizer", "NVFP4Tensor"]
 _B = NVFP4_BLOCK_SCALING_SIZE
 _E2M1, _E4M3 = get_format("e2m1"), get_format("e4m3")
 _OUT = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def is_nvfp4_quantizable(shape: tuple[int, ...], row_scaled: bool = False) -> bool:
+    """TE ``NVFP4Quantizer.is_quantizable`` for a shard of ``shape``."""
+    return not row_scaled and len(shape) >= 2 and shape[-1] % _B == 0 and math.prod(shape[:-1]) % _B == 0
 
 
 class NVFP4Quantizer(Quantizer):

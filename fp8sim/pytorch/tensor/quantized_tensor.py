@@ -284,6 +284,13 @@ class QuantizedTensor(torch.Tensor):
             setattr(self, name, t)
         return tensors[n:]
 
+    def quantized_data(self, columnwise: bool = False) -> Any:
+        """fp8sim's record of this tensor's codes and scales (:class:`fp8sim.scaling.QuantizedData`): the
+        rowwise copy, or the columnwise one (``tensor/_quantized_data.py``)."""
+        from ._quantized_data import quantized_data
+
+        return quantized_data(self, columnwise)
+
     def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} class does not implement dequantize function")
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._upstream_quirk import UpstreamQuirkWarning
+from ..._util.upstream_quirk import UpstreamQuirkWarning
 from ...scaling.current import compute_scale_from_amax
 from ..constants import DType
 from .float8_blockwise_tensor import Float8BlockQuantizer, Float8BlockwiseQTensor

@@ -19,8 +19,8 @@ from torch import nn
 
 from ....recipe import DelayedScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, Recipe, tensor_format
 from ....scaling.delayed import DelayedScaler
+from ..._recompute import _replay_fp8_state
 from ..._rng_tracker import attention_tracker, dropout_fork
-from ...distributed import _replay_fp8_state
 from ...module._fp8_handoff import handoff_of
 from ...quantization import _register, current_state, get_recipe
 from . import utils

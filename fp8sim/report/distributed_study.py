@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .._atomic import atomic_file
+from .._util.atomic import atomic_file
 
 __all__ = ["DistributedStudy", "run_distributed_study", "write_distributed_study"]
 
@@ -127,7 +127,8 @@ def _amax_run(rank: int, reduce_amax: bool, steps: int) -> list[float]:
     import torch.distributed as dist
 
     import fp8sim.pytorch as te
-    from fp8sim.recipe import DelayedScaling
+
+    from ..recipe import DelayedScaling
 
     torch.manual_seed(0)
     m = te.Linear(64, 64)
@@ -147,9 +148,9 @@ def _wrong_group_run(rank: int, world: int, steps: int) -> dict[str, list[float]
     import torch
     import torch.distributed as dist
 
-    from fp8sim.cast import decode, encode
-    from fp8sim.formats import get_format
-    from fp8sim.scaling.current import compute_scale_from_amax
+    from ..cast import decode, encode
+    from ..formats import get_format
+    from ..scaling.current import compute_scale_from_amax
 
     fmt = get_format("e4m3")
     out: dict[str, list[float]] = {k: [] for k in ("scale_spread", "mismatch")}
@@ -201,7 +202,7 @@ def _worker(rank: int, world: int, steps: int) -> dict:
 
 def run_distributed_study(world_size: int = 2, steps: int = 4, timeout: float = 300.0) -> DistributedStudy:
     """Run the three experiments on ``world_size`` (2-4) gloo ranks for ``steps`` steps."""
-    from .spawn import run_ranks
+    from ..collectives.spawn import run_ranks
 
     if world_size not in (2, 3, 4):
         raise ValueError(f"world_size must be 2, 3 or 4, got {world_size!r}")

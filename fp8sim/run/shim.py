@@ -1,4 +1,4 @@
-"""Run unchanged TransformerEngine code on fp8sim: ``fp8sim run SCRIPT`` or ``fp8sim.shim.install()``.
+"""Run unchanged TransformerEngine code on fp8sim: ``fp8sim run SCRIPT`` or ``fp8sim.run.shim.install()``.
 
 ``install()`` makes ``import transformer_engine`` and its submodules resolve to fp8sim's emulation:
 ``transformer_engine.pytorch[.X.Y]`` is ``fp8sim.pytorch[.X.Y]`` wherever fp8sim has that module
@@ -92,7 +92,7 @@ def _placeholder(dotted: str) -> type:
 
 
 def _build(name: str) -> types.ModuleType:
-    from . import __version__
+    from .. import __version__
 
     target_name = _target(name)
     target = importlib.import_module(target_name) if target_name is not None else None
@@ -172,7 +172,7 @@ def _banner() -> str:
 
 def install(quiet: bool = False) -> None:
     """Make ``transformer_engine`` resolve to fp8sim (idempotent).  ``FP8SIM_DEVICE_MAP=cuda=cpu``
-    also routes CUDA to the CPU (see :mod:`fp8sim._device_map`)."""
+    also routes CUDA to the CPU (see :mod:`fp8sim.run._device_map`)."""
     if is_installed():
         return
     finder = _Finder()
@@ -241,7 +241,7 @@ def run(argv: list[str]) -> int:
                 return 2
             env["FP8SIM_DEVICE_MAP"] = value
         elif opt == "--scaled-mm" or opt.startswith("--scaled-mm="):
-            from .gemm.emulate import split_scaled_mm_option  # torch._scaled_mm emulated too
+            from ..gemm.emulate import split_scaled_mm_option  # torch._scaled_mm emulated too
 
             try:
                 rest, scaled_mm_line = split_scaled_mm_option([opt, *argv])
@@ -262,7 +262,7 @@ def run(argv: list[str]) -> int:
     boot = tempfile.mkdtemp(prefix="fp8sim-run-")
     try:
         with open(os.path.join(boot, "sitecustomize.py"), "w") as f:
-            f.write("import fp8sim.shim\nfp8sim.shim.install(quiet=True)\n" + (scaled_mm_line or ""))
+            f.write("import fp8sim.run.shim\nfp8sim.run.shim.install(quiet=True)\n" + (scaled_mm_line or ""))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (boot, env.get("PYTHONPATH", "")) if p)
         target = argv[0]
         explicit = os.path.exists(target) or target.startswith("-")  # a script, or python's own -m / -c

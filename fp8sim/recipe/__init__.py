@@ -22,8 +22,8 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, NamedTuple
 
-from ._recipe_fields import RecipeValidationError, te_dataclass, validate_fields
-from .formats import FloatFormat, get_format
+from ..formats import FloatFormat, get_format
+from ._fields import RecipeValidationError, te_dataclass, validate_fields
 
 __all__ = [
     "Format",

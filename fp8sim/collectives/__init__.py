@@ -1,6 +1,7 @@
-"""FP8 across processes on ``torch.distributed`` (any backend, gloo included).
+"""FP8 across processes on ``torch.distributed`` (any backend, gloo included): the collectives room,
+below the integrations (``fp8sim.pytorch``, ``fp8sim.torchao`` and the studies use it).
 
-:mod:`.collectives` moves float8 and packed FP4 payloads as bytes and reduces float8 in fp8sim;
+:mod:`.wire` moves float8 and packed FP4 payloads as bytes and reduces float8 in fp8sim;
 :mod:`.groups` builds the amax-reduction groups large frameworks use; :mod:`.spawn` runs a
 function on N local CPU ranks with a deadline, naming the rank that failed.  Needs torch.
 """
@@ -10,9 +11,10 @@ from __future__ import annotations
 try:
     import torch.distributed  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without torch
-    raise ImportError("fp8sim.distributed needs torch with torch.distributed (pip install torch)") from exc
+    raise ImportError("fp8sim.collectives needs torch with torch.distributed (pip install torch)") from exc
 
-from .collectives import (
+from .groups import PRESETS, ParallelLayout, group_ranks, new_group
+from .wire import (
     BYTE_DTYPES,
     all_gather,
     all_gather_into_tensor,
@@ -22,7 +24,6 @@ from .collectives import (
     reduce_scatter_tensor,
     wire_view,
 )
-from .groups import PRESETS, ParallelLayout, group_ranks, new_group
 
 __all__ = [
     "BYTE_DTYPES",

@@ -17,16 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
-from ._atomic import atomic_dir
-from ._outpaths import check_output_dir, write_marker
-from ._progress import Progress
-from ._report_plots import grid_plot as _grid_plot
-from ._report_plots import plot_gemm_k as _plot_gemm_k
-from ._report_plots import plot_rates as _plot_rates
-from ._report_plots import plt_module as _plt
-from ._report_plots import save_figure as _save
-from .formats import FORMATS
+from .. import __version__
+from .._util.atomic import atomic_dir
+from .._util.outpaths import check_output_dir, write_marker
+from .._util.progress import Progress
+from ..formats import FORMATS
+from ._plots import grid_plot as _grid_plot
+from ._plots import plot_gemm_k as _plot_gemm_k
+from ._plots import plot_rates as _plot_rates
+from ._plots import plt_module as _plt
+from ._plots import save_figure as _save
 
 __all__ = ["formats_table", "write_compare_report", "build_default_report", "publish_dir", "DEFAULT_OUT"]
 
@@ -172,7 +172,7 @@ def _compare_report_into(result: Any, out: Path, title: str | None = None) -> Pa
     if skipped:
         lines += ["", "## Not captured", ""] + [f"- `{o.name}`: {o.skipped}" for o in skipped]
     gemms = [o for o in ops if o.kind == "scaled_mm"]
-    from .native.infer_split import split_groups_section
+    from ..native.infer_split import split_groups_section
 
     lines += split_groups_section(gemms)
     plots = []
@@ -197,10 +197,10 @@ def _library_rows() -> list[str]:
     """Agreement with the other libraries installed here: gfloat (every deterministic mode,
     saturating, on every grid point, midpoint and one float32 ulp beside them) and torchao
     (``to_fp8_saturated`` on all float16 and bfloat16 inputs, NaN compared by class)."""
-    from .cast import quantize
-    from .cast._tables import code_values
+    from ..cast import quantize
+    from ..cast._tables import code_values
+    from ..cast.conventions import CONVENTIONS
     from .conformance import count_mismatches
-    from .conventions import CONVENTIONS
 
     rows = [
         "",
@@ -267,8 +267,8 @@ def _library_rows() -> list[str]:
 def _scaling_study(n_steps: int, rng: np.random.Generator) -> tuple[list[str], dict[str, float]]:
     """SNR (dB) of each recipe's quantize-dequantize on heavy-tailed activations (Student t, 2 dof,
     with per-row magnitudes over 12 binades and a few outliers)."""
-    from .recipe import DelayedScaling
-    from .scaling import DelayedScaler, quantize_block_scaling, quantize_current_scaling, quantize_mx, quantize_nvfp4
+    from ..recipe import DelayedScaling
+    from ..scaling import DelayedScaler, quantize_block_scaling, quantize_current_scaling, quantize_mx, quantize_nvfp4
 
     def data() -> np.ndarray:
         x = rng.standard_t(2, size=(128, 256)) * np.exp2(rng.integers(-6, 6, (128, 1)))
@@ -311,10 +311,10 @@ def build_default_report(
 
 
 def _default_report_into(out: Path, quick: bool, progress: bool, captures: Path) -> Path:
+    from ..gemm.study import error_vs_k
+    from ..native.compare import compare_capture
+    from ..native.fileformat import CaptureFileError
     from .conformance import run as run_conformance
-    from .gemm.study import error_vs_k
-    from .native.compare import compare_capture
-    from .native.fileformat import CaptureFileError
 
     capture_files = sorted(glob.glob(str(Path(captures) / "*.fp8cap")))
     bar = Progress(6 + len(capture_files), progress, prefix="report ")
@@ -379,7 +379,7 @@ def _default_report_into(out: Path, quick: bool, progress: bool, captures: Path)
             f"({where}): **{n_exact}/{n_ops} ops bit-exact**"
         )
         bar.step(name)
-    from .native.hardware import hardware_section  # published real-GPU measurements (issue 15)
+    from ..native.hardware import hardware_section  # published real-GPU measurements (issue 15)
 
     lines += hardware_section()
 

@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ._upstream_quirk import UpstreamQuirkWarning
+from .._util.upstream_quirk import UpstreamQuirkWarning
 
 __all__ = ["RecipeValidationError", "te_dataclass", "validate_fields"]
 

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from ._progress import Progress
-from .cast import ROUNDING_MODES, encode
-from .cast._rounding import round_codes
-from .cast._tables import code_values
-from .conventions import CONVENTIONS
-from .formats import FORMATS, FloatFormat
+from .._util.progress import Progress
+from ..cast import ROUNDING_MODES, encode
+from ..cast._rounding import round_codes
+from ..cast._tables import code_values
+from ..cast.conventions import CONVENTIONS
+from ..formats import FORMATS, FloatFormat
 
 EXHAUSTIVE_FORMATS = ("e4m3", "e5m2", "e8m0")
 _CHUNK = 1 << 24
@@ -149,7 +149,7 @@ def _check_chunk(
         for sat in (False, True):
             seed = 7 if mode == "stochastic" else None
             if mode == "stochastic":
-                from .cast._random import numpy_bits
+                from ..cast._random import numpy_bits
 
                 rbits = numpy_bits(7, 0, x64.size).astype(np.int64)
                 ref = round_codes(np, x64, f, mode, sat, rbits).astype(np.uint8)

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .cast import decode, encode
-from .formats import FloatFormat, get_format
+from ..formats import FloatFormat, get_format
+from . import decode, encode
 
 __all__ = ["Convention", "CONVENTIONS", "get_convention"]
 
@@ -66,7 +66,7 @@ class Convention:
         if not f.signed and self.unsigned_negative == "abs":
             x = abs(x)
         if f.name == "e8m0" and self.e8m0_ties == "even" and opts["rounding"] == "nearest_even":
-            from .cast.e8m0 import encode_e8m0
+            from .e8m0 import encode_e8m0
 
             codes = encode_e8m0(x, ties="even", saturate=opts["saturate"])
         else:

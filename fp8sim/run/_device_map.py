@@ -87,7 +87,7 @@ def _patch_cuda_queries() -> None:
     import torch
 
     def capability(device: Any = None) -> tuple[int, int]:
-        from .pytorch.utils import get_device_compute_capability
+        from ..pytorch.utils import get_device_compute_capability
 
         return get_device_compute_capability()
 

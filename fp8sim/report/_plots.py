@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .formats import FORMATS
+from ..formats import FORMATS
 
 __all__ = ["plt_module", "save_figure", "plot_gemm_k", "plot_rates", "grid_plot", "grid_figure"]
 
@@ -94,7 +94,7 @@ def grid_plot(path: Path) -> None:
 def grid_figure() -> Any:
     """Each format's positive finite values on a log2 axis; E8M0 (2^-127 ... 2^127) on its own axis
     below, so that its range does not squash the others."""
-    from .cast._tables import code_values
+    from ..cast._tables import code_values
 
     plt = plt_module()
     wide = [f for f in FORMATS.values() if f.ebits >= 8]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._progress import Progress
+from .._util.progress import Progress
 
 __all__ = ["StudyResult", "run_study", "write_study", "plot_losses", "STUDY_RECIPES"]
 
@@ -67,7 +67,7 @@ class StudyResult:
 def _recipe_for(name: str) -> Any:
     import torch
 
-    from .recipe import (
+    from ..recipe import (
         DelayedScaling,
         Float8BlockScaling,
         Float8CurrentScaling,
@@ -90,7 +90,7 @@ def _recipe_for(name: str) -> Any:
 
 
 def _model(d: int, hidden: int, depth: int, torch: Any) -> Any:
-    from . import pytorch as te
+    from .. import pytorch as te
 
     class Student(torch.nn.Module):
         def __init__(self) -> None:
@@ -125,10 +125,10 @@ def run_study(
     the fastest for matrices this small, and it keeps the run from slowing down tenfold on a busy
     machine, where torch's default of one thread per core oversubscribes the CPU; None keeps
     torch's setting."""
-    from ._deps import require
+    from .._util.deps import require
 
     torch = require("torch", "fp8sim.study")
-    from . import pytorch as te
+    from .. import pytorch as te
 
     unknown = [r for r in recipes if r not in STUDY_RECIPES]
     if unknown:
@@ -217,7 +217,7 @@ def _step_fn(name: str, model: Any, torch: Any, te: Any) -> Callable[[Any, Any],
 
         return bf16
     if name.startswith("torchao_"):
-        from .torchao import Float8LinearConfig, convert_to_float8_training
+        from ..torchao import Float8LinearConfig, convert_to_float8_training
 
         head = torch.nn.Sequential(*[torch.nn.Linear(m.in_features, m.out_features) for m in [model.head]])
         head[0].weight, head[0].bias = model.head.weight, model.head.bias
@@ -239,7 +239,7 @@ def plot_losses(result: StudyResult, fig: Any = None) -> Any:
     """The loss curves (log scale) above each run's loss relative to fp32 (a 10-step running mean),
     one colour and line style per run, the unsound run thick and red; the legend beside the axes.
     Returns the matplotlib figure."""
-    from .report import _plt
+    from .build import _plt
 
     plt = _plt()
     if fig is None:
@@ -283,7 +283,7 @@ def _running_mean(v: list[float], window: int = 10) -> list[float]:
 def write_study(result: StudyResult, out_dir: str | Path, *, force: bool = False) -> Path:
     """Loss curves (CSV + PNG) and the table (Markdown) into ``out_dir``, built in a temporary folder
     and published whole; returns the README.md path."""
-    from .report import _plt, publish_dir
+    from .build import _plt, publish_dir
 
     _plt()
     return publish_dir(out_dir, "study", lambda d: _write_study_into(result, d), force=force)
@@ -295,7 +295,7 @@ def _write_study_into(result: StudyResult, out: Path) -> Path:
         w.writerow(["step", *result.recipes])
         for i in range(len(result.losses[result.recipes[0]])):
             w.writerow([i, *[f"{result.losses[r][i]:.6g}" for r in result.recipes]])
-    from .report import _plt
+    from .build import _plt
 
     plt = _plt()
     fig = plot_losses(result)

@@ -85,7 +85,7 @@ def run_command(argv: list[str]) -> int:
             f"fp8sim run: can't open file {os.path.abspath(target)!r}: [Errno 2] No such file or directory\n"
         )
         return 2
-    from ._deps import MissingDependency, check
+    from .._util.deps import MissingDependency, check
 
     try:
         check("torch", "fp8sim run")

@@ -96,7 +96,7 @@ def run_ranks(
         raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload(["torch", "torch.distributed", "fp8sim.distributed.spawn", *preload])
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "fp8sim.collectives.spawn", *preload])
     with tempfile.TemporaryDirectory(prefix="fp8sim_ranks_") as tmp:
         procs = [
             ctx.Process(target=_entry, args=(r, world_size, tmp, function, args, timeout, threads), daemon=True)

@@ -1,0 +1,81 @@
+"""One quantized-data record flows up from ``fp8sim.scaling`` (issue 25): TE's tensor classes and torchao's
+cast give :class:`~fp8sim.scaling.QuantizedData`, bit for bit the record of the scaling layer's quantizer
+for the same input (those quantizers are tested against TE and torchao elsewhere); the old scaling name
+``QuantizedTensor`` is a deprecated alias; the NaN-skipping amax of a torch tensor is the scaling layer's.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fp8sim.formats import get_format  # noqa: E402
+from fp8sim.pytorch.constants import DType  # noqa: E402
+from fp8sim.scaling import QuantizedData, quantize_current_scaling, quantize_mx  # noqa: E402
+from fp8sim.scaling.amax import amax_nan_skipping, amax_nan_skipping_tensor  # noqa: E402
+
+
+def _same(a: QuantizedData, b: QuantizedData) -> None:
+    assert a.fmt == b.fmt and a.block == b.block and a.shape == b.shape and a.scale_format == b.scale_format
+    assert np.array_equal(a.codes, b.codes) and np.array_equal(a.scales.view(np.uint8), b.scales.view(np.uint8))
+    assert np.array_equal(a.dequantize().view(np.uint32), b.dequantize().view(np.uint32))
+
+
+def _x(shape: tuple[int, ...] = (64, 96)) -> torch.Tensor:
+    g = torch.Generator().manual_seed(25)
+    return torch.randn(shape, generator=g) * torch.logspace(-3, 3, shape[-1])
+
+
+def test_float8_tensor_record_is_the_current_scaling_record() -> None:
+    from fp8sim.pytorch.tensor import Float8CurrentScalingQuantizer
+
+    x = _x()
+    q = Float8CurrentScalingQuantizer(DType.kFloat8E4M3)
+    _same(q(x).quantized_data(), quantize_current_scaling(x, "e4m3"))
+
+
+def test_mxfp8_tensor_records_are_the_te_mx_records() -> None:
+    from fp8sim.pytorch.tensor import MXFP8Quantizer
+
+    x = _x()
+    t = MXFP8Quantizer(DType.kFloat8E4M3)(x)
+    _same(t.quantized_data(), quantize_mx(x, "e4m3", axis=-1, scale_rule="rceil", flavor="te"))
+    _same(t.quantized_data(columnwise=True), quantize_mx(x, "e4m3", axis=0, scale_rule="rceil", flavor="te"))
+
+
+def test_torchao_float8_cast_record_is_quantize_torchao() -> None:
+    from fp8sim.scaling.current import quantize_torchao
+    from fp8sim.torchao.config import ScalingGranularity
+    from fp8sim.torchao.linear import _cast
+
+    x = _x()
+    for g in (ScalingGranularity.TENSORWISE, ScalingGranularity.AXISWISE):
+        got = _cast(x, torch.float8_e4m3fn, g, -1, False).quantized_data()
+        _same(got, quantize_torchao(x, get_format("e4m3"), granularity=g.value, axiswise_dim=-1))
+
+
+def test_tensor_amax_is_the_scaling_layers_nan_skipping_amax() -> None:
+    x = _x((8, 33))
+    x[0, 3], x[5, 7], x[6, 0] = float("nan"), float("inf"), -float("nan")
+    for t in (x, x.bfloat16(), x[:, :0], torch.full((3,), float("nan"))):
+        want = amax_nan_skipping(t.float().numpy())
+        assert np.float32(amax_nan_skipping_tensor(t)) == want
+
+
+def test_old_scaling_name_is_a_deprecated_alias() -> None:
+    import fp8sim.scaling
+    import fp8sim.scaling.quantized
+    from fp8sim.pytorch.tensor import QuantizedTensor as TEQuantizedTensor
+
+    for mod in (fp8sim.scaling, fp8sim.scaling.quantized):
+        with pytest.warns(DeprecationWarning, match="QuantizedTensor is now .*QuantizedData"):
+            assert mod.QuantizedTensor is QuantizedData
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert TEQuantizedTensor is not QuantizedData and issubclass(TEQuantizedTensor, torch.Tensor)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        fp8sim.scaling.Nope  # noqa: B018
