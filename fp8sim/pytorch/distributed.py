@@ -136,8 +136,9 @@ _NO_REPLAY = contextlib.nullcontext()
 
 def _replay_fp8_state(module: Any, g: Any) -> contextlib.AbstractContextManager:
     """TE ``prepare_forward``/``end_forward`` around one FP8 GEMM (``g``: an object with a ``fwd``
-    DelayedScaler, or None, and optionally a ``calls`` counter): stash in a checkpointed training
-    forward, replay the stash in the recompute, then restore (outside a checkpoint: nothing)."""
+    DelayedScaler, or None, and optionally a ``calls`` counter): stash in a checkpointed forward, in
+    training or eval mode alike (TE 2.20, ``module/base.py:1635``), replay the stash in the recompute,
+    then restore (outside a checkpoint: nothing)."""
     if not _RECOMPUTE["region"]:
         return _NO_REPLAY
     return _replay(module, g)
@@ -158,7 +159,7 @@ def _replay(module: Any, g: Any) -> Iterator[None]:
                 g.calls = calls
             FP8GlobalStateManager.restore_fp8_meta_tensors(meta)
         return
-    if module.training and is_fp8_activation_recompute_enabled():
+    if is_fp8_activation_recompute_enabled():
         meta = _gemm_meta(g)
         FP8GlobalStateManager.copy_forward_fp8_meta_tensors_for_recompute(meta)
         if hasattr(g, "calls"):
@@ -241,7 +242,10 @@ class _CheckpointFunction(torch.autograd.Function):
         ctx.rng = _rng_states(tracker)
         forward_ctx, ctx.recompute_ctx = context_fn()
         ctx.amp = _amp_contexts()
-        with torch.no_grad(), forward_ctx, activation_recompute_forward(True, False):
+        # a checkpoint no backward can reach (no input needs grad) is no recompute region: it keeps an
+        # enclosing checkpoint's phase and stashes nothing (TE 2.20, distributed.py:376)
+        region = activation_recompute_forward(True, False) if any(ctx.needs_input_grad) else contextlib.nullcontext()
+        with torch.no_grad(), forward_ctx, region:
             outputs = run_function(*args, **kwargs)
         ctx.inputs = [None if torch.is_tensor(a) else a for a in args]
         ctx.save_for_backward(*[a if torch.is_tensor(a) else None for a in args])
@@ -391,6 +395,9 @@ def _checkpoint(function: Callable, *args: Any, **kwargs: Any) -> Any:
             **kwargs,
         )
     context_fn = context_fn or _noop_context_fn
+    if not torch.is_grad_enabled():  # no backward, no recompute: run the function in its forward context
+        with context_fn()[0]:  # (TE 2.20, distributed.py:750)
+            return function(*args, **kwargs)
     if use_reentrant:
         if distribute_saved_activations and not torch.distributed.is_initialized():
             raise RuntimeError(
