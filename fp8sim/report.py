@@ -172,9 +172,11 @@ def _compare_report_into(result: Any, out: Path, title: str | None = None) -> Pa
     if skipped:
         lines += ["", "## Not captured", ""] + [f"- `{o.name}`: {o.skipped}" for o in skipped]
     gemms = [o for o in ops if o.kind == "scaled_mm"]
+    from .native._inference import inference_section
     from .native.infer_split import split_groups_section
 
     lines += split_groups_section(gemms)
+    lines += inference_section(ops)
     plots = []
     if gemms:
         plots.append(_plot_gemm_k(gemms, out / "gemm_error_vs_k.png"))
