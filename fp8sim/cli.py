@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--ops", metavar="GLOBS", default="", help="compare only these ops (comma-separated globs; each must match)"
     )
+    m.add_argument(
+        "--infer",
+        choices=["auto", "all", "none"],
+        default="auto",
+        help="name the rounding rule / accumulator that explains each op's outputs: auto (every cast, the GEMMs "
+        "the device's accumulator misses; default), all, none",
+    )
     m.add_argument("--force", action="store_true", help="replace a --report folder fp8sim did not write")
     m.add_argument("--no-progress", action="store_true", help=_NO_PROGRESS)
     r = sub.add_parser(
@@ -258,11 +265,14 @@ def _compare(args: argparse.Namespace) -> int:
     only = [p for p in args.ops.split(",") if p]
     required = [p for p in args.require_bit_exact.split(",") if p]
     try:
-        res = compare_capture(args.file, progress=not args.no_progress, ops=only or None)
+        res = compare_capture(args.file, progress=not args.no_progress, ops=only or None, infer=args.infer)
     except CaptureFileError as exc:
         raise UsageError(str(exc)) from None
     for o in res.ops:
         status = f"skipped: {o.skipped}" if o.skipped else f"{o.rate:9.4%} bit-exact, max ULP {o.max_ulp:g}"
+        for key, what in (("rule_inference", "rule"), ("accumulator_inference", "accumulator")):
+            if key in o.extra:  # which rounding rule / accumulator explains the outputs
+                status += f"; {what}: {o.extra[key]['text']}"
         if "split_inference" in o.extra:  # which split-K reproduces a mismatching GEMM
             status += f"; {o.extra['split_inference']['text']}"
         print(f"{o.name:<64} {status}")

@@ -118,7 +118,7 @@ def test_compare_report_and_default_report_write_what_they_name(cap: Path, tmp_p
     assert "- `broken.fp8cap`: **not compared**:" in text and "truncated" in text
     assert "None" not in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["caps", "cmp", "report"]  # published whole, no temporaries
-    for png in ("format_grids.png", "scaling_snr.png", "error_vs_k.png"):
+    for png in ("format_grids.png", "scaling_snr.png", "error_vs_k.png", "attention_leak.png"):
         assert f"({png})" in text and (out / png).stat().st_size > 5000
     assert "ops bit-exact" in text and (out / "captures" / "cpu" / "report.md").exists()
 

@@ -3,7 +3,7 @@
 References are TE's own: ``tests/pytorch/test_numerics.py:751`` (``test_gpt_full_activation_recompute``)
 compares a checkpointed model with the plain one; here the comparison is bit-exact and covers
 several delayed-scaling steps.  The replay follows ``transformer_engine/pytorch/module/base.py:1601``
-(recompute phase: ``get_old_fp8_meta_tensors_for_recompute``), ``:1635`` (checkpointed training
+(recompute phase: ``get_old_fp8_meta_tensors_for_recompute``), ``:1635`` (checkpointed
 forward: ``copy_forward_fp8_meta_tensors_for_recompute``) and ``:1649`` (``restore_fp8_meta_tensors``),
 with the stash/restore of ``quantization.py:785-845``.
 """

@@ -1,5 +1,6 @@
-"""``fp8sim capture``: record native results (torch's float8 casts, ``torch._scaled_mm``, torchao's
-quantizers where installed) on this machine, with the metadata that says what produced them."""
+"""``fp8sim capture``: record native results (torch's float8 casts and its casts to bfloat16 and float16,
+``torch._scaled_mm``, torchao's quantizers where installed) on this machine, with the metadata that says
+what produced them."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from .._util.outpaths import check_output_file
 from .._util.progress import Progress
 from ..formats import FORMATS
 from .fileformat import write_bundle
-from .suite import INPUT_SETS, SUITE_VERSION, gemm_cases, gemm_operands, input_set
+from .suite import FLOAT_CASTS, INPUT_SETS, SUITE_VERSION, gemm_cases, gemm_operands, input_set
 
 __all__ = ["capture", "device_metadata"]
 
@@ -89,7 +90,8 @@ def capture(
     out = check_output_file(out, force=force)  # before the work, not after it
     cases = gemm_cases(suite)
     fmts = [f for f in FORMATS.values() if f.torch_dtype is not None]
-    bar = Progress(len(fmts) * len(INPUT_SETS) + len(cases) + 1, progress, prefix="capture ")
+    n_float = sum(len(sets) for sets in FLOAT_CASTS.values())
+    bar = Progress(len(fmts) * len(INPUT_SETS) + n_float + len(cases) + 1, progress, prefix="capture ")
     arrays: dict[str, np.ndarray] = {}
     ops: list[dict[str, Any]] = []
     for f in fmts:
@@ -98,6 +100,13 @@ def capture(
             key = f"cast/{f.name}/{set_name}"
             arrays[key] = x.to(f.torch_dtype).view(torch.uint8).cpu().numpy()
             ops.append({"name": key, "kind": "cast", "format": f.name, "inputs": set_name, "seed": 0})
+            bar.step(key)
+    for name, sets in FLOAT_CASTS.items():  # the device's conversions to bfloat16 and float16
+        for set_name in sets:
+            x = _to_torch(torch, input_set(set_name), device)
+            key = f"cast/{name}/{set_name}"
+            arrays[key] = x.to(getattr(torch, name)).view(torch.int16).cpu().numpy().view(np.uint16)
+            ops.append({"name": key, "kind": "cast_float", "format": name, "inputs": set_name, "seed": 0})
             bar.step(key)
     for case in cases:
         op = {"name": case.name, "kind": "scaled_mm", **case.to_dict()}

@@ -4,8 +4,14 @@ Emulator choices follow the captured device: casts under the named convention th
 device's torch (``torch_eager`` for torch >= 2.13 on the CPU, ``torch_eager_legacy`` before; on a
 GPU the best of all conventions, each one's rate reported); ``scaled_mm`` with the accumulator of
 the device (CPU: ``dequantized_fp32``, the CPU kernel's arithmetic; sm_89: ``ada_*``; sm_90:
-``hopper_*``; sm_100/sm_120: ``blackwell*``; fast or split as captured); torchao ops with
-``fp8sim.scaling.current.quantize_torchao``.
+``hopper_*``; sm_100/sm_120: ``blackwell*``; fast or split as captured); casts to bfloat16 and
+float16 with RN-even (ml_dtypes); torchao ops with ``fp8sim.scaling.current.quantize_torchao``.
+
+Rule inference (``infer``): which rounding rule, format and saturation explain each cast
+(:func:`fp8sim.native.infer_rounding.infer_rule`) and which accumulator preset or device profile each
+GEMM (:func:`fp8sim.native.infer_gemm.infer_accumulator`), with the fraction of outputs every candidate
+explains.  ``"auto"`` (default): every cast, and the GEMMs the device's accumulator does not reproduce;
+``"all"``; ``"none"``.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from ..gemm import scaled_mm
 from .fileformat import read_bundle
 from .suite import GemmCase, gemm_operands, input_set
 
-__all__ = ["OpResult", "CompareResult", "compare_capture", "cast_convention_for", "accumulator_for"]
+__all__ = ["OpResult", "CompareResult", "compare_capture", "cast_convention_for", "accumulator_for", "INFER"]
+INFER = ("auto", "all", "none")
 
 
 @dataclass
@@ -149,7 +156,7 @@ def _cast_categories(x: np.ndarray, f: FloatFormat) -> dict[str, np.ndarray]:
     return cats
 
 
-def _compare_cast(op: dict, codes: np.ndarray, meta: dict) -> OpResult:
+def _compare_cast(op: dict, codes: np.ndarray, meta: dict, infer: str = "auto") -> OpResult:
     f = FORMATS[op["format"]]
     x = input_set(op["inputs"], op.get("seed", 0))
     res = OpResult(op["name"], "cast")
@@ -174,10 +181,51 @@ def _compare_cast(op: dict, codes: np.ndarray, meta: dict) -> OpResult:
     _stats(res, equal, ulp)
     res.clusters = {k: [int(m.sum()), int((m & ~equal).sum())] for k, m in _cast_categories(x, f).items() if m.any()}
     res.extra["convention_rates"] = rates
+    if infer != "none":
+        from .infer_rounding import infer_rule
+
+        res.extra["rule_inference"] = infer_rule(x, codes, format=f.name).to_dict()
     return res
 
 
-def _compare_gemm(op: dict, bits: np.ndarray, meta: dict) -> OpResult:
+def _compare_cast_float(op: dict, bits: np.ndarray, infer: str = "auto") -> OpResult:
+    """torch's cast to bfloat16 or float16 against RN-even (ml_dtypes, NaN compared by class)."""
+    import ml_dtypes
+
+    from .infer_rounding import _wide_rounded, infer_rule
+
+    x = input_set(op["inputs"], op.get("seed", 0))
+    dt = ml_dtypes.bfloat16 if op["format"] == "bfloat16" else np.float16
+    with np.errstate(over="ignore", invalid="ignore"):
+        emu = x.astype(dt)
+        got = bits.view(dt)
+        x64 = x.astype(np.float64)
+    nan = np.isnan(emu.astype(np.float32)) & np.isnan(got.astype(np.float32))
+    equal = (emu.view(np.uint16) == bits) | nan
+    ulp = np.abs(_ordered_f(bits.view(np.int16), 16) - _ordered_f(emu.view(np.int16), 16)).astype(np.float64)
+    ulp = np.where(np.isnan(emu.astype(np.float32)) | np.isnan(got.astype(np.float32)), np.inf, ulp)
+    ulp[equal] = 0
+    res = OpResult(op["name"], "cast_float", emulator="RN-even (ml_dtypes)")
+    _stats(res, equal, ulp)
+    fin = np.isfinite(x64)
+    big, tiny = float(ml_dtypes.finfo(dt).max), float(ml_dtypes.finfo(dt).smallest_normal)
+    table = _wide_rounded(np.where(np.isnan(x64), 0.0, x64), op["format"])
+    tie = table["nearest_even", False] != table["nearest_away", False]
+    a = np.abs(x64)
+    cats = {"nan": np.isnan(x64), "inf": np.isinf(x64), "overflow": fin & (a > big), "tie": fin & tie}
+    cats["subnormal"] = fin & (a > 0) & (a < tiny) & ~tie
+    cats["zero"] = a == 0
+    taken = np.zeros(x64.shape, bool)
+    for m in cats.values():
+        taken |= m
+    cats["normal"] = ~taken
+    res.clusters = {k: [int(m.sum()), int((m & ~equal).sum())] for k, m in cats.items() if m.any()}
+    if infer != "none":
+        res.extra["rule_inference"] = infer_rule(x, got).to_dict()
+    return res
+
+
+def _compare_gemm(op: dict, bits: np.ndarray, meta: dict, infer: str = "auto") -> OpResult:
     fields = {k: op[k] for k in GemmCase.__dataclass_fields__}
     case = GemmCase(**fields)
     a, b, sa, sb = gemm_operands(case)
@@ -197,6 +245,11 @@ def _compare_gemm(op: dict, bits: np.ndarray, meta: dict) -> OpResult:
         from .infer_split import infer_split
 
         res.extra["split_inference"] = infer_split(a, b, sa, sb, bits.view(view), accumulator=acc, **kw).to_dict()
+    if infer == "all" or (infer == "auto" and res.bit_exact < res.n):  # which accumulator explains it
+        from .infer_gemm import infer_accumulator
+
+        inf = infer_accumulator(a, b, sa, sb, bits.view(view), use_fast_accum=case.fast_accum, **kw)
+        res.extra["accumulator_inference"] = inf.to_dict()
     res.extra.update(
         k=case.k,
         fast_accum=case.fast_accum,
@@ -232,9 +285,14 @@ def _compare_torchao(op: dict, arrays: dict) -> OpResult:
     return res
 
 
-def compare_capture(path: str | Path, progress: bool = False, ops: list[str] | None = None) -> CompareResult:
+def compare_capture(
+    path: str | Path, progress: bool = False, ops: list[str] | None = None, infer: str = "auto"
+) -> CompareResult:
     """Compare the ops of the capture at ``path`` with the emulator: every op, or those whose name
-    matches one of the glob patterns in ``ops`` (e.g. ``["cast/*"]``)."""
+    matches one of the glob patterns in ``ops`` (e.g. ``["cast/*"]``); ``infer``: which ops get a rule
+    inference (module docstring)."""
+    if infer not in INFER:
+        raise ValueError(f"infer must be one of {', '.join(INFER)}; got {infer!r}")
     header, arrays = read_bundle(path)
     meta = header["meta"]
     selected = ops
@@ -245,9 +303,11 @@ def compare_capture(path: str | Path, progress: bool = False, ops: list[str] | N
         if "skipped" in op:
             out.append(OpResult(op["name"], op["kind"], skipped=op["skipped"]))
         elif op["kind"] == "cast":
-            out.append(_compare_cast(op, arrays[op["name"]], meta))
+            out.append(_compare_cast(op, arrays[op["name"]], meta, infer))
+        elif op["kind"] == "cast_float":
+            out.append(_compare_cast_float(op, arrays[op["name"]], infer))
         elif op["kind"] == "scaled_mm":
-            out.append(_compare_gemm(op, arrays[op["name"]], meta))
+            out.append(_compare_gemm(op, arrays[op["name"]], meta, infer))
         elif op["kind"] == "torchao_float8":
             out.append(_compare_torchao(op, arrays))
         else:

@@ -9,6 +9,7 @@ A header is a JSON object::
     ops            array of op objects with unique names:
                      name string, kind string, skipped (optional) string
                      kind "cast":           format (a format torch has), inputs (an input set), seed integer
+                     kind "cast_float":     format (bfloat16 | float16), inputs (an input set), seed integer
                      kind "scaled_mm":      m, n, k positive integers, a_format, b_format (e4m3 | e5m2),
                                             layout (tensorwise | rowwise), fast_accum boolean,
                                             out_dtype (float32 | bfloat16), seed integer
@@ -18,7 +19,8 @@ A header is a JSON object::
     suite          optional "quick" | "full"; suite_version optional integer
 
 Arrays: every op that is not skipped has its arrays (``name``, or ``name/codes`` and ``name/scale``
-for torchao) with the dtype and shape the op implies.  :func:`validate_header` and
+for torchao) with the dtype and shape the op implies (``cast``: uint8 codes, ``cast_float``: uint16 bit
+patterns).  :func:`validate_header` and
 :func:`validate_arrays` raise ``ValueError`` naming the field; the reader turns it into
 ``CaptureFileError``.
 """
@@ -49,7 +51,12 @@ _GEMM_FIELDS = {
     "seed": int,
 }
 _TORCHAO_FIELDS = {"format": str, "granularity": str, "pow2": bool}
-_KIND_FIELDS = {"cast": _CAST_FIELDS, "scaled_mm": _GEMM_FIELDS, "torchao_float8": _TORCHAO_FIELDS}
+_KIND_FIELDS = {
+    "cast": _CAST_FIELDS,
+    "cast_float": _CAST_FIELDS,
+    "scaled_mm": _GEMM_FIELDS,
+    "torchao_float8": _TORCHAO_FIELDS,
+}
 TORCHAO_ROWS, TORCHAO_COLS = 64, 128  # shape of capture.torchao_input()
 
 
@@ -86,7 +93,7 @@ def validate_header(header: Any, format_name: str, format_version: int) -> None:
     """Raise ValueError naming the first field of ``header`` that breaks the schema (the format
     name and version first, so that a foreign or newer file is called that)."""
     from ..formats import FORMATS
-    from .suite import INPUT_SETS
+    from .suite import ALL_INPUT_SETS, FLOAT_CASTS, INPUT_SETS
 
     if not isinstance(header, dict):
         raise ValueError(f"the header must be a JSON object, got {_type_name(header)}")
@@ -142,6 +149,9 @@ def validate_header(header: Any, format_name: str, format_version: int) -> None:
         if kind == "cast":
             _one_of(op["format"], cast_formats, f"{where}.format")
             _one_of(op["inputs"], INPUT_SETS, f"{where}.inputs")
+        elif kind == "cast_float":
+            _one_of(op["format"], tuple(FLOAT_CASTS), f"{where}.format")
+            _one_of(op["inputs"], ALL_INPUT_SETS, f"{where}.inputs")
         elif kind == "scaled_mm":
             for key in ("m", "n", "k"):
                 if not 1 <= op[key] <= 1 << 16:
@@ -160,8 +170,9 @@ def expected_arrays(op: dict) -> dict[str, tuple[np.dtype, tuple[int, ...] | Non
     from .suite import input_set
 
     name, kind = op["name"], op["kind"]
-    if kind == "cast":
-        return {name: (np.dtype(np.uint8), input_set(op["inputs"], op["seed"]).shape, None)}
+    if kind in ("cast", "cast_float"):
+        dt = np.uint8 if kind == "cast" else np.uint16
+        return {name: (np.dtype(dt), input_set(op["inputs"], op["seed"]).shape, None)}
     if kind == "scaled_mm":
         dt = np.int32 if op["out_dtype"] == "float32" else np.int16
         return {name: (np.dtype(dt), (op["m"], op["n"]), None)}

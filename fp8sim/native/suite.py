@@ -15,10 +15,13 @@ from ..cast import encode
 from ..cast._tables import code_values
 from ..formats import FORMATS
 
-__all__ = ["SUITE_VERSION", "GemmCase", "input_set", "gemm_cases", "gemm_operands", "INPUT_SETS"]
+__all__ = ["SUITE_VERSION", "GemmCase", "input_set", "gemm_cases", "gemm_operands", "INPUT_SETS", "FLOAT_CASTS"]
 
 SUITE_VERSION = 1
-INPUT_SETS = ("f16_all", "bf16_all", "f32_special")
+INPUT_SETS = ("f16_all", "bf16_all", "f32_special")  # the inputs of the FP8 casts
+# the casts to the 16-bit floats (torch's ``.to(torch.bfloat16)``, ``.to(torch.float16)``) and their inputs
+FLOAT_CASTS = {"bfloat16": ("f16_all", "f32_wide"), "float16": ("bf16_all", "f32_wide")}
+ALL_INPUT_SETS = (*INPUT_SETS, "f32_wide")
 
 
 def input_set(name: str, seed: int = 0) -> np.ndarray:
@@ -29,8 +32,10 @@ def input_set(name: str, seed: int = 0) -> np.ndarray:
         return np.arange(1 << 16, dtype=np.uint16).view(np.float16)
     if name == "bf16_all":
         return np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    if name == "f32_wide":
+        return _f32_wide(seed)
     if name != "f32_special":
-        raise ValueError(f"unknown input set {name!r}; known: {', '.join(INPUT_SETS)}")
+        raise ValueError(f"unknown input set {name!r}; known: {', '.join(ALL_INPUT_SETS)}")
     rng = np.random.default_rng(seed)
     parts = [rng.integers(0, 2**32, 1 << 15, dtype=np.uint64).astype(np.uint32).view(np.float32)]
     for f in FORMATS.values():
@@ -43,6 +48,27 @@ def input_set(name: str, seed: int = 0) -> np.ndarray:
         pts = np.concatenate([pts, np.nextafter(pts, np.float32(np.inf)), np.nextafter(pts, np.float32(0))])
         parts += [pts, -pts]
     parts.append(np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-40, -1e-45], np.float32))
+    return np.concatenate(parts).astype(np.float32)
+
+
+def _f32_wide(seed: int) -> np.ndarray:
+    """float32 samples for casts to bfloat16 and float16: random bit patterns, and every 13th positive
+    finite value of each (a stride that visits both parities and every exponent) with the midpoints above
+    them (ties), one float32 ulp either side, overflow edges, both signs; zeros, +-Inf and NaN."""
+    rng = np.random.default_rng(seed + 1)
+    parts = [rng.integers(0, 2**32, 1 << 14, dtype=np.uint64).astype(np.uint32).view(np.float32)]
+    for dt in (ml_dtypes.bfloat16, np.float16):
+        top = np.uint16(0x7F80 if dt is ml_dtypes.bfloat16 else 0x7C00)  # +Inf: the codes below are finite
+        codes = np.arange(0, int(top), 13, dtype=np.uint16)
+        v, nxt = codes.view(dt).astype(np.float32), (codes + 1).view(dt).astype(np.float32)
+        big = float(ml_dtypes.finfo(dt).max)
+        mids = ((v.astype(np.float64) + nxt.astype(np.float64)) / 2).astype(np.float32)  # exact in float32
+        with np.errstate(over="ignore"):  # bfloat16's max * 4 is float32's Inf
+            edges = np.array([big * 1.001, big * 1.5, big * 4], np.float64).astype(np.float32)
+        pts = np.concatenate([v, mids[np.isfinite(mids)], edges])
+        pts = np.concatenate([pts, np.nextafter(pts, np.float32(np.inf)), np.nextafter(pts, np.float32(0))])
+        parts += [pts, -pts]
+    parts.append(np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan], np.float32))
     return np.concatenate(parts).astype(np.float32)
 
 

@@ -81,8 +81,9 @@ _NO_REPLAY = contextlib.nullcontext()
 
 def _replay_fp8_state(module: Any, g: Any) -> contextlib.AbstractContextManager:
     """TE ``prepare_forward``/``end_forward`` around one FP8 GEMM (``g``: an object with a ``fwd``
-    DelayedScaler, or None, and optionally a ``calls`` counter): stash in a checkpointed training
-    forward, replay the stash in the recompute, then restore (outside a checkpoint: nothing)."""
+    DelayedScaler, or None, and optionally a ``calls`` counter): stash in a checkpointed forward, in
+    training or eval mode alike (TE 2.20, ``module/base.py:1635``), replay the stash in the recompute,
+    then restore (outside a checkpoint: nothing)."""
     if not _RECOMPUTE["region"]:
         return _NO_REPLAY
     return _replay(module, g)
@@ -103,7 +104,7 @@ def _replay(module: Any, g: Any) -> Iterator[None]:
                 g.calls = calls
             FP8GlobalStateManager.restore_fp8_meta_tensors(meta)
         return
-    if module.training and is_fp8_activation_recompute_enabled():
+    if is_fp8_activation_recompute_enabled():
         meta = _gemm_meta(g)
         FP8GlobalStateManager.copy_forward_fp8_meta_tensors_for_recompute(meta)
         if hasattr(g, "calls"):

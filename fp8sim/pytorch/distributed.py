@@ -140,7 +140,10 @@ class _CheckpointFunction(torch.autograd.Function):
         ctx.rng = _rng_states(tracker)
         forward_ctx, ctx.recompute_ctx = context_fn()
         ctx.amp = _amp_contexts()
-        with torch.no_grad(), forward_ctx, activation_recompute_forward(True, False):
+        # a checkpoint no backward can reach (no input needs grad) is no recompute region: it keeps an
+        # enclosing checkpoint's phase and stashes nothing (TE 2.20, distributed.py:376)
+        region = activation_recompute_forward(True, False) if any(ctx.needs_input_grad) else contextlib.nullcontext()
+        with torch.no_grad(), forward_ctx, region:
             outputs = run_function(*args, **kwargs)
         ctx.inputs = [None if torch.is_tensor(a) else a for a in args]
         ctx.save_for_backward(*[a if torch.is_tensor(a) else None for a in args])
@@ -282,6 +285,9 @@ def _checkpoint(function: Callable, *args: Any, **kwargs: Any) -> Any:
             **kwargs,
         )
     context_fn = context_fn or _noop_context_fn
+    if not torch.is_grad_enabled():  # no backward, no recompute: run the function in its forward context
+        with context_fn()[0]:  # (TE 2.20, distributed.py:750)
+            return function(*args, **kwargs)
     if use_reentrant:
         if distribute_saved_activations and not torch.distributed.is_initialized():
             raise RuntimeError(

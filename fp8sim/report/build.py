@@ -172,9 +172,11 @@ def _compare_report_into(result: Any, out: Path, title: str | None = None) -> Pa
     if skipped:
         lines += ["", "## Not captured", ""] + [f"- `{o.name}`: {o.skipped}" for o in skipped]
     gemms = [o for o in ops if o.kind == "scaled_mm"]
+    from ..native._inference import inference_section
     from ..native.infer_split import split_groups_section
 
     lines += split_groups_section(gemms)
+    lines += inference_section(ops)
     plots = []
     if gemms:
         plots.append(_plot_gemm_k(gemms, out / "gemm_error_vs_k.png"))
@@ -302,7 +304,8 @@ def build_default_report(
     captures: str | Path = "reports/captures",
     force: bool = False,
 ) -> Path:
-    """The main job: formats, backend conformance, bundled captures, scaling study, error vs K.
+    """The main job: formats, backend conformance, bundled captures, scaling study, causal leakage of FP8
+    attention, error vs K.
     Built in a temporary folder and published whole at ``out_dir`` (:func:`publish_dir`)."""
     _plt()  # a missing matplotlib is one line before the work, not a traceback after it
     return publish_dir(
@@ -317,7 +320,7 @@ def _default_report_into(out: Path, quick: bool, progress: bool, captures: Path)
     from .conformance import run as run_conformance
 
     capture_files = sorted(glob.glob(str(Path(captures) / "*.fp8cap")))
-    bar = Progress(6 + len(capture_files), progress, prefix="report ")
+    bar = Progress(7 + len(capture_files), progress, prefix="report ")
     rng = np.random.default_rng(0)
     lines = [
         "# fp8sim default report",
@@ -403,6 +406,11 @@ def _default_report_into(out: Path, quick: bool, progress: bool, captures: Path)
     _save(fig, ax, out / "scaling_snr.png", "Quantize-dequantize SNR on heavy-tailed activations")
     lines += ["", "![scaling SNR](scaling_snr.png)"]
     bar.step("scaling")
+
+    from .attention_leak import causal_leak_section
+
+    lines += causal_leak_section(out, quick)
+    bar.step("attention leak")
 
     ks = (128, 512, 2048) if quick else (128, 256, 512, 1024, 2048, 4096, 8192)
     study = error_vs_k(ks=ks, m=16 if quick else 48, n=16 if quick else 48)

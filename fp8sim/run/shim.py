@@ -33,7 +33,7 @@ from typing import Any
 
 __all__ = ["install", "uninstall", "is_installed", "EMULATED_TE_VERSION", "NotEmulatedError", "NotEmulatedModuleError"]
 
-EMULATED_TE_VERSION = "2.18.0"
+EMULATED_TE_VERSION = "2.20.0"  # TE main at d0067d0 (2.20.0.dev0) plus PR#3394 (recompute metadata)
 _ROOT = "transformer_engine"
 # TE modules whose fp8sim counterpart has another name (TE's legacy aliases included)
 _ALIASES = {

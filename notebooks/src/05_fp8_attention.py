@@ -3,12 +3,14 @@
 #
 # What FP8 does to attention, on a CPU, with `fp8sim.pytorch.DotProductAttention` (TransformerEngine's
 # module and quantization points: Q, K, V in E4M3; the softmax output P cast with the S scale;
-# gradients in E5M2 under HYBRID).  Three questions:
+# gradients in E5M2 under HYBRID).  Four questions:
 #
 # 1. How large is the FP8 attention error, per recipe, as the sequence grows and as the softmax
 #    gets sharper (higher temperature = larger logits)?
 # 2. How much softmax probability mass is lost when P is cast to E4M3, and what does it do to O?
 # 3. Do block scales that span sequence positions leak future tokens into a causal output?
+# 4. Does running the sequence-reduction GEMMs in BF16 (cuDNN-frontend's `pv_bf16`) stop the leak, and at
+#    what cost in accuracy?
 #
 # Everything is float32 on the CPU; the reference is the same attention in float64.
 
@@ -189,3 +191,103 @@ plt.show()
 # precision.  Per-tensor and
 # block scales alike make "future tokens cannot influence the past" a property of the scaling recipe,
 # not only of the mask.
+
+# %% [markdown]
+# ## 4. The cure: P·V in BF16 (cuDNN-frontend's `pv_bf16`)
+#
+# cuDNN-frontend PR#983 adds a `pv_bf16` specialization of its MXFP8 attention kernels: Q and K stay in
+# MXFP8 for `QK^T` (their blocks run along the head dimension, within one token), while the `P V` GEMM,
+# which reduces over the sequence, takes BF16 operands: P rounded to BF16 instead of quantized, V the
+# caller's BF16 tensor (no E8M0 scale shared by 32 tokens), float32 accumulation, O written in BF16.  The
+# draft PR#1123 does the same for the backward GEMMs that reduce over the sequence (`dV = P^T dO`,
+# `dQ = dS K`, `dK = dS^T Q`), keeping `dP = dO V^T` in MXFP8.  fp8sim emulates both as
+# `DotProductAttention(..., pv_bf16=True, dqkv_bf16=True)` (fp8sim extensions, MXFP8 only).
+#
+# First TE#3248's own reproduction: Q = K = 1, V = 0 except V[0, 0] = 2^-20; a future V[16, 0] = 1 in
+# the same 32-token block raises the block's scale until V[0, 0] flushes to 0 in E4M3.
+
+# %%
+S4, D4 = 128, 128
+q1 = torch.ones(S4, 1, 1, D4)
+v_small = torch.zeros_like(q1)
+v_small[0, 0, 0, 0] = 2.0**-20
+v_spike = v_small.clone()
+v_spike[16, 0, 0, 0] = 1.0
+rows = ["| attention | V | O[0, 0] | O[1, 0] | O[15, 0] |", "|---|---|---:|---:|---:|"]
+for label, opts in (("MXFP8", {}), ("MXFP8, pv_bf16", {"pv_bf16": True})):
+    dpa = te.DotProductAttention(1, D4, qkv_format="sbhd", attn_mask_type="causal", **opts)
+    for vname, vv in (("V", v_small), ("V with a spike at 16", v_spike)):
+        with torch.no_grad(), te.autocast(recipe=RECIPES["mxfp8"]()):
+            o = dpa(q1, q1, vv)[:, 0, 0]
+        rows.append(f"| {label} | {vname} | {float(o[0]):.4g} | {float(o[1]):.4g} | {float(o[15]):.4g} |")
+display(Markdown("\n".join(rows)))
+
+# %% [markdown]
+# The same leak study as in section 3, on the same inputs, now with the query gradients too: one training
+# step, then the tokens after t multiplied by 100 and the step repeated; the largest change of O and of
+# dQ at positions `<= t` (0 = causal).
+
+
+# %%
+def step(opts, q, k, v, do):
+    dpa = te.DotProductAttention(H, D, qkv_format="bshd", attn_mask_type="causal", **opts)
+    q = q.clone().requires_grad_()
+    with te.autocast(recipe=RECIPES["mxfp8"]()):
+        out = dpa(q, k, v)
+    out.backward(do)
+    return out.detach(), q.grad
+
+
+VARIANTS = {
+    "MXFP8": {},
+    "MXFP8, pv_bf16": {"pv_bf16": True},
+    "MXFP8, pv_bf16 + dqkv_bf16": {"pv_bf16": True, "dqkv_bf16": True},
+}
+q, k, v = qkv(128, 1.0, seed=3)
+do = torch.randn(1, 128, H * D, generator=torch.Generator().manual_seed(4))
+rows = ["| attention | " + " | ".join(f"O, t={t}" for t in positions) + " | "
+        + " | ".join(f"dQ, t={t}" for t in positions) + " |", "|---" * (1 + 2 * len(positions)) + "|"]  # fmt: skip
+leak_o, leak_dq = {}, {}
+for name, opts in VARIANTS.items():
+    o0, dq0 = step(opts, q, k, v, do)
+    leak_o[name], leak_dq[name] = [], []
+    for t in positions:
+        q2, k2, v2 = (x.clone() for x in (q, k, v))
+        for x in (q2, k2, v2):
+            x[:, t + 1 :] *= 100.0
+        o, dq = step(opts, q2, k2, v2, do)
+        leak_o[name].append(float((o[:, : t + 1] - o0[:, : t + 1]).abs().max()))
+        leak_dq[name].append(float((dq[:, : t + 1] - dq0[:, : t + 1]).abs().max()))
+    rows.append(f"| {name} | " + " | ".join(f"{x:.1e}" for x in leak_o[name] + leak_dq[name]) + " |")
+display(Markdown("\n".join(rows)))
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)
+for name in VARIANTS:
+    axes[0].plot(positions, np.maximum(leak_o[name], 1e-12), marker="o", label=name)
+    axes[1].plot(positions, np.maximum(leak_dq[name], 1e-12), marker="o", label=name)
+axes[0].set(yscale="log", xlabel="t", ylabel="max |change| at positions <= t (1e-12 = 0)", title="O")
+axes[1].set(xlabel="t", title="dQ")
+axes[0].legend()
+plt.show()
+
+# %% [markdown]
+# With `pv_bf16` no output at or before t moves, bit for bit, whatever comes after t; the query gradients
+# still move under plain MXFP8 backward (K blocked along the sequence for `dQ = dS K`) until `dqkv_bf16`
+# moves those GEMMs to BF16 as well.  What does the cure cost in accuracy?  The relative error of O and
+# of dQ against the float64 reference:
+
+# %%
+ref_q = q.double().requires_grad_()
+ref_out = te.DotProductAttention(H, D, qkv_format="bshd", attn_mask_type="causal")(ref_q, k.double(), v.double())
+ref_out.backward(do.double())
+rows = ["| attention | rel. error of O | rel. error of dQ |", "|---|---:|---:|"]
+for name, opts in VARIANTS.items():
+    o, dq = step(opts, q, k, v, do)
+    rows.append(f"| {name} | {rel_err(o, ref_out.detach()):.2e} | {rel_err(dq, ref_q.grad):.2e} |")
+display(Markdown("\n".join(rows)))
+
+# %% [markdown]
+# The cure costs no accuracy: BF16 keeps 8 significant bits where E4M3 keeps 4, so O's error drops, and
+# dQ's stays where the MXFP8 `QK^T` and `dO V^T` put it.  The price, on hardware, is speed: those GEMMs run
+# at the BF16 tensor-core rate.  The default report (`fp8sim report`) repeats this study with current scaling
+# beside it: per-tensor scales leak through the global amax, and the BF16 options, which are MXFP8 options,
+# do not apply there.

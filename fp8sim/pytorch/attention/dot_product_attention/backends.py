@@ -24,6 +24,13 @@ TE's slot names in brackets, HYBRID: forward E4M3, backward E5M2):
 - dQ, dK, dV [dQKV]: delayed scaling only, one scale over the three; the others return them in high
   precision.
 
+fp8sim extensions for MXFP8, after cuDNN-frontend (causal safety: no scale shared across sequence
+positions): ``pv_bf16`` (PR#983) keeps Q, K in MXFP8 for ``QK^T`` but runs ``PV`` on BF16 operands, P
+rounded to BF16 (RN-even) instead of quantized and V the caller's tensor in BF16 (no MXFP8 V), exact
+products summed in float32, and writes O in BF16; ``dqkv_bf16`` (PR#1123, draft) gives the backward's
+sequence-reduction GEMMs ``dV = P^T dO``, ``dQ = dS K``, ``dK = dS^T Q`` BF16 operands (P, dO, dS, Q, K
+rounded to BF16) while ``dP = dO V^T``, which reduces over the head dimension, stays MXFP8.
+
 Choices TE's code leaves to cuDNN and that fp8sim fixes (documented, not verified on hardware):
 GEMMs sum exact products in float32 (or the named accumulator model) and apply
 ``fl32(scale_inv_a * scale_inv_b)`` after the sum, then the softmax scale; the softmax runs in float32
@@ -46,7 +53,7 @@ import torch
 from ....cast import decode, encode
 from ....formats import FloatFormat
 
-__all__ = ["AttentionConfig", "Quantizer", "attention"]
+__all__ = ["AttentionConfig", "Quantizer", "attention", "check_bf16_options"]
 
 
 @dataclass
@@ -157,7 +164,22 @@ class AttentionConfig:
     qkv_in: tuple | None = None  # Q, K, V already in FP8 (``_Q``s): the QKV quantizer is skipped
     do_in: Any = None  # callable -> the FP8 dO (``_Q``) that the consumer's backward wrote, or None
     dqkv_out: Any = None  # callable taking the FP8 dQ, dK, dV (``_Q``s) when the inputs were FP8
+    pv_bf16: bool = False  # MXFP8 only: P, V and O of the PV GEMM in BF16 (cuDNN-frontend PR#983)
+    dqkv_bf16: bool = False  # MXFP8 only: the dQ, dK, dV GEMMs on BF16 operands (cuDNN-frontend PR#1123)
     saved: dict = field(default_factory=dict)
+
+
+def check_bf16_options(pv_bf16: Any, dqkv_bf16: Any, recipe: str | None = None, mxfp8: bool = True) -> None:
+    """``pv_bf16`` and ``dqkv_bf16`` are booleans, and options of MXFP8 attention only (``recipe``: the
+    recipe's class name, ``mxfp8``: whether it is MXFP8)."""
+    for name, flag in (("pv_bf16", pv_bf16), ("dqkv_bf16", dqkv_bf16)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False; got {flag!r}")
+    if (pv_bf16 or dqkv_bf16) and not mxfp8:
+        raise NotImplementedError(
+            "pv_bf16 and dqkv_bf16 are options of MXFP8 attention (cuDNN-frontend PR#983, PR#1123); "
+            f"the recipe is {recipe}"
+        )
 
 
 def _mm(a: _Q, b: _Q, accumulator: str | None) -> torch.Tensor:
@@ -196,6 +218,11 @@ def _mm(a: _Q, b: _Q, accumulator: str | None) -> torch.Tensor:
 
 def _hp(x: torch.Tensor) -> _Q:
     return _Q(dq=x)
+
+
+def _bf16(x: torch.Tensor) -> _Q:
+    """``x`` rounded to BF16 (torch's cast: RN-even), held as float32 values."""
+    return _Q(dq=x.detach().to(torch.bfloat16).to(torch.float32))
 
 
 def _expand(x: _Q, groups: int) -> _Q:
@@ -245,7 +272,7 @@ class _Attention(torch.autograd.Function):
             qq, kq, vq = cfg.qkv_in
         elif cfg.qkv.kind == "mxfp8":  # Q, K blocked along d (for QK^T), V along the sequence (for PV)
             qq, kq = cfg.qkv(q, k, axis=-1)
-            (vq,) = cfg.qkv(v, axis=-2)
+            (vq,) = (_bf16(v),) if cfg.pv_bf16 else cfg.qkv(v, axis=-2)
         else:
             qq, kq, vq = cfg.qkv(q, k, v)
         scores = _scores(qq, _expand(kq, groups), cfg)
@@ -259,8 +286,12 @@ class _Attention(torch.autograd.Function):
             pd = p * keep / (1.0 - cfg.dropout_p)
         else:
             pd = p
-        pq = cfg.s(pd, axis=-1)[0] if cfg.s is not None else _hp(pd)
-        o = _mm(pq, _expand(vq, groups), cfg.accumulator)
+        if cfg.pv_bf16:  # P rounded, not quantized; the BF16 products summed in float32, O written in BF16
+            pq = _bf16(pd)
+            o = _bf16(_mm(pq, _expand(vq, groups), cfg.accumulator)).dq
+        else:
+            pq = cfg.s(pd, axis=-1)[0] if cfg.s is not None else _hp(pd)
+            o = _mm(pq, _expand(vq, groups), cfg.accumulator)
         oq = cfg.o(o)[0] if cfg.o is not None else None
         out = oq.value() if oq is not None else o
         cfg.saved["oq"] = oq
@@ -284,11 +315,14 @@ class _Attention(torch.autograd.Function):
             qq, kq, vq, pq = ctx.quant
             mx = cfg.qkv.kind == "mxfp8"
             if mx:  # each GEMM's operands blocked along its reduction axis, from the high-precision tensors
-                do_row, do_col = cfg.do(d_out, axis=-1)[0], cfg.do(d_out, axis=-2)[0]
+                do_row = cfg.do(d_out, axis=-1)[0]
                 (vq_row,) = cfg.qkv(v, axis=-1)
-                qq_col, kq_col = cfg.qkv(q, k, axis=-2)
-                if cfg.s is not None:
-                    pq = cfg.s(pd, axis=-2)[0]  # P^T dO reduces over s_q
+                if cfg.dqkv_bf16:  # the GEMMs that reduce over the sequence take BF16 operands instead
+                    do_col, qq_col, kq_col, pq = _bf16(d_out), _bf16(q), _bf16(k), _bf16(pd)
+                else:
+                    do_col = cfg.do(d_out, axis=-2)[0]
+                    qq_col, kq_col = cfg.qkv(q, k, axis=-2)
+                    pq = cfg.s(pd, axis=-2)[0] if cfg.s is not None else _hp(pd)  # P^T dO reduces over s_q
             else:
                 do_fp8 = cfg.do_in() if cfg.do_in is not None else None  # TE: a Float8Tensor dO as it is
                 do_row = do_col = do_fp8 if do_fp8 is not None else cfg.do(d_out)[0]
@@ -310,7 +344,9 @@ class _Attention(torch.autograd.Function):
         o_used = out
         delta = (do_row.value() * o_used).sum(dim=-1, keepdim=True)
         ds = p * (dp - delta)
-        if fp8 and cfg.dp is not None:
+        if fp8 and cfg.dqkv_bf16:
+            ds_row = ds_col = _bf16(ds)
+        elif fp8 and cfg.dp is not None:
             ds_row = cfg.dp(ds, axis=-1)[0]
             ds_col = ds_row if cfg.dp.kind != "mxfp8" else cfg.dp(ds, axis=-2)[0]
         else:

@@ -24,7 +24,7 @@ from ..._rng_tracker import attention_tracker, dropout_fork
 from ...module._fp8_handoff import handoff_of
 from ...quantization import _register, current_state, get_recipe
 from . import utils
-from .backends import _Q, AttentionConfig, Quantizer, attention
+from .backends import _Q, AttentionConfig, Quantizer, attention, check_bf16_options
 from .fp8_boundaries import attach_fp8_output, send_dqkv
 
 __all__ = ["DotProductAttention"]
@@ -55,7 +55,8 @@ class DotProductAttention(nn.Module):
     (bshd) or ``[t, h*d]`` (thd).  fp8sim extensions: ``accumulator`` (the GEMM model of FP8
     attention, None = exact products summed in float32) and ``mxfp8_softmax`` ("none": P and dS stay
     unquantized under MXFP8, as TE's own emulation; "mxfp8": blocked by 32 like the other operands;
-    cuDNN's choice is not in TE's code).
+    cuDNN's choice is not in TE's code); causal-safe MXFP8 (cuDNN-frontend, see ``backends``): ``pv_bf16``
+    (PV in BF16, PR#983) and ``dqkv_bf16`` (the dQ, dK, dV GEMMs on BF16 operands, PR#1123).
 
     FP8 boundaries (delayed and current scaling, sbhd/bshd): Q, K, V that carry FP8 data (a QKV GEMM
     with ``fp8_output=True``) are used with their codes and scales, the QKV cast skipped, and dQ, dK, dV
@@ -91,6 +92,8 @@ class DotProductAttention(nn.Module):
         *,
         accumulator: str | None = None,
         mxfp8_softmax: str = "none",
+        pv_bf16: bool = False,
+        dqkv_bf16: bool = False,
     ) -> None:
         super().__init__()
         if cp_group is not None:
@@ -105,6 +108,7 @@ class DotProductAttention(nn.Module):
             raise AssertionError("DotProductAttention only supports qkv_format = {'sbhd', 'bshd', 'thd'}!")
         if mxfp8_softmax not in _MXFP8_SOFTMAX:
             raise ValueError(f"mxfp8_softmax must be one of {', '.join(_MXFP8_SOFTMAX)}; got {mxfp8_softmax!r}")
+        check_bf16_options(pv_bf16, dqkv_bf16)
         self.num_attention_heads = num_attention_heads
         self.hidden_size_per_attention_head_k = kv_channels if isinstance(kv_channels, int) else kv_channels[0]
         self.hidden_size_per_attention_head_v = kv_channels if isinstance(kv_channels, int) else kv_channels[1]
@@ -127,6 +131,7 @@ class DotProductAttention(nn.Module):
         self.softmax_type = softmax_type
         self.accumulator = accumulator
         self.mxfp8_softmax = mxfp8_softmax
+        self.pv_bf16, self.dqkv_bf16 = pv_bf16, dqkv_bf16
         self.fwd: DelayedScaler | None = None
         self.bwd: DelayedScaler | None = None
         self.group: Any = None
@@ -401,8 +406,10 @@ class DotProductAttention(nn.Module):
             )
         if recipe.fp8_format == Format.E5M2:
             raise AssertionError('DotProductAttention only supports "E4M3" and "E5M2" FP8 data types.')
+        check_bf16_options(self.pv_bf16, self.dqkv_bf16, type(recipe).__name__, isinstance(recipe, MXFP8BlockScaling))
         for name, qz in self._quantizers(recipe).items():
             setattr(cfg, name, qz)
+        cfg.pv_bf16, cfg.dqkv_bf16 = self.pv_bf16, self.dqkv_bf16
         cfg.bwd_fp8 = bool(int(os.getenv("NVTE_FP8_DPA_BWD", "1")))
         acc = st.accumulator if st.accumulator is not None else self.accumulator
         # cuDNN's accumulation inside attention is not documented: a device name picks its fast preset
