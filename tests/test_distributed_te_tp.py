@@ -5,12 +5,17 @@ A Megatron MLP, ``fc2(relu(fc1(x)))`` with ``fc1 = Linear(32, 64, parallel_mode=
 ``fc2 = Linear(64, 32, parallel_mode="row")``, trains for 3 steps (new ``x`` and output gradient each
 step, weights fixed) under DelayedScaling(amax_history_len=2) and Float8CurrentScaling, with
 ``sequence_parallel`` off and on, in ONE spawn.  Oracle: a one-process reference written here from the
-full weights with ml_dtypes casts and torch's float32 matmul, applying the arithmetic of TE's TP
-(``transformer_engine/pytorch/module/linear.py`` at d0067d0):
+full weights, applying the arithmetic of TE's TP (``transformer_engine/pytorch/module/linear.py`` at
+d0067d0).  What in it is independent of fp8sim: the casts (ml_dtypes), the scales and amax reductions (TE's
+rules written below), the collectives' sums (written as ``p_0 + p_1``) and the GEMMs: the FP8 runs use
+``accumulator="exact"`` and the reference sums the exact products in Python integers, rounded once
+(``tests/_gemm_reference.py``), not with ``torch.matmul`` as ``module/_gemm.py`` does (its default accumulator
+is checked in ``test_pytorch_fp8_boundaries_current.py``).  What is not: the LayerNorm rows of
+:func:`_run_mlp` (fp8sim's ``normalize``, checked on its own in test_pytorch_modules.py) and autograd's relu.
 
 * every rank runs its own GEMM on its shard (fc1: rows ``r`` of W1 and b1; fc2: columns ``r`` of W2),
-  exact FP8 products summed in float32, ``scale_inv_a * scale_inv_b`` applied after, the fused bias
-  (fc1) rounded to bf16 first (linear.py 499-503: cuBLAS takes no FP32 bias in an FP8 GEMM);
+  the exact sum of the FP8 products rounded to float32, ``scale_inv_a * scale_inv_b`` applied after, the
+  fused bias (fc1) rounded to bf16 first (linear.py 499-503: cuBLAS takes no FP32 bias in an FP8 GEMM);
 * fc2's partial outputs are summed (``allreduce``, or ``reduce_scatter_along_first_dim`` with
   sequence parallel, linear.py 568-577) as ``p_0 + p_1`` in float32 (two ranks: one rounded add,
   the same in either order), then b2 is added (the unfused add after the collective, linear.py
@@ -52,6 +57,7 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
 
+import _gemm_reference as gref  # noqa: E402
 from _dist import ranks  # noqa: E402
 from _te_tp_attention import ATT_CASES, BLOCK_RECIPES, _per_shard_then_gather, _run_attention, _run_block  # noqa: E402
 from _te_tp_fp8_io import run_fp8_io  # noqa: E402
@@ -73,9 +79,12 @@ def _q(t: torch.Tensor, scale: np.float32, dt: type) -> torch.Tensor:
     return torch.from_numpy(np.clip(scaled, -FMAX[dt], FMAX[dt]).astype(dt).astype(np.float32))
 
 
-def _alpha(sa: np.float32, sb: np.float32) -> torch.Tensor:
-    inv = np.float32(1) / np.float32(sa), np.float32(1) / np.float32(sb)
-    return torch.tensor(np.float32(inv[0] * inv[1]), dtype=torch.float32)
+def _mm(
+    a: torch.Tensor, b: torch.Tensor, sa: np.float32, sb: np.float32, dt: torch.dtype, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The FP8 GEMM under ``accumulator="exact"``: exact sum of the code values' products rounded once to
+    float32, times ``fl32(scale_inv_a * scale_inv_b)`` (the reciprocals of the scales, rounded), + bias, to ``dt``."""
+    return gref.epilogue(gref.rn_f32(a, b), np.float32(1) / np.float32(sa), np.float32(1) / np.float32(sb), bias, dt)
 
 
 def _amax(t: torch.Tensor) -> np.float32:
@@ -111,19 +120,13 @@ class _Reference:
         xq = _q(x, s_x, E4M3)
         s_w1 = [self._scale("fc1.w", w) for w in w1s]
         w1q = [_q(w, s, E4M3) for w, s in zip(w1s, s_w1, strict=True)]
-        h = [
-            (torch.matmul(xq, w1q[r].t()) * _alpha(s_x, s_w1[r]) + b1s[r].to(torch.bfloat16).float())
-            .to(dt)
-            .detach()
-            .requires_grad_()
-            for r in range(2)
-        ]
+        h = [_mm(xq, w1q[r].t(), s_x, s_w1[r], dt, b1s[r].to(torch.bfloat16)).requires_grad_() for r in range(2)]
         a = [torch.relu(hr) for hr in h]
         s_a = [self._scale("fc2.in", ar) for ar in a]
         aq = [_q(ar, s, E4M3) for ar, s in zip(a, s_a, strict=True)]
         s_w2 = [self._scale("fc2.w", w) for w in w2s]
         w2q = [_q(w, s, E4M3) for w, s in zip(w2s, s_w2, strict=True)]
-        p = [(torch.matmul(aq[r], w2q[r].t()) * _alpha(s_a[r], s_w2[r])).to(dt) for r in range(2)]
+        p = [_mm(aq[r], w2q[r].t(), s_a[r], s_w2[r], dt) for r in range(2)]
         ysum = p[0] + p[1]
         rows = (lambda t: t.chunk(2, 0)[rank]) if sp else (lambda t: t)
         y = rows(ysum) + self.b2
@@ -132,17 +135,17 @@ class _Reference:
         (torch.zeros_like(rows(ysum)) + bias).backward(rows(dy))
         s_g2 = self._scale("fc2.grad", dy)  # current: reduced under sequence parallel, replicated otherwise
         dyq = _q(dy, s_g2, E5M2)
-        da = [(torch.matmul(dyq, w2q[r]) * _alpha(s_g2, s_w2[r])).to(dt) for r in range(2)]
-        dw2 = (torch.matmul(dyq.t(), aq[rank]) * _alpha(s_g2, s_a[rank])).to(dt)
+        da = [_mm(dyq, w2q[r], s_g2, s_w2[r], dt) for r in range(2)]
+        dw2 = _mm(dyq.t(), aq[rank], s_g2, s_a[rank], dt)
         for r in range(2):
             a[r].backward(da[r])
         dh = [hr.grad for hr in h]
         s_g1 = [self._scale("fc1.grad", d) for d in dh]
         dhq = [_q(d, s, E5M2) for d, s in zip(dh, s_g1, strict=True)]
-        dxp = [(torch.matmul(dhq[r], w1q[r]) * _alpha(s_g1[r], s_w1[r])).to(dt) for r in range(2)]
+        dxp = [_mm(dhq[r], w1q[r], s_g1[r], s_w1[r], dt) for r in range(2)]
         dx_full = dxp[0] + dxp[1]
         dx = rows(dx_full)
-        dw1 = (torch.matmul(dhq[rank].t(), xq) * _alpha(s_g1[rank], s_x)).to(dt)
+        dw1 = _mm(dhq[rank].t(), xq, s_g1[rank], s_x, dt)
         out = {
             "y": y.detach(),
             "dx": dx,
@@ -206,7 +209,7 @@ def _run(
         xl = (x.chunk(2, 0)[rank] if sp else x).clone().requires_grad_()
         for p in (*fc1.parameters(), *fc2.parameters()):
             p.grad = None
-        with te.autocast(recipe=recipe, amax_reduction_group=amax_group):
+        with te.autocast(recipe=recipe, amax_reduction_group=amax_group, accumulator="exact"):
             y = fc2(torch.relu(fc1(xl)))
         y.backward(dy.chunk(2, 0)[rank] if sp else dy)
         want = ref.step(x, dy, sp, rank)
@@ -264,7 +267,7 @@ def _run_mlp(rank: int, recipe_name: str, sp: bool, tp_group: object, lnl: bool 
         xl = (x.chunk(2, 0)[rank] if sp else x).clone().requires_grad_()
         for p in mlp.parameters():
             p.grad = None
-        with te.autocast(recipe=recipe):
+        with te.autocast(recipe=recipe, accumulator="exact"):
             y = mlp(xl)
         y.backward(dy.chunk(2, 0)[rank] if sp else dy)
         parts = [p.clone().requires_grad_() for p in (x.chunk(2, 0) if sp else (x,))]

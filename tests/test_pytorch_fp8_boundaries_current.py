@@ -17,8 +17,11 @@ References are TE's code at NVIDIA/TransformerEngine d0067d0, written out in the
 * ``linear.py`` 421-425: a ``Float8Tensor`` input is used as it is (no INPUT cast); ``module/base.py``
   1763-1787 ``grad_output_preprocess``: a ``Float8Tensor`` grad output likewise (no GRAD_OUTPUT cast), the
   bias gradient from its dequantized value.
-* The GEMM as ``docs/semantics.md`` 4.7 / 8: decoded FP8 operands multiplied in float32, the two
-  ``scale_inv`` (their float32 product) and a float32 bias in the epilogue, one rounding to the output dtype.
+* The GEMM (``docs/semantics.md`` 4.7 / 8): the hand-off tests run under ``accumulator="exact"`` so that
+  every bit has one reference, the exact sum of the exact FP8 products rounded once to float32, computed in
+  Python integers by ``tests/_gemm_reference.py`` (not ``torch.matmul``, which ``module/_gemm.py`` runs);
+  then cuBLAS's epilogue: the two ``scale_inv`` (their float32 product), a float32 bias, one rounding to the
+  output dtype.  The default accumulator (float32 BLAS sum, order unspecified) has its own test below.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
+
+import _gemm_reference as ref  # noqa: E402
 
 import fp8sim.pytorch as te  # noqa: E402
 from fp8sim.pytorch.module._fp8_handoff import handoff_of  # noqa: E402
@@ -45,31 +50,14 @@ torch.set_num_threads(1)
 _ML = {"e4m3": (ml_dtypes.float8_e4m3fn, 448.0), "e5m2": (ml_dtypes.float8_e5m2, 57344.0)}
 
 
-def _cs_cast(x: torch.Tensor, fmt: str, pow2: bool) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """TE's Float8CurrentScalingQuantizer on ``x`` (quantizer.cpp 980-1033): amax, scale
-    (recipe_common.cuh 14-49, eps 0), ``satfinite(RN(fl32(x) * scale))`` with ml_dtypes; (values, codes, scale_inv)."""
-    dt, fmax = _ML[fmt]
-    xf = x.detach().float().numpy()
-    amax = np.float32(np.abs(xf).max())
-    with np.errstate(over="ignore", divide="ignore"):
-        scale = np.float32(1) if amax == 0 or not np.isfinite(amax) else np.float32(fmax) / amax
-    if np.isinf(scale):  # current_scaling.cu 274-275: value_for_inf is FLT_MAX
-        scale = np.finfo(np.float32).max
-    if pow2:  # keep sign and exponent bits
-        scale = (np.array(scale, np.float32).view(np.uint32) & np.uint32(0xFF800000)).view(np.float32)[()]
-    q = np.clip(xf * np.float32(scale), -fmax, fmax).astype(dt)
-    return (
-        torch.from_numpy(q.astype(np.float32)),
-        torch.from_numpy(q.view(np.uint8).copy()),
-        float(np.float32(1) / scale),
-    )
+_cs_cast = ref.current_scaling_cast
 
 
 def _mm(a: torch.Tensor, sa: float, b: torch.Tensor, sb: float, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The FP8 GEMM (semantics 4.7, 8): float32 product of the decoded operands, ``fl32(sa * sb)`` and the
-    bias in the epilogue (float32 result, rounded by the caller)."""
-    out = torch.matmul(a, b) * torch.tensor(np.float32(sa) * np.float32(sb), dtype=torch.float32)
-    return out if bias is None else out + bias.float()
+    """The FP8 GEMM under ``accumulator="exact"`` (semantics 4.7, 8, 9): the exact sum of the decoded operands'
+    products rounded once to float32, ``fl32(sa * sb)`` and the bias in the epilogue (float32 result, rounded
+    by the caller)."""
+    return ref.epilogue(ref.rn_f32(a, b), sa, sb, bias)
 
 
 def _deq(vals: torch.Tensor, sinv: float, dt: torch.dtype) -> torch.Tensor:
@@ -155,7 +143,7 @@ def test_linear_fp8_output_and_fp8_grad_under_current_scaling_match_te(
     g = torch.Generator().manual_seed(4)
     x = (torch.randn(8, 16, generator=g) * 3).to(dt).requires_grad_()
     dz = (torch.randn(8, 16, generator=g) * 1e-3).to(dt)
-    with te.autocast(recipe=recipe):
+    with te.autocast(recipe=recipe, accumulator="exact"):
         y = prod(x, fp8_output=True)
         z = cons(y, fp8_grad=True)
     z.backward(dz)
@@ -185,6 +173,68 @@ def test_linear_fp8_output_and_fp8_grad_under_current_scaling_match_te(
     _assert_bits(x.grad, _mm(vgi, sgi, vwp, swp).to(dt), "producer dgrad")
     _assert_bits(prod.weight.grad, _mm(vgi.t(), sgi, vx, sx).to(dt), "producer wgrad")
     _assert_bits(prod.bias.grad, _deq(vgi, sgi, dt).float().sum(0).to(dt), "producer bias grad")
+
+
+def _decoded(codes: torch.Tensor, fmt: str) -> torch.Tensor:
+    return torch.from_numpy(codes.numpy().view(_ML[fmt][0]).astype(np.float32))
+
+
+def _band(*shape: int, generator: torch.Generator) -> torch.Tensor:
+    """Magnitudes in [0.6, 1), random signs: after current scaling every FP8 value lies in the top binades."""
+    mag = torch.rand(*shape, generator=generator) * 0.4 + 0.6
+    return torch.where(torch.rand(*shape, generator=generator) < 0.5, -mag, mag)
+
+
+def test_default_accumulator_gemms_are_the_exact_fp8_products_summed_in_float32() -> None:
+    """``accumulator=None`` (the default, semantics 4.7): fprop, dgrad and wgrad are the exact products of the
+    FP8 operands (TE's quantizer written above) summed in float32, times ``fl32(sa * sb)``.  The data keep every
+    FP8 value in its top binades, so the products share a 2**t grid and their absolute sum is below 2**(t + 24):
+    every float32 summation order is exact and all elements are checked bit for bit against the exact sum,
+    independently of the BLAS order ``torch.matmul`` picks."""
+    recipe = Float8CurrentScaling()
+    p_in, p_w, p_g = (
+        q.power_2_scale for q in (recipe.fp8_quant_fwd_inp, recipe.fp8_quant_fwd_weight, recipe.fp8_quant_bwd_grad)
+    )
+    g = torch.Generator().manual_seed(11)
+    m = te.Linear(64, 32, bias=False)
+    with torch.no_grad():
+        m.weight.copy_(_band(32, 64, generator=g))
+    x = (_band(16, 64, generator=g) * 3).requires_grad_()
+    dy = _band(16, 32, generator=g) * 1e-3
+    with te.autocast(recipe=recipe):
+        y = m(x)
+    y.backward(dy)
+    vx, _, sx = _cs_cast(x, "e4m3", p_in)
+    vw, _, sw = _cs_cast(m.weight, "e4m3", p_w)
+    vg, _, sg = _cs_cast(dy, "e5m2", p_g)
+    assert ref.assert_default_accumulation(y, vx, vw.t(), sx, sw, "fprop") == y.numel()
+    assert ref.assert_default_accumulation(x.grad, vg, vw, sg, sw, "dgrad") == x.numel()
+    assert ref.assert_default_accumulation(m.weight.grad, vg.t(), vx, sg, sx, "wgrad") == m.weight.numel()
+
+
+def test_default_accumulator_consumer_gemms_take_the_handed_off_codes_as_they_are() -> None:
+    """``Linear(fp8_output=True)`` -> ``Linear(fp8_grad=True)`` with the default accumulator: the consumer's
+    output is the exact products of the hand-off's codes and its weight's cast, summed in float32 (bits where
+    every order is exact, within gamma_K * sum|p| elsewhere: the BLAS order is the contract there, not bits),
+    and the producer's dgrad likewise from the GRAD_INPUT codes; the hand-offs are the module's own (their
+    codes are checked bit for bit under the exact accumulator above)."""
+    recipe = Float8CurrentScaling()
+    p_w = recipe.fp8_quant_fwd_weight.power_2_scale
+    torch.manual_seed(5)
+    prod, cons = te.Linear(32, 64, bias=False), te.Linear(64, 32, bias=False)
+    x = (torch.randn(16, 32) * 3).requires_grad_()
+    with te.autocast(recipe=recipe):
+        y = prod(x, fp8_output=True)
+        z = cons(y, fp8_grad=True)
+    z.backward(torch.randn(16, 32) * 1e-3)
+    h = handoff_of(y)
+    assert h is not None and h.grad is not None
+    vo, vgi = _decoded(h.codes, "e4m3"), _decoded(h.grad.codes, "e5m2")
+    vwc, _, swc = _cs_cast(cons.weight, "e4m3", p_w)
+    vwp, _, swp = _cs_cast(prod.weight, "e4m3", p_w)
+    exact = ref.assert_default_accumulation(z, vo, vwc.t(), h.sinv, swc, "consumer fprop")
+    exact += ref.assert_default_accumulation(x.grad, vgi, vwp, h.grad.sinv, swp, "producer dgrad")
+    assert exact > 0  # the bit-level half of the check is not vacuous
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -240,7 +290,7 @@ def test_layernorm_linear_fp8_output_under_current_scaling_cast_unfused_and_fp8_
     cons = _linear(32, 16, dt, 7)
     x = (torch.randn(8, 16) * 2).to(dt)
     dz = (torch.randn(8, 16) * 1e-3).to(dt)
-    with te.autocast(recipe=recipe):
+    with te.autocast(recipe=recipe, accumulator="exact"):
         plain = lnl(x)[0].detach()
         y, ln = lnl(x.clone().requires_grad_(), fp8_output=True)
         z = cons(y, fp8_grad=True)
