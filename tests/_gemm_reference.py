@@ -156,14 +156,16 @@ def chain(
     """A tensor-core GEMM ``A (M, K) @ B (K, N)`` on FP8 codes from the per-instruction model ``dot_add``:
     K-element instructions chained from ``c = 0``; every ``promote_every`` elements (None: never) the
     chain's value is added into a float32 register with RN and the chain restarts from 0.  K must be a
-    multiple of the instruction's K.  float32 (M, N), unscaled."""
+    K that is not a multiple of the instruction's K is padded with zero codes (+0 adds nothing, as a kernel pads
+    its last instruction).  float32 (M, N), unscaled."""
     ac = np.asarray(a_codes.numpy() if isinstance(a_codes, torch.Tensor) else a_codes).astype(np.int64)
     bc = np.asarray(b_codes.numpy() if isinstance(b_codes, torch.Tensor) else b_codes).astype(np.int64)
     k_instr = get_instruction_model(instruction).k
+    if ac.shape[1] % k_instr:
+        pad = k_instr - ac.shape[1] % k_instr
+        ac, bc = np.pad(ac, ((0, 0), (0, pad))), np.pad(bc, ((0, pad), (0, 0)))
     m, k = ac.shape
     n = bc.shape[1]
-    if k % k_instr:
-        raise ValueError(f"K={k} is not a multiple of {instruction}'s K={k_instr}")
     a3 = np.broadcast_to(ac[:, None, :], (m, n, k))
     b3 = np.broadcast_to(bc.T[None, :, :], (m, n, k))
     reg = np.zeros((m, n), np.float32)

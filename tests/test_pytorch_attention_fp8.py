@@ -10,6 +10,15 @@ Current scaling: S/dP keep a delayed state with history 1 and ``most_recent``
 (``dot_product_attention.py`` ``init_fp8_metadata``, ``NVTE_DPA_FP8DS_*`` defaults).
 Casts are ``ml_dtypes`` of the clamped, scaled float32 values; MX scales are TE's RCEIL rule written
 here with numpy bit operations (spec section 3).
+
+GEMMs of FP8 operands (independent of ``backends._mm``, which runs ``torch.matmul`` or ``scaled_mm``): the
+bit-exact tests run under ``accumulator="exact"`` and the reference sums the exact products in Python integers,
+rounded once to float32 (``tests/_gemm_reference.py``), then ``fl32(. * fl32(sa * sb))``; under ``"hopper"``
+the reference chains ``fp8sim.gemm.dot_add`` instructions (fast: TE's fused attention is cuDNN's, one chain).
+GEMMs with a high-precision operand (MXFP8's float32 P, the dequantized MX values, ``NVTE_FP8_DPA_BWD=0``) are
+float32 matmuls of values the test computes itself: there torch's float32 matmul is the contract (the
+emulation's ``accumulator=None`` is "sum in float32 in BLAS order"), not a restatement.  The default
+accumulator on FP8 operands has its own test (:func:`test_default_accumulator_sums_fp8_products_in_float32`).
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+
+import _gemm_reference as gref  # noqa: E402
 
 import fp8sim.pytorch as te  # noqa: E402
 from fp8sim.pytorch.attention import DotProductAttention  # noqa: E402
@@ -52,9 +63,37 @@ def mx(x: torch.Tensor, dt, axis: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.moveaxis(out, -1, axis)))
 
 
+def _batched(fn, a, b):
+    """``fn`` on every (M, K) x (K, N) matrix pair of two broadcast batches."""
+    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = a.expand(*lead, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
+    b = b.expand(*lead, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
+    outs = [torch.from_numpy(np.asarray(fn(a[i], b[i]), np.float32)) for i in range(a.shape[0])]
+    return torch.stack(outs).reshape(*lead, a.shape[-2], b.shape[-1])
+
+
+def _fmt(x):
+    """The FP8 format of a tensor of code values: E4M3 unless a value is only E5M2 (dO, dP)."""
+    return "e4m3" if np.array_equal(x.numpy().astype(E4).astype(np.float32), x.numpy()) else "e5m2"
+
+
+# the FP8 GEMM's sum: "exact" (exact sum rounded once) or an instruction chain; set by the tests
+FP8_SUM = {"kind": "exact"}
+
+
 def mm(a, b, sa=None, sb=None):
-    out = torch.matmul(a, b)
-    return out if sa is None else out * torch.tensor(np.float32(sa) * np.float32(sb), dtype=torch.float32)
+    """``a @ b``: FP8 operands (``sa``, ``sb`` their scale_inv) by the accumulator in ``FP8_SUM`` and the
+    epilogue; high-precision operands (``sa`` None) by torch's float32 matmul."""
+    if sa is None:
+        return torch.matmul(a, b)
+    if FP8_SUM["kind"] == "exact":
+        d = _batched(gref.rn_f32, a, b)
+    else:
+        fa, fb = _fmt(a), _fmt(b)
+        d = _batched(
+            lambda x, y: gref.chain(gref.codes_of(x, fa), gref.codes_of(y, fb), fa, fb, FP8_SUM["kind"], None), a, b
+        )
+    return d * torch.tensor(np.float32(sa) * np.float32(sb), dtype=torch.float32)
 
 
 def _amax(*ts):
@@ -157,9 +196,9 @@ def _assert_bits(got, want, what):
         )
 
 
-def _run(dpa, recipe, q, k, v, do):
+def _run(dpa, recipe, q, k, v, do, accumulator="exact"):
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    with te.autocast(recipe=recipe):
+    with te.autocast(recipe=recipe, accumulator=accumulator):
         out = dpa(q, k, v)
     out.backward(do.reshape(out.shape))
     return out, (q.grad, k.grad, v.grad)
@@ -206,7 +245,7 @@ def test_delayed_scaling_padding_causal_bit_exact():
     do = do.masked_fill(pad.view(b, s, 1, 1), 0.0)  # no gradient flows into padded rows
     dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="padding_causal")
     q_, k_, v_ = (t.clone().requires_grad_() for t in (q, k, v))
-    with te.autocast(recipe=DelayedScaling(fp8_dpa=True)):
+    with te.autocast(recipe=DelayedScaling(fp8_dpa=True), accumulator="exact"):
         out = dpa(q_, k_, v_, attention_mask=pad.view(b, 1, 1, s))
     out.backward(do.reshape(out.shape))
     mask = torch.ones(s, s, dtype=torch.bool).triu(1) | pad.view(b, 1, 1, s) | pad.view(b, 1, s, 1)
@@ -235,7 +274,7 @@ def test_mxfp8_forward_backward_bit_exact():
     b, s, h, d = 1, 128, 1, 32
     q, k, v, do = _data(b, s, h, d, seed=3)
     dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal")
-    out, grads = _run(dpa, MXFP8BlockScaling(fp8_dpa=True), q, k, v, do)
+    out, grads = _run(dpa, MXFP8BlockScaling(fp8_dpa=True), q, k, v, do, accumulator=None)
     ref_out, ref_grads = reference(*(_bhsd(t) for t in (q, k, v, do)), d**-0.5, True, "mxfp8")
     _assert_bits(_bhsd(out.reshape(b, s, h, d)), ref_out, "O")
     for name, g, r in zip("QKV", grads, ref_grads, strict=True):
@@ -277,6 +316,7 @@ def test_nvte_fp8_dpa_bwd_0_runs_backward_in_high_precision(monkeypatch):
     q, k, v, do = _data(b, s, h, d, seed=4)
     monkeypatch.setenv("NVTE_FP8_DPA_BWD", "0")
     dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal")
+    # under an accumulator (exact): the F16 backward's GEMMs sum in float32 (fp8sim refused them as MXFP8's)
     out, grads = _run(dpa, DelayedScaling(fp8_dpa=True), q, k, v, do)
     # high-precision backward from the unquantized inputs, the returned O and the FP8 forward's
     # softmax statistics (TE passes the FP8 forward's aux_ctx_tensors to the F16 fused_attn_bwd)
@@ -314,19 +354,49 @@ def test_mxfp8_shape_requirement_has_te_message():
             dpa(x, x, x)
 
 
-@pytest.mark.parametrize("accumulator", ["exact", "hopper"])
-def test_accumulator_models_run_attention_gemms_on_scaled_mm(accumulator):
-    """With an accumulator model every attention GEMM runs on fp8sim.gemm.scaled_mm per (batch, head);
-    exact products summed in float32 (accumulator=None) and the models differ only by accumulation."""
+@pytest.mark.parametrize("where", ["module", "autocast"])
+@pytest.mark.parametrize("device", ["hopper", "ada"])
+def test_device_accumulator_chains_every_attention_gemm(device, where):
+    """``DotProductAttention(accumulator=device)`` or ``autocast(accumulator=device)`` (which overrides the
+    module's): every FP8 GEMM (QK^T, PV, dV, dP, dQ, dK) is one fast chain of the device's instruction
+    (``dot_add``) per (batch, head), then the epilogue; the exact sum gives other bits on this data, so
+    dropping the option fails."""
+    b, s, h, d = 1, 32, 2, 32
+    q, k, v, do = _data(b, s, h, d, seed=6)
+    own = device if where == "module" else "exact"
+    dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal", accumulator=own)
+    out, grads = _run(dpa, DelayedScaling(fp8_dpa=True), q, k, v, do, accumulator=None if own == device else device)
+    ones = dict.fromkeys(SCALES, 1.0)
+    FP8_SUM["kind"] = {"hopper": "hopper_wgmma", "ada": "ada_mma"}[device]
+    try:
+        ref_out, ref_grads = reference(*(_bhsd(t) for t in (q, k, v, do)), d**-0.5, True, "delayed", ones)
+    finally:
+        FP8_SUM["kind"] = "exact"
+    _assert_bits(_bhsd(out.reshape(b, s, h, d)), ref_out, "O")
+    for name, g, r in zip("QKV", grads, ref_grads, strict=True):
+        _assert_bits(_bhsd(g), r, f"d{name}")
+    exact_out, exact_grads = reference(*(_bhsd(t) for t in (q, k, v, do)), d**-0.5, True, "delayed", ones)
+    assert not torch.equal(exact_out, ref_out) or not all(
+        torch.equal(a, c) for a, c in zip(exact_grads, ref_grads, strict=True)
+    )
+
+
+def test_default_accumulator_sums_fp8_products_in_float32():
+    """``accumulator=None`` (the default): each FP8 GEMM is the exact products summed in float32 in BLAS order,
+    then the epilogue.  The order is the BLAS kernel's, so bits are not the contract here: output and gradients
+    stay within a few float32 ulps (relative 1e-5 of the largest magnitude) of the exact-sum reference, far
+    closer than a wrong scale, format or GEMM operand would put them."""
     b, s, h, d = 1, 16, 2, 16
     q, k, v, do = _data(b, s, h, d, seed=6)
-    base = DotProductAttention(h, d, qkv_format="bshd")
-    model = DotProductAttention(h, d, qkv_format="bshd", accumulator=accumulator)
-    out0, g0 = _run(base, DelayedScaling(fp8_dpa=True), q, k, v, do)
-    out1, g1 = _run(model, DelayedScaling(fp8_dpa=True), q, k, v, do)
-    torch.testing.assert_close(out1, out0, rtol=1e-2, atol=1e-3)
-    for a, c in zip(g1, g0, strict=True):
-        torch.testing.assert_close(a, c, rtol=5e-2, atol=1e-5)
+    dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal")
+    out, grads = _run(dpa, DelayedScaling(fp8_dpa=True), q, k, v, do, accumulator=None)
+    ones = dict.fromkeys(SCALES, 1.0)
+    ref_out, ref_grads = reference(*(_bhsd(t) for t in (q, k, v, do)), d**-0.5, True, "delayed", ones)
+    pairs = [("O", _bhsd(out.reshape(b, s, h, d)), ref_out)]
+    pairs += [(name, _bhsd(g), r) for name, g, r in zip("QKV", grads, ref_grads, strict=True)]
+    for name, g, r in pairs:
+        tol = 1e-5 * float(r.abs().max())
+        assert float((g.detach() - r).abs().max()) <= tol, name
 
 
 # ---- causality: a law of the mask, and what each scaling recipe does to it ----------------------------------

@@ -22,6 +22,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import _gemm_reference as gref  # noqa: E402
+
 import fp8sim.pytorch as te  # noqa: E402
 from fp8sim.pytorch.attention import MultiheadAttention  # noqa: E402
 from fp8sim.recipe import DelayedScaling, Float8CurrentScaling  # noqa: E402
@@ -46,8 +48,15 @@ def q8(x: torch.Tensor, scale: float, dt) -> tuple[torch.Tensor, np.float32]:
 
 
 def mm(a, b, sa, sb):
-    """Exact FP8 products summed in float32, ``fl32(sa * sb)`` applied after (cuBLAS's epilogue)."""
-    return torch.matmul(a, b) * torch.tensor(np.float32(sa) * np.float32(sb), dtype=torch.float32)
+    """The FP8 GEMM under ``accumulator="exact"`` (the tests run under it): the exact sum of the products of the
+    code values rounded once to float32 (Python integers, ``tests/_gemm_reference.py``, not the module's
+    ``torch.matmul``), then ``fl32(sa * sb)`` (cuBLAS's epilogue); batched over leading dims."""
+    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a2 = a.expand(*lead, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
+    b2 = b.expand(*lead, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
+    d = torch.stack([torch.from_numpy(gref.rn_f32(x, y)) for x, y in zip(a2, b2, strict=True)])
+    d = d.reshape(*lead, a.shape[-2], b.shape[-1])
+    return d * torch.tensor(np.float32(sa) * np.float32(sb), dtype=torch.float32)
 
 
 def deq(v, s):
@@ -200,7 +209,10 @@ def _set_scales(mha):
 def _run(mha, x, dy, recipe, act=torch.float32):
     x = x.clone().requires_grad_(True)
     mha.zero_grad()
-    with torch.autocast("cpu", dtype=act, enabled=act != torch.float32), te.autocast(enabled=True, recipe=recipe):
+    with (
+        torch.autocast("cpu", dtype=act, enabled=act != torch.float32),
+        te.autocast(enabled=True, recipe=recipe, accumulator="exact"),
+    ):
         y = mha(x)
         qf = mha.qkv.fp8_gemms["gemm"].fwd
         staged = None if qf is None else qf.amax_history[0].copy(), mha.core_attention.fwd.amax_history[0].copy()
@@ -262,12 +274,12 @@ def test_layernorm_linear_fp8_output_is_the_gemm_result_cast_with_the_output_slo
     lnl = te.LayerNormLinear(16, 24, normalization=normalization)
     x = torch.randn(8, 16)
     recipe = DelayedScaling(amax_history_len=1)
-    with te.autocast(enabled=True, recipe=recipe):
+    with te.autocast(enabled=True, recipe=recipe, accumulator="exact"):
         lnl(x)  # creates the state
     g = lnl.fp8_gemms["gemm"]
     g.fwd.scale[:] = np.float32([1.9, 2.7, 3.3])
     g.fwd.amax_history[:] = 0
-    with te.autocast(enabled=True, recipe=recipe):
+    with te.autocast(enabled=True, recipe=recipe, accumulator="exact"):
         plain = lnl(x).detach()
         g.fwd.amax_history[:] = 0
         y = lnl(x, fp8_output=True)
@@ -290,7 +302,7 @@ def test_cross_attention_fp8_mha_skips_the_dpa_qkv_and_the_linears_grad_output_c
     recipe = DelayedScaling(fp8_dpa=True, fp8_mha=True, amax_history_len=1)
     qlin = mha.layernorm_query if input_layernorm else mha.query_layer
     for _ in range(2):
-        with te.autocast(enabled=True, recipe=recipe):
+        with te.autocast(enabled=True, recipe=recipe, accumulator="exact"):
             y = mha(x, encoder_output=enc)
             staged = [m.fp8_gemms["gemm"].fwd.amax_history[0, 2] for m in (qlin, mha.key_value)]
             dpa_qkv = mha.core_attention.fwd.amax_history[0, 2]

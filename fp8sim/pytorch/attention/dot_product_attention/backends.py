@@ -183,9 +183,10 @@ def check_bf16_options(pv_bf16: Any, dqkv_bf16: Any, recipe: str | None = None, 
 
 
 def _mm(a: _Q, b: _Q, accumulator: str | None) -> torch.Tensor:
-    """Batched ``a @ b`` in float32 with the per-tensor scales applied after the sum."""
+    """Batched ``a @ b`` in float32 with the per-tensor scales applied after the sum.  ``accumulator`` models
+    FP8 GEMMs: high-precision operands (the F16 backward of ``NVTE_FP8_DPA_BWD=0``, BF16 P/V) sum in float32."""
     if a.vals is None or b.vals is None:
-        if accumulator is not None:
+        if accumulator is not None and (a.fmt is not None or b.fmt is not None):
             raise NotImplementedError("fp8sim runs MXFP8 attention GEMMs only with accumulator=None")
         return torch.matmul(a.value(), b.value())
     alpha = torch.tensor(np.float32(a.sinv) * np.float32(b.sinv), dtype=torch.float32)
