@@ -1,18 +1,27 @@
 """TE ``GroupedLinear`` (``fp8sim.pytorch.GroupedLinear``).
 
 TE is not installed here; the oracle is TE's definition in ``transformer_engine/pytorch/module/grouped_linear.py``
-(``_GroupedLinear.forward``: the input split by ``m_splits``, one GEMM per split with that GEMM's own FP8
-meta/quantizers, outputs concatenated): outside ``autocast`` torch's ``F.linear`` per split, inside it one
-fp8sim ``Linear`` per split with the same weights (each with its own scaling state, as TE's per-GEMM meta),
-bit for bit, forward and every gradient, for every recipe and two steps.  A small MoE trains under each.
+at NVIDIA/TransformerEngine d0067d0, written out in :func:`test_grouped_linear_matches_te_per_split_definition`
+(``_GroupedLinear.forward`` / ``backward``): the input split by ``m_splits`` and each split quantized by its own
+GEMM's input quantizer (820-827 ``_split_quantize``, ``_split_quantization.py`` 215-247: one quantizer per
+split), each weight by its own (839-848), the bias in bf16 for an FP32 activation (854-856), one GEMM per
+split (875-887); backward: the grad output split-quantized the same way with the bias gradient of each
+split's high-precision rows (1315-1327; ``_split_quantization.py`` 350-357), dgrad ``dy_i @ W_i`` (1382-1393)
+and wgrad ``dy_i^T @ x_i`` (1450-1469) per split.  The GEMMs run under ``accumulator="exact"`` and the
+reference sums the exact FP8 products in Python integers (``tests/_gemm_reference.py``).  Outside
+``autocast``: torch's ``F.linear`` per split.  Every recipe and two steps are also checked for consistency
+with fp8sim's ``Linear`` per split (each with its own scaling state, as TE's per-GEMM meta); that check shares
+``base._linear`` with the module, so it is not the oracle.  A small MoE trains under each.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+import _gemm_reference as gref  # noqa: E402, I001
 from torch import nn  # noqa: E402
 
 import fp8sim.pytorch as te  # noqa: E402
@@ -52,9 +61,9 @@ def _modules(k: int = 128, n: int = 128, bias: bool = True):
     return grouped, singles
 
 
-def _grouped_step(grouped, x, g, recipe):
+def _grouped_step(grouped, x, g, recipe, accumulator=None):
     x = x.clone().requires_grad_(True)
-    with te.autocast(enabled=recipe is not None, recipe=recipe):
+    with te.autocast(enabled=recipe is not None, recipe=recipe, accumulator=accumulator):
         y = grouped(x, SPLITS)
     y.backward(g)
     return {"y": y.detach(), "dx": x.grad, **{n: p.grad.clone() for n, p in grouped.named_parameters()}}
@@ -100,8 +109,61 @@ def test_outside_autocast_equals_f_linear_per_split():
         assert_bit_exact(got[f"bias{i}"], bs[i].grad)
 
 
+def _scaled_cast(x: torch.Tensor, fmt: str, scale: np.float32):
+    """A delayed-scaling cast with a known scale: ``satfinite(RN(fl32(x) * scale))`` by ml_dtypes, values and
+    ``scale_inv = fl32(1 / scale)``."""
+    dt, fmax = gref._ML[fmt]
+    q = np.clip(x.detach().float().numpy() * np.float32(scale), -fmax, fmax).astype(dt)
+    return torch.from_numpy(q.astype(np.float32)), None, float(np.float32(1) / np.float32(scale))
+
+
+@pytest.mark.parametrize("kind", ["current", "delayed"])
+def test_grouped_linear_matches_te_per_split_definition(kind):
+    """Float8CurrentScaling, or DelayedScaling(amax_history_len=1) (step 2 casts split ``i`` with ``fmax / amax``
+    of split ``i``'s own step-1 tensors: TE's per-GEMM ``fp8_meta``), FP32 activations, splits (32, 0, 64, 32),
+    two steps: TE's definition written in the module docstring, forward and every gradient bit for bit.  Each
+    split's own amax matters: one scale over the whole input would give other bits."""
+    grouped, _ = _modules()
+    recipe = rc.Float8CurrentScaling() if kind == "current" else rc.DelayedScaling(amax_history_len=1)
+    amax: dict = {}
+    for step in range(2):
+        x, g = _data(20 + step)
+        with torch.no_grad():  # split 2's rows larger: a per-split amax differs from the whole input's
+            x[32:96] *= 8
+        got = _grouped_step(grouped, x, g, recipe, accumulator="exact")
+        grouped.zero_grad()
+        ys, dxs = [], []
+        for i, (xi, gi) in enumerate(zip(torch.split(x, SPLITS), torch.split(g, SPLITS), strict=True)):
+            w, b = getattr(grouped, f"weight{i}").detach(), getattr(grouped, f"bias{i}").detach()
+            if xi.shape[0] == 0:  # no rows: no output, zero weight and bias gradients
+                ys.append(torch.zeros(0, w.shape[0]))
+                dxs.append(torch.zeros(0, w.shape[1]))
+                assert_bit_exact(got[f"weight{i}"], torch.zeros_like(w))
+                assert_bit_exact(got[f"bias{i}"], torch.zeros_like(b))
+                continue
+            if kind == "current":
+                cast = [gref.current_scaling_cast(t, f) for t, f in ((xi, "e4m3"), (w, "e4m3"), (gi, "e5m2"))]
+            else:
+                fmax = (np.float32(448), np.float32(448), np.float32(57344))
+                scales = [fmax[j] / amax[i][j] if step else np.float32(1) for j in range(3)]
+                fmts = ("e4m3", "e4m3", "e5m2")
+                cast = [_scaled_cast(t, f, s) for t, f, s in zip((xi, w, gi), fmts, scales, strict=True)]
+                amax[i] = [np.float32(t.abs().max()) for t in (xi, w, gi)]
+            (vx, _, sx), (vw, _, sw), (vg, _, sg) = cast
+            ys.append(gref.epilogue(gref.rn_f32(vx, vw.t()), sx, sw, b.to(torch.bfloat16)))
+            dxs.append(gref.epilogue(gref.rn_f32(vg, vw), sg, sw))
+            assert_bit_exact(got[f"weight{i}"], gref.epilogue(gref.rn_f32(vg.t(), vx), sg, sx))
+            assert_bit_exact(got[f"bias{i}"], gi.sum(0))  # TE: tensor_part.sum(dim=0) of the unquantized rows
+        assert_bit_exact(got["y"], torch.cat(ys))
+        assert_bit_exact(got["dx"], torch.cat(dxs))
+        whole = gref.current_scaling_cast(x, "e4m3")[2]
+        assert whole != gref.current_scaling_cast(x[:32], "e4m3")[2]  # the per-split scales are not the whole's
+
+
 @pytest.mark.parametrize("name", list(RECIPES))
-def test_each_split_is_a_te_linear_with_its_own_scaling_state(name):
+def test_each_split_is_consistent_with_fp8sim_linear_with_its_own_scaling_state(name):
+    """Every recipe, two steps: each split equals an fp8sim ``Linear`` with the same weights and its own scaling
+    state (TE's per-GEMM meta).  A consistency check (both run ``base._linear``); the oracle is the test above."""
     grouped, singles = _modules()
     for step in range(2):  # the second step sees the first step's delayed-scaling updates
         x, g = _data(10 + step)
