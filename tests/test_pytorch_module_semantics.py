@@ -24,6 +24,15 @@ def _q(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, fmax: float) ->
     return (t.float() * scale).clamp(-fmax, fmax).to(dtype).float()
 
 
+def _exact_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The GEMM under ``accumulator="exact"`` (the FP8 tests here run under it): the exact sum of the products of
+    the (dequantized) FP8 values rounded once to float32 (``tests/_gemm_reference.py``, Python integers), not
+    the ``torch.matmul`` that ``module/_gemm.py`` runs by default."""
+    import _gemm_reference as gref
+
+    return torch.from_numpy(gref.rn_f32(a, b))
+
+
 def _cs_scale(t: torch.Tensor, fmax: float) -> torch.Tensor:
     """Current scaling's float32 scale ``fp8_max / amax``."""
     return torch.tensor(fmax) / t.detach().float().abs().max()
@@ -99,12 +108,12 @@ def test_current_scaling_rounds_the_norm_output_first() -> None:
     torch.manual_seed(5)
     m = te.LayerNormLinear(32, 16, bias=False, params_dtype=torch.bfloat16)
     x = torch.randn(16, 32).to(torch.bfloat16)
-    with te.autocast(recipe=Float8CurrentScaling()):
+    with te.autocast(recipe=Float8CurrentScaling(), accumulator="exact"):
         y = m(x)
     ln = _ln32(x, m).to(torch.bfloat16)
     w = m.weight.detach()
     sx, sw = _cs_scale(ln, 448), _cs_scale(w, 448)
-    want = torch.matmul(_q(ln, sx, E4M3, 448), _q(w, sw, E4M3, 448).t()) * ((1 / sx) * (1 / sw))
+    want = _exact_mm(_q(ln, sx, E4M3, 448), _q(w, sw, E4M3, 448).t()) * ((1 / sx) * (1 / sw))
     assert torch.equal(y, want.to(torch.bfloat16))
 
 
@@ -114,11 +123,11 @@ def test_delayed_scaling_takes_the_activation_amax_on_float32_values() -> None:
     torch.manual_seed(6)
     m = te.LayerNormMLP(32, 32, bias=False, activation="swiglu", normalization="RMSNorm", params_dtype=torch.bfloat16)
     x = torch.randn(16, 32).to(torch.bfloat16)
-    with torch.no_grad(), te.autocast(recipe=DelayedScaling()):  # no update: the staged amax stays
+    with torch.no_grad(), te.autocast(recipe=DelayedScaling(), accumulator="exact"):  # no update: amax stays
         m(x)
     ln = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)  # gamma = 1
     s1 = torch.tensor(1.0)
-    fc1 = torch.matmul(_q(ln, s1, E4M3, 448), _q(m.fc1_weight.detach(), s1, E4M3, 448).t()).to(torch.bfloat16)
+    fc1 = _exact_mm(_q(ln, s1, E4M3, 448), _q(m.fc1_weight.detach(), s1, E4M3, 448).t()).to(torch.bfloat16)
     a, b = fc1.float().chunk(2, -1)
     act = F.silu(a) * b  # test_fusible_ops.py: swiglu = silu(x1) * x2
     assert act.abs().max() != act.to(torch.bfloat16).float().abs().max()
@@ -203,11 +212,11 @@ def test_fp8_gemm_with_float32_activations_adds_the_bias_in_bf16() -> None:
     with torch.no_grad():
         m.bias.copy_(torch.randn(16) / 3)
     x = torch.randn(16, 32)
-    with te.autocast(recipe=Float8CurrentScaling()):
+    with te.autocast(recipe=Float8CurrentScaling(), accumulator="exact"):
         y = m(x)
     w = m.weight.detach()
     sx, sw = _cs_scale(x, 448), _cs_scale(w, 448)
-    gemm = torch.matmul(_q(x, sx, E4M3, 448), _q(w, sw, E4M3, 448).t()) * ((1 / sx) * (1 / sw))
+    gemm = _exact_mm(_q(x, sx, E4M3, 448), _q(w, sw, E4M3, 448).t()) * ((1 / sx) * (1 / sw))
     assert torch.equal(y, gemm + m.bias.detach().to(torch.bfloat16).float())
     assert not torch.equal(y, gemm + m.bias.detach())
 
@@ -313,14 +322,34 @@ def test_unknown_activation_and_normalization_name_the_choices() -> None:
         te.LayerNormLinear(16, 16, normalization="BatchNorm")
 
 
-def test_mxfp8_keeps_the_intermediate_rounding_and_runs_every_activation_in_fp8() -> None:
+@pytest.mark.parametrize("activation", ACTS)
+def test_mxfp8_layernorm_mlp_rounds_fc1_output_and_activation_to_bf16_before_their_mx_casts(activation: str) -> None:
+    """MXFP8 ``LayerNormMLP`` (bf16, RMSNorm), forward, written from TE's flow (``module/_norm_gemm.py``'s
+    docstring; TE layernorm_mlp.py: only delayed scaling fuses the norm/activation into the cast): the norm
+    output rounded to bf16, cast to MXFP8 (1x32 blocks, TE's E8M0 rule, :func:`_mx1d`); fc1 on the MXFP8
+    operands (``accumulator="exact"``: the exact sum rounded once, ``tests/_gemm_reference.py``) rounded to
+    bf16; the activation (TE's formula) in float32 on that, rounded to bf16, cast to MXFP8; fc2 likewise.  Bit for
+    bit, for every activation."""
+    import _gemm_reference as gref
+
     torch.manual_seed(13)
-    m = te.LayerNormMLP(32, 32, activation="sreglu", normalization="RMSNorm", params_dtype=torch.bfloat16)
-    x = torch.randn(32, 32).to(torch.bfloat16).requires_grad_()
-    with te.autocast(recipe=MXFP8BlockScaling()):
+    m = te.LayerNormMLP(32, 32, bias=False, activation=activation, normalization="RMSNorm", params_dtype=torch.bfloat16)
+    x = (torch.randn(32, 32) * 3).to(torch.bfloat16)
+    with torch.no_grad(), te.autocast(recipe=MXFP8BlockScaling(), accumulator="exact"):
         y = m(x)
-    y.float().sum().backward()
-    assert y.dtype == torch.bfloat16 and torch.isfinite(x.grad.float()).all()
+    xf = x.float()
+    ln = (m.layer_norm_weight.float() * (torch.rsqrt((1 / 32) * (xf * xf).sum(-1, keepdim=True) + 1e-5) * xf)).to(
+        torch.bfloat16
+    )
+
+    def gemm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(gref.rn_f32(_mx1d(a.float()), _mx1d(w.detach().float()).t()))
+
+    h = gemm(ln, m.fc1_weight).to(torch.bfloat16)
+    a = _te_reference(activation, h.float()).to(torch.bfloat16)
+    want = gemm(a, m.fc2_weight).to(torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, want)
+    assert not torch.equal(h.float(), gemm(ln, m.fc1_weight))  # the fc1 rounding is not a no-op on this data
 
 
 # -- points 8 and 9 (hooked into the modules) -------------------------------------------------------
@@ -383,7 +412,7 @@ def test_mxfp8_2d_weight_quantization_uses_one_scale_per_32x32_tile() -> None:
     with torch.no_grad():
         m.weight.mul_(torch.logspace(-3, 3, 64)[:, None])  # scales differ across rows of a tile
     x = torch.randn(32, 64)
-    with te.autocast(recipe=MXFP8BlockScaling(enable_2d_quantization=True)):
+    with te.autocast(recipe=MXFP8BlockScaling(enable_2d_quantization=True), accumulator="exact"):
         y = m(x)
     w = m.weight.detach()
     blocks = w.view(2, 32, 2, 32).permute(0, 2, 1, 3)
@@ -391,8 +420,8 @@ def test_mxfp8_2d_weight_quantization_uses_one_scale_per_32x32_tile() -> None:
     wq = (blocks / sinv[:, :, None, None]).to(torch.float8_e4m3fn).float() * sinv[:, :, None, None]
     wq = wq.permute(0, 2, 1, 3).reshape(64, 64)
     xq = _mx1d(x)
-    assert torch.equal(y, torch.matmul(xq, wq.t()))
-    with te.autocast(recipe=MXFP8BlockScaling()):
+    assert torch.equal(y, _exact_mm(xq, wq.t()))
+    with te.autocast(recipe=MXFP8BlockScaling(), accumulator="exact"):
         assert not torch.equal(m(x), y)  # 1D weights differ: the test can tell them apart
 
 
