@@ -342,11 +342,13 @@ def test_quantized_model_init_holds_fp8_weights_and_the_gemm_uses_their_codes(re
     want_w = (hp * (1 / sw)).clamp(-448, 448).to(torch.float8_e4m3fn).float()
     assert torch.equal(wq, want_w)  # delayed: scale 1 at init; current: 448 / amax
     x = torch.randn(16, 32)
-    with te.autocast(recipe=Float8CurrentScaling()):
+    with te.autocast(recipe=Float8CurrentScaling(), accumulator="exact"):
         y = m(x)
     sx = torch.tensor(448.0) / x.abs().max()
     xq = (x * sx).clamp(-448, 448).to(torch.float8_e4m3fn).float()
-    assert torch.equal(y, torch.matmul(xq, wq.t()) * ((1 / sx) * sw))
+    import _gemm_reference as gref  # the exact accumulator: the exact sum rounded once, not torch.matmul
+
+    assert torch.equal(y, torch.from_numpy(gref.rn_f32(xq, wq.t())) * ((1 / sx) * sw))
     y.sum().backward()
     assert m.weight.grad is not None and m.weight.grad.shape == (16, 32)
     with pytest.raises(RuntimeError, match="Splitting QuantizedTensor"), te.quantized_model_init(recipe=recipe):

@@ -66,6 +66,11 @@ def _q(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, fmax: float) ->
 
 
 def test_hybrid_current_scaling_gemms_equal_an_independent_computation() -> None:
+    """Default accumulator: fprop, dgrad, wgrad are the exact products of the independently cast operands summed
+    in float32 (``tests/_gemm_reference.py``: bits where every float32 order is exact, within gamma_K * sum|p|
+    elsewhere, where BLAS's order is the contract), then ``fl32(sinv_a * sinv_b)``."""
+    import _gemm_reference as gref
+
     torch.manual_seed(3)
     m = te.Linear(32, 16, bias=False)
     x = (torch.randn(16, 32) * 3).requires_grad_()
@@ -78,10 +83,11 @@ def test_hybrid_current_scaling_gemms_equal_an_independent_computation() -> None
     xq = _q(x.detach(), sx, torch.float8_e4m3fn, 448)
     wq = _q(m.weight.detach(), sw, torch.float8_e4m3fn, 448)
     gq = _q(g, sg, torch.float8_e5m2, 57344)  # HYBRID: gradients in E5M2
-    inv = lambda s: 1 / s  # noqa: E731 - IEEE float32 reciprocal
-    assert torch.equal(y.detach(), torch.matmul(xq, wq.t()) * (inv(sx) * inv(sw)))
-    assert torch.equal(x.grad, torch.matmul(gq, wq) * (inv(sg) * inv(sw)))
-    assert torch.equal(m.weight.grad, torch.matmul(gq.t(), xq) * (inv(sg) * inv(sx)))
+    inv = lambda s: float(1 / s)  # noqa: E731 - IEEE float32 reciprocal
+    exact = gref.assert_default_accumulation(y, xq, wq.t(), inv(sx), inv(sw), "fprop")
+    exact += gref.assert_default_accumulation(x.grad, gq, wq, inv(sg), inv(sw), "dgrad")
+    exact += gref.assert_default_accumulation(m.weight.grad, gq.t(), xq, inv(sg), inv(sx), "wgrad")
+    assert exact > 0
 
 
 def test_outside_autocast_modules_are_plain_layers() -> None:
@@ -343,7 +349,7 @@ def test_under_bf16_autocast_activations_are_bf16_and_the_output_is_rounded_once
     torch.manual_seed(12)
     m = te.Linear(32, 16)
     x = torch.randn(16, 32, requires_grad=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16), te.autocast(recipe=Float8CurrentScaling()):
+    with torch.autocast("cpu", dtype=torch.bfloat16), te.autocast(recipe=Float8CurrentScaling(), accumulator="exact"):
         y = m(x)
     assert y.dtype == torch.bfloat16
     xb, wb, bb = (t.detach().bfloat16().float() for t in (x, m.weight, m.bias))
@@ -351,7 +357,9 @@ def test_under_bf16_autocast_activations_are_bf16_and_the_output_is_rounded_once
     sx, sw = f448 / xb.abs().max(), f448 / wb.abs().max()
     xq = _q(xb, sx, torch.float8_e4m3fn, 448)
     wq = _q(wb, sw, torch.float8_e4m3fn, 448)
-    want = (torch.matmul(xq, wq.t()) * ((1 / sx) * (1 / sw)) + bb).bfloat16()
+    import _gemm_reference as gref  # the exact accumulator: the exact sum rounded once, not torch.matmul
+
+    want = (torch.from_numpy(gref.rn_f32(xq, wq.t())) * ((1 / sx) * (1 / sw)) + bb).bfloat16()
     assert torch.equal(y, want)
     y.float().sum().backward()
     assert x.grad.dtype == torch.float32 and m.weight.grad.dtype == torch.float32

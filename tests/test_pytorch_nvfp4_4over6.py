@@ -208,6 +208,8 @@ def test_nvfp4_4over6_in_modules_equals_the_quantizer_reference(scope: str) -> N
     xq = operand(x.detach().numpy(), scope in ("activations", "all"), False)
     w = layer.weight.detach().numpy()
     wq = operand(w, scope in ("weights", "all"), True)
+    # NVFP4 under the default accumulator: one float32 matmul of the dequantized operands (global scale
+    # included), BLAS order; the operands are the test's own, torch's float32 matmul is the contract there
     assert torch.equal(y.detach(), xq @ wq.t())
     # dgrad: the weight's columnwise copy (the kernel on W^T, quantize_stage_colwise) and a plain 1x16 dy
     wq_col = operand(np.ascontiguousarray(w.T), scope in ("weights", "all"), True).t()
