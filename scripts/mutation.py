@@ -1,0 +1,100 @@
+"""Mutation testing, one fp8sim package at a time (mutmut 3.x; see docs/mutation.md).
+
+    python scripts/mutation.py native            # mutate fp8sim/native/*, run its targeted tests
+    python scripts/mutation.py native --results  # list the survivors of the last run
+    python scripts/mutation.py --list            # the packages and their test selections
+
+Each package runs in its own work folder ``.mutation/<package>/`` (git-ignored), so its results stay
+cached between runs and one package's test selection never invalidates another's.  The folder gets the
+checkout's ``pyproject.toml`` with ``[tool.mutmut]`` completed from ``[tool.fp8sim.mutation.<package>]``
+(``only_mutate`` and ``tests``), and links to ``fp8sim/``, ``tests/`` and the files the tests read; mutmut
+copies them into ``mutants/`` there.  Extra arguments go to ``mutmut run`` (mutant names or globs,
+``--max-children``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: mutmut needs toml there anyway
+    import tomli as tomllib  # type: ignore[no-redef]
+
+ROOT = Path(__file__).resolve().parent.parent
+# what the tests read besides the package (mutmut copies fp8sim/ and tests/, [tool.mutmut] also_copy the rest)
+_LINKS = (
+    "fp8sim",
+    "tests",
+    "docs",
+    "notebooks",
+    "reports",
+    "scripts",
+    "benchmarks",
+    "README.md",
+    ".gitignore",
+    "mkdocs.yml",
+)
+
+
+def _packages() -> dict[str, dict]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
+    return data["tool"]["fp8sim"]["mutation"]
+
+
+def _toml_list(values: list[str]) -> str:
+    return "[" + ", ".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "]"
+
+
+def _workdir(name: str, pkg: dict) -> Path:
+    """``.mutation/<name>/`` with links to the sources and tests and a pyproject.toml for this package."""
+    work = ROOT / ".mutation" / name
+    work.mkdir(parents=True, exist_ok=True)
+    for link in _LINKS:
+        target = work / link
+        if not target.is_symlink() and (ROOT / link).exists():
+            target.symlink_to(ROOT / link, target_is_directory=(ROOT / link).is_dir())
+    text = (ROOT / "pyproject.toml").read_text("utf-8")
+    head, sep, tail = text.partition("[tool.mutmut]\n")
+    if not sep:
+        raise SystemExit("pyproject.toml has no [tool.mutmut] table")
+    extra = (
+        f"only_mutate = {_toml_list(pkg['only_mutate'])}\n"
+        f"do_not_mutate = {_toml_list(pkg.get('do_not_mutate', []))}\n"
+        f"pytest_add_cli_args_test_selection = {_toml_list(pkg['tests'])}\n"
+    )
+    new = head + sep + extra + tail
+    path = work / "pyproject.toml"
+    if not path.exists() or path.read_text("utf-8") != new:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(new, "utf-8")
+        os.replace(tmp, path)
+    return work
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("package", nargs="?", help="a key of [tool.fp8sim.mutation] in pyproject.toml")
+    parser.add_argument("--list", action="store_true", help="list the packages and their test selections")
+    parser.add_argument("--results", action="store_true", help="print the survivors of the last run")
+    args, rest = parser.parse_known_args(argv)
+    packages = _packages()
+    if args.list or args.package is None:
+        for name, pkg in packages.items():
+            print(f"{name:22s} {' '.join(pkg['only_mutate'])}\n{'':22s} tests: {' '.join(pkg['tests'])}")
+        return 0
+    if args.package not in packages:
+        raise SystemExit(f"unknown package {args.package!r}; known: {', '.join(packages)}")
+    work = _workdir(args.package, packages[args.package])
+    cmd = [sys.executable, "-m", "mutmut", "results" if args.results else "run", *rest]
+    if not args.results and "--max-children" not in rest:
+        cmd[4:4] = ["--max-children", "1"]  # 2 shared cores: one worker
+    return subprocess.call(cmd, cwd=work)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
