@@ -136,6 +136,27 @@ PLANTS = [
         "        if self.return_bias:\n            return out, None",
         ("tests/test_pytorch_fp8_boundaries_current.py",),
     ),
+    Plant(
+        "Linear(fp8_grad=)",
+        _MOD + "linear.py",
+        "fp8_io = fp8_boundaries(inp, bool(fp8_output), bool(fp8_grad))",
+        "fp8_io = fp8_boundaries(inp, bool(fp8_output), False)",
+        ("tests/test_pytorch_fp8_boundaries_current.py",),
+    ),
+    Plant(
+        "sequence_parallel",
+        _MOD + "base.py",
+        "tp_size > 1 and sequence_parallel, tp_group, tp_size",
+        "tp_size > 1 and False, tp_group, tp_size",
+        ("tests/test_distributed_te_tp_local.py",),
+    ),
+    Plant(
+        "LayerNormLinear(return_layernorm_output=)",
+        _MOD + "layernorm_linear.py",
+        "        if self.return_layernorm_output:\n            outs += (ln,)",
+        "        if False:\n            outs += (ln,)",
+        ("tests/test_pytorch_modules.py", "tests/test_pytorch_module_api.py"),
+    ),
     # -- recipes ---------------------------------------------------------------------------------------------------
     Plant(
         "Float8CurrentScaling fp8_quant_*.power_2_scale",
@@ -150,6 +171,17 @@ PLANTS = [
         "q = quantize_current_scaling(x.detach(), fmt, pow2=qp.power_2_scale, eps=qp.amax_epsilon)",
         "q = quantize_current_scaling(x.detach(), fmt, pow2=qp.power_2_scale, eps=0.0)",
         ("tests/test_pytorch_modules.py", "tests/test_pytorch_tensor_quantizers.py", "tests/test_recipe.py"),
+    ),
+    Plant(
+        "Float8CurrentScaling.fp8_format",
+        _MOD + "_operands.py",
+        "    fmt = tensor_format(recipe.fp8_format, forward)\n    if isinstance(recipe, DelayedScaling):",
+        "    fmt = tensor_format(type(recipe)().fp8_format, forward)\n    if isinstance(recipe, DelayedScaling):",
+        (
+            "tests/test_pytorch_modules.py",
+            "tests/test_pytorch_module_api.py",
+            "tests/test_pytorch_tensor_quantizers.py",
+        ),
     ),
     Plant(
         "DelayedScaling.margin",
@@ -279,6 +311,27 @@ PLANTS = [
         "dpa = bool(recipe.fp8_mha) and (ds or cs)",
         ("tests/test_pytorch_attention_mha_fp8.py",),
     ),
+    Plant(
+        "recipe.fp8_dpa / fp8_mha (DotProductAttention)",
+        _DPA,
+        "        if not (recipe.fp8_dpa or recipe.fp8_mha):",
+        "        if True:",
+        ("tests/test_pytorch_attention_fp8.py",),
+    ),
+    Plant(
+        "DotProductAttention(attn_mask_type=)",
+        _DPA,
+        "self.attn_mask_type = utils.normalize_mask_type(attn_mask_type)",
+        'self.attn_mask_type = utils.normalize_mask_type("causal")',
+        ("tests/test_pytorch_attention.py",),
+    ),
+    Plant(
+        "DotProductAttention forward(attn_mask_type=)",
+        _DPA,
+        "mask_type = self.attn_mask_type if attn_mask_type is None else utils.normalize_mask_type(attn_mask_type)",
+        "mask_type = self.attn_mask_type",
+        ("tests/test_pytorch_attention.py",),
+    ),
     # -- scaled_mm -------------------------------------------------------------------------------------------------
     Plant(
         "scaled_mm(epilogue=)",
@@ -350,6 +403,27 @@ PLANTS = [
         "pad, pow2 = config.pad_inner_dim, config.round_scales_to_power_of_2",
         "pad, pow2 = False, config.round_scales_to_power_of_2",
         ("tests/test_torchao_float8.py",),
+    ),
+    Plant(
+        "CastConfig.scaling_granularity (axiswise)",
+        "fp8sim/torchao/linear.py",
+        "    axiswise = granularity is ScalingGranularity.AXISWISE\n",
+        "    axiswise = False\n",
+        ("tests/test_torchao_float8.py",),
+    ),
+    Plant(
+        "MXFP8TrainingOpConfig.wgrad_with_hp",
+        "fp8sim/torchao/mx_linear.py",
+        "        if cfg.wgrad_with_hp:\n            grad_weight = torch.mm(go.t(), x)",
+        "        if False:\n            grad_weight = torch.mm(go.t(), x)",
+        ("tests/test_torchao_mx_training.py",),
+    ),
+    Plant(
+        "MXFP8TrainingOpConfig.scale_calculation_mode",
+        "fp8sim/torchao/mx_linear.py",
+        "        mode, kern = cfg.scale_calculation_mode, cfg.kernel_preference\n        with torch.autocast(",
+        "        mode, kern = ScaleCalculationMode.RCEIL, cfg.kernel_preference\n        with torch.autocast(",
+        ("tests/test_torchao_mx_training.py",),
     ),
     Plant(
         "Float8GemmConfig.use_fast_accum (output)",

@@ -343,3 +343,26 @@ def test_scaled_mm_output_format_is_read_from_out_dtype_or_the_operand() -> None
     assert _mm_out_format((a, a, 1, 1, None, None, "bfloat16"), {}) is None
     assert _mm_out_format((a, a, 1, 1, None, None, "e4m3"), {}).name == "e4m3"
     assert _mm_out_format((a,), {"a_format": "e5m2"}).name == "e5m2"
+
+
+# -- reading operands as codes of a format ---------------------------------------------------------------------
+
+
+def test_off_grid_values_are_refused_naming_the_element_its_bits_and_the_fix() -> None:
+    """With ``fmt=``, a float that is not a value of the format is a ValueError naming the operand, the
+    element's index (``[()]`` for a scalar), its value and bit pattern, and what to pass instead."""
+    from fp8sim.testing import assert_bit_exact
+
+    fix = "is not a value of e4m3: with fmt= pass codes or values on the e4m3 grid (e.g. fp8sim.quantize)"
+    with pytest.raises(ValueError) as info:
+        assert_bit_exact(np.float32(0.3), np.float32(0.3), "e4m3")
+    assert str(info.value) == f"actual[()] = 0.30000001192092896 (float32 0x3E99999A) {fix}"
+    with pytest.raises(ValueError) as info:
+        assert_bit_exact(np.array([[1.0, 0.5]], F32), np.array([[1.0, 0.3]], F32), "e4m3")
+    assert str(info.value) == f"expected[0, 1] = 0.30000001192092896 (float32 0x3E99999A) {fix}"
+    with pytest.raises(ValueError) as info:
+        assert_bit_exact(np.array([3, 300]), np.array([3, 3]), "e4m3")
+    assert str(info.value) == "actual holds code 300, out of range for e4m3: codes are 0..255"
+    with pytest.raises(ValueError) as info:
+        assert_bit_exact(np.array([3, 3]), np.array([-1, 3]), "e4m3")
+    assert str(info.value) == "expected holds code -1, out of range for e4m3: codes are 0..255"
