@@ -1,6 +1,13 @@
 """The MultiheadAttention / TransformerLayer and block-recipe checks of test_distributed_te_tp.py, run inside
 that file's one 2-rank spawn (its ``_worker`` calls :func:`_run_attention`, :func:`_run_block` and
-:func:`_per_shard_then_gather`); the oracles are described in their docstrings."""
+:func:`_per_shard_then_gather`); the oracles are described in their docstrings.
+
+What in these references is independent of fp8sim: the tensor-parallel arithmetic (which shard each rank holds,
+the sums over ranks, where the bias and the amax reductions go), written here from TE's code.  What is not: each
+shard's own forward and backward, which the reference computes with fp8sim's one-process modules (their GEMMs
+and casts are checked against TE references and exact sums in the single-process tests, e.g.
+``test_pytorch_fp8_boundaries_current.py``, ``test_pytorch_module_accumulators.py``,
+``test_pytorch_attention_fp8.py``).  So these tests catch a wrong TP data flow, not a wrong GEMM."""
 
 from __future__ import annotations
 
