@@ -366,3 +366,30 @@ def test_off_grid_values_are_refused_naming_the_element_its_bits_and_the_fix() -
     with pytest.raises(ValueError) as info:
         assert_bit_exact(np.array([3, 3]), np.array([-1, 3]), "e4m3")
     assert str(info.value) == "expected holds code -1, out of range for e4m3: codes are 0..255"
+
+
+# -- the pytest plugin's gpu rule ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("available", "capability", "reason"),
+    [
+        (False, None, "needs a CUDA device with float8 support; torch sees none"),
+        (True, (8, 6), "needs compute capability >= 8.9 for float8; the device has 8.6"),
+        (True, (8, 9), None),
+        (True, (9, 0), None),
+        (True, (7, 9), "needs compute capability >= 8.9 for float8; the device has 7.9"),
+    ],
+)
+def test_gpu_skip_reason_needs_compute_capability_8_9(monkeypatch, available, capability, reason) -> None:  # noqa: ANN001
+    """The ``gpu`` marker's rule: a CUDA device of compute capability >= 8.9 (Ada, Hopper, Blackwell)."""
+    torch = pytest.importorskip("torch")
+    from fp8sim.testing.pytest_plugin import gpu_skip_reason
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+    gpu_skip_reason.cache_clear()
+    try:
+        assert gpu_skip_reason() == reason
+    finally:
+        gpu_skip_reason.cache_clear()
