@@ -203,6 +203,29 @@ def test_norms_compute_in_float32_and_zero_centered_gamma_adds_one_in_float32(cl
     assert not torch.equal(gamma_bf16, w.detach())
 
 
+@pytest.mark.parametrize("module", ["LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP"])
+def test_zero_centered_gamma_initialises_gamma_to_zero_so_the_norm_starts_as_the_plain_one(module: str) -> None:
+    """TE layernorm_linear.py 1455 / layernorm_mlp.py 2084 ``init_method_constant(float(not
+    zero_centered_gamma))``, ops/basic/layer_norm.py 161-164 (LayerNorm; RMSNorm alike): with
+    ``zero_centered_gamma=True`` the stored gamma starts at 0, so ``gamma + 1`` is 1 and the fresh module
+    gives the plain module's output; without it gamma starts at 1."""
+    make = {
+        "LayerNorm": lambda **kw: te.LayerNorm(32, **kw),
+        "RMSNorm": lambda **kw: te.RMSNorm(32, **kw),
+        "LayerNormLinear": lambda **kw: te.LayerNormLinear(32, 16, **kw),
+        "LayerNormMLP": lambda **kw: te.LayerNormMLP(32, 16, **kw),
+    }[module]
+    x = torch.randn(8, 32)
+    outs = []
+    for zc in (True, False):
+        torch.manual_seed(3)
+        m = make(zero_centered_gamma=zc)
+        gamma = m.weight if module in ("LayerNorm", "RMSNorm") else m.layer_norm_weight
+        assert torch.equal(gamma.detach(), torch.full((32,), 0.0 if zc else 1.0))
+        outs.append(m(x))
+    assert torch.equal(outs[0], outs[1])
+
+
 # -- point 7 -------------------------------------------------------------------------------------
 def test_fp8_gemm_with_float32_activations_adds_the_bias_in_bf16() -> None:
     """TE linear.py _linear_forward_impl: ``bias_dtype = activation_dtype``, but "cuBLAS does not
@@ -313,6 +336,37 @@ def test_layernorm_mlp_activations_follow_tes_formulas(activation: str) -> None:
     ln = F.layer_norm(x, (16,), m.layer_norm_weight, m.layer_norm_bias, 1e-5)
     h = _te_reference(activation, F.linear(ln, m.fc1_weight, m.fc1_bias))
     assert torch.equal(m(x), F.linear(h, m.fc2_weight, m.fc2_bias))
+
+
+def test_clamped_swiglu_activation_params_follow_tes_formula() -> None:
+    """``activation_params`` (``limit``, ``alpha``, ``glu_linear_offset``) reach TE's clamped SwiGLU
+    (test_fusible_ops.py's clamped SwiGLU reference with these values); other values than the defaults change
+    the output."""
+    torch.manual_seed(12)
+    params = {"limit": 2.0, "alpha": 1.0, "glu_linear_offset": 0.5}
+    m = te.LayerNormMLP(16, 16, activation="clamped_swiglu", activation_params=params)
+    x = torch.randn(8, 16) * 4
+    ln = F.layer_norm(x, (16,), m.layer_norm_weight, m.layer_norm_bias, 1e-5)
+    x1, x2 = F.linear(ln, m.fc1_weight, m.fc1_bias).chunk(2, dim=-1)
+    g = x1.clamp(max=2.0)
+    h = g * torch.sigmoid(1.0 * g) * (x2.clamp(-2.0, 2.0) + 0.5)
+    y = m(x)
+    assert torch.equal(y, F.linear(h, m.fc2_weight, m.fc2_bias))
+    default = _te_reference("clamped_swiglu", torch.cat([x1, x2], dim=-1))  # limit 7, alpha 1.702, offset 1
+    assert not torch.equal(y, F.linear(default, m.fc2_weight, m.fc2_bias))
+
+
+def test_activation_params_keep_the_float32_activation_of_bf16_modules() -> None:
+    """TE's activation kernels compute in float32 whatever the input dtype, also with ``activation_params``:
+    the default parameters given explicitly give the bits of the call without them (fp8sim ran the
+    parametrised clamped SwiGLU in bf16)."""
+    x = (torch.randn(16, 32, generator=torch.Generator().manual_seed(3)) * 3).bfloat16()
+    outs = []
+    for params in (None, {"limit": 7.0, "alpha": 1.702, "glu_linear_offset": 1.0}):
+        torch.manual_seed(0)
+        m = te.LayerNormMLP(32, 32, activation="clamped_swiglu", activation_params=params, params_dtype=torch.bfloat16)
+        outs.append(m(x))
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_unknown_activation_and_normalization_name_the_choices() -> None:

@@ -63,5 +63,5 @@ def activation_fn(name: str, params: dict[str, Any] | None = None) -> Callable[[
                 f"activation_params for clamped_swiglu: unknown {sorted(unknown)}; "
                 "known: limit, alpha, glu_linear_offset"
             )
-        return lambda x: _clamped_swiglu(x, **params)
+        return lambda x: _clamped_swiglu(x.float(), **params)  # float32 as every activation kernel
     return lambda x: fn(x.float())
