@@ -194,14 +194,19 @@ def codes_of(values: torch.Tensor | np.ndarray, fmt: str) -> np.ndarray:
 _ML = {"e4m3": (ml_dtypes.float8_e4m3fn, 448.0), "e5m2": (ml_dtypes.float8_e5m2, 57344.0)}
 
 
-def current_scaling_cast(x: torch.Tensor, fmt: str, pow2: bool = False) -> tuple[torch.Tensor, torch.Tensor, float]:
+def current_scaling_cast(
+    x: torch.Tensor, fmt: str, pow2: bool = False, eps: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """The module's operand as TE's Float8CurrentScalingQuantizer makes it (NVIDIA/TransformerEngine d0067d0
-    ``csrc/quantizer.cpp`` 980-1033): amax, scale (``common/recipe/recipe_common.cuh`` 14-49, eps 0, an infinite
-    scale is FLT_MAX as ``current_scaling.cu`` 274-275, ``pow2`` keeps sign and exponent bits), the cast
-    ``satfinite(RN(fl32(x) * scale))`` with ml_dtypes.  Returns (decoded values, codes, scale_inv)."""
+    ``csrc/quantizer.cpp`` 980-1033): amax, scale (``common/recipe/recipe_common.cuh`` 14-49: an amax below
+    ``eps`` is ``eps``, an infinite scale is FLT_MAX as ``current_scaling.cu`` 274-275, ``pow2`` keeps sign and
+    exponent bits), the cast ``satfinite(RN(fl32(x) * scale))`` with ml_dtypes.  Returns (decoded values,
+    codes, scale_inv)."""
     dt, fmax = _ML[fmt]
     xf = x.detach().float().numpy()
     amax = np.float32(np.abs(xf).max())
+    if amax < np.float32(eps):
+        amax = np.float32(eps)
     with np.errstate(over="ignore", divide="ignore"):
         scale = np.float32(1) if amax == 0 or not np.isfinite(amax) else np.float32(fmax) / amax
     if np.isinf(scale):

@@ -313,6 +313,41 @@ def test_layernorm_linear_fp8_output_under_current_scaling_cast_unfused_and_fp8_
         assert not torch.equal(_mm(vr.t(), sr, vln, sln).to(dt), lnl.weight.grad)
 
 
+@pytest.mark.parametrize("role", ["input", "weight", "grad"])
+def test_current_scaling_qparams_of_each_role_reach_its_cast(role: str) -> None:
+    """``Float8CurrentScaling``'s ``fp8_quant_fwd_inp`` / ``fp8_quant_fwd_weight`` / ``fp8_quant_bwd_grad``
+    (class attributes in TE, not fields: set on a subclass, recipe/__init__.py 302-306): TE linear.py 2202-2228
+    builds the input, weight and grad-output quantizers from them; here the role's ``QParams(power_2_scale=True,
+    amax_epsilon=0.25)`` (its tensor's amax is below 0.25, so the scale is ``pow2(fmax / 0.25)``), the other
+    roles the defaults.  fprop and dgrad bit for bit (exact accumulator); the default QParams give other bits."""
+    from fp8sim.recipe import QParams
+
+    field = {"input": "fp8_quant_fwd_inp", "weight": "fp8_quant_fwd_weight", "grad": "fp8_quant_bwd_grad"}[role]
+    recipe = type("Custom", (Float8CurrentScaling,), {field: QParams(power_2_scale=True, amax_epsilon=0.25)})()
+    torch.manual_seed(21)
+    m = te.Linear(64, 32, bias=False)
+    g = torch.Generator().manual_seed(22)
+    x = (torch.randn(16, 64, generator=g) * 1e-2).requires_grad_()
+    dy = torch.randn(16, 32, generator=g) * 1e-3
+    with te.autocast(recipe=recipe, accumulator="exact"):
+        y = m(x)
+    y.backward(dy)
+
+    def cast(t: torch.Tensor, fmt: str, mine: bool):
+        return ref.current_scaling_cast(t, fmt, pow2=mine, eps=0.25 if mine else 0.0)
+
+    (vx, _, sx), (vw, _, sw) = cast(x, "e4m3", role == "input"), cast(m.weight, "e4m3", role == "weight")
+    vg, _, sg = cast(dy, "e5m2", role == "grad")
+    want_y = _mm(vx, sx, vw.t(), sw)
+    want_dx = _mm(vg, sg, vw, sw)
+    _assert_bits(y.detach(), want_y, "fprop")
+    _assert_bits(x.grad, want_dx, "dgrad")
+    (dvx, _, dsx), (dvw, _, dsw) = cast(x, "e4m3", False), cast(m.weight, "e4m3", False)
+    dvg, _, dsg = cast(dy, "e5m2", False)
+    plain = (_mm(dvx, dsx, dvw.t(), dsw), _mm(dvg, dsg, dvw, dsw))
+    assert not (torch.equal(plain[0], want_y) and torch.equal(plain[1], want_dx))
+
+
 def test_layernorm_linear_fp8_grad_inside_fp8_autocast_is_refused() -> None:
     """TE layernorm_linear.py 1133-1161 hands the dgrad GEMM's FP8 output straight to ``tex.layernorm_bwd`` /
     ``tex.rmsnorm_bwd`` (plain ``at::Tensor`` arguments): not emulated, refused with a message naming it."""
