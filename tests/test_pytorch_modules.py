@@ -368,6 +368,73 @@ def test_under_bf16_autocast_activations_are_bf16_and_the_output_is_rounded_once
     assert x.grad.dtype == torch.float32 and m.weight.grad.dtype == torch.float32
 
 
+@pytest.mark.parametrize("fmt", ["HYBRID", "E4M3"])
+def test_delayed_scaling_fp8_format_picks_the_gradient_format(fmt: str) -> None:
+    """``DelayedScaling(fp8_format=...)``: HYBRID casts gradients to E5M2, E4M3 to E4M3 (TE recipe docstring;
+    spec 4.1-4.2); forward operands E4M3 either way.  First step, every scale 1: dgrad is the exact products of
+    ``satfinite(dy)`` in the gradient format and the E4M3 weight, summed in float32."""
+    import _gemm_reference as gref
+    import ml_dtypes
+
+    from fp8sim.recipe import Format
+
+    torch.manual_seed(18)
+    m = te.Linear(64, 32, bias=False)
+    x = torch.randn(16, 64, requires_grad=True)
+    dy = torch.randn(16, 32) * 0.3
+    with te.autocast(recipe=DelayedScaling(fp8_format=Format[fmt])):
+        y = m(x)
+    y.backward(dy)
+    gdt, gmax = (ml_dtypes.float8_e5m2, 57344.0) if fmt == "HYBRID" else (ml_dtypes.float8_e4m3fn, 448.0)
+    vg = torch.from_numpy(np.clip(dy.numpy(), -gmax, gmax).astype(gdt).astype(np.float32))
+    vw = torch.from_numpy(
+        np.clip(m.weight.detach().numpy(), -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    )
+    gref.assert_default_accumulation(x.grad, vg, vw, what="dgrad")
+    other = ml_dtypes.float8_e4m3fn if fmt == "HYBRID" else ml_dtypes.float8_e5m2
+    assert not np.array_equal(dy.numpy().astype(other).astype(np.float32), vg.numpy())
+
+
+@pytest.mark.parametrize("dims", [(2, 1, 1), (1, 1, 2), (1, 1, 1)], ids=lambda d: "x{}w{}g{}".format(*d))
+def test_float8_block_scaling_dims_pick_each_operands_tiles(dims: tuple[int, int, int]) -> None:
+    """``Float8BlockScaling(x_block_scaling_dim, w_block_scaling_dim, grad_block_scaling_dim)``: each operand is
+    cast with 128x128 tiles where its dim is 2, else 1x128 along the GEMM's reduction (128x1 for a reduction
+    over rows: the weight in dgrad), by the scaling layer's TE blockwise quantizer (checked against TE's
+    reference in test_pytorch_tensor_blockwise.py).  fprop and dgrad: those dequantized operands' exact products
+    summed in float32 (``tests/_gemm_reference.py``: bits where every order is exact, within gamma_K * sum|p|
+    elsewhere)."""
+    import _gemm_reference as gref
+
+    from fp8sim.scaling.block import quantize_block_scaling
+
+    xd, wd, gd = dims
+    recipe = Float8BlockScaling(x_block_scaling_dim=xd, w_block_scaling_dim=wd, grad_block_scaling_dim=gd)
+    torch.manual_seed(16)
+    m = te.Linear(256, 128, bias=False)
+    with torch.no_grad():  # magnitudes that vary along rows and columns: 1x128 and 128x128 tiles differ
+        m.weight.mul_(torch.logspace(-2, 2, 128)[:, None])
+    g = torch.Generator().manual_seed(17)
+    x = (torch.randn(128, 256, generator=g) * torch.logspace(-2, 2, 128)[:, None]).requires_grad_()
+    dy = torch.randn(128, 128, generator=g) * torch.logspace(-4, 0, 128)[:, None]
+    with te.autocast(recipe=recipe):
+        y = m(x)
+    y.backward(dy)
+    w = m.weight.detach().numpy()
+
+    def deq(t: np.ndarray, dim: int, columnwise: bool = False) -> torch.Tensor:
+        q = quantize_block_scaling(t, "e4m3", block_dim=dim, columnwise=columnwise and dim == 1, pow2=True)
+        return torch.from_numpy(q.dequantize())
+
+    qx, qw_row = deq(x.detach().numpy(), xd), deq(w, wd)
+    qg, qw_col = deq(dy.numpy(), gd), deq(w, wd, columnwise=True)
+    n = gref.assert_default_accumulation(y, qx, qw_row.t(), what="fprop")
+    n += gref.assert_default_accumulation(x.grad, qg, qw_col, what="dgrad")
+    assert n > 0
+    # the other tiling of each operand gives other operands: a dropped dim would fail the checks above
+    assert not torch.equal(deq(x.detach().numpy(), 3 - xd), qx)
+    assert not torch.equal(deq(w, 3 - wd), qw_row) and not torch.equal(deq(dy.numpy(), 3 - gd), qg)
+
+
 def test_block_scaling_with_a_hardware_accumulator_accepts_partial_blocks_and_stays_near_the_default() -> None:
     """Float8BlockScaling with ``accumulator="hopper"`` and 40 rows (wgrad's K ends in a partial 128-block): the
     call and its backward run and the output stays within 1e-3 (relative norm) of the default accumulator's.
