@@ -292,9 +292,10 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
         if self._data is not None:
             if self._data.numel() == 0:
                 return torch.empty_like(self._data, dtype=dtype)
-            return (self._data.view(fp8).float() * self._scale_inv.to(self._data.device)).to(dtype)
+            # the scale as a 0-d factor, so a 0-d tensor stays 0-d (TE's output has the input's shape)
+            return (self._data.view(fp8).float() * self._scale_inv.to(self._data.device).reshape(())).to(dtype)
         if self._transpose is not None:
-            out = (self._transpose.view(fp8).float() * self._scale_inv).to(dtype)
+            out = (self._transpose.view(fp8).float() * self._scale_inv.reshape(())).to(dtype)
             return out.movedim(0, -1).contiguous() if out.dim() > 1 else out
         raise RuntimeError("Float8TensorStorage has neither rowwise nor columnwise data")
 
