@@ -245,6 +245,33 @@ def test_extra_state_policy_helpers() -> None:
         xs.should_load_extra_state_pickle(blob, "Linear")
 
 
+def _qfactory(role: object) -> None:  # a module-level factory, so a CustomRecipe pickles
+    del role
+
+
+_STATELESS_NAMES = ["Float8CurrentScaling", "MXFP8BlockScaling", "Float8BlockScaling", "NVFP4BlockScaling"]
+
+
+@pytest.mark.parametrize("name", _STATELESS_NAMES)
+def test_stateless_recipe_pickled_by_plain_pickle_is_ignored(name: str) -> None:
+    """_extra_state.py:54-61 and 121-183: a stateless recipe's payload is IGNORE whatever pickled it; under
+    fp8sim the recipe's class path is fp8sim.recipe (TE's classes there), which was refused as unknown."""
+    import pickle
+
+    from fp8sim import recipe
+    from fp8sim.pytorch import _extra_state_te as xs
+
+    payload = pickle.dumps({"recipe": getattr(recipe, name)(), "extra_fp8_variables": {}})
+    assert xs.should_load_extra_state_pickle(payload, "test") is False
+    custom = pickle.dumps({"recipe": recipe.CustomRecipe(qfactory=_qfactory), "extra_fp8_variables": {}})
+    assert xs.should_load_extra_state_pickle(custom, "test") is False  # DYNAMIC without delayed-scaling keys
+    stateful = pickle.dumps({"recipe": DelayedScaling(), "scale_fwd": torch.ones(1), "extra_fp8_variables": {}})
+    with pytest.raises(RuntimeError, match=xs.UNSAFE_PICKLE_EXTRA_STATE_ENV):
+        xs.should_load_extra_state_pickle(stateful, "test")
+    # TE's map covers every recipe class, keyed by TE's module path
+    assert ("transformer_engine.common.recipe", name) in xs._RECIPE_POLICIES
+
+
 @pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="a real TE is installed")
 def test_fp8sim_run_resolves_issue_13_names() -> None:
     """`fp8sim run`: TE's recompute, GEMM, state-manager and extra-state names resolve; te.ops is named

@@ -102,16 +102,22 @@ class CheckpointExtraStatePolicy(Enum):
     DYNAMIC = "dynamic"
 
 
+# TE's map of first-party recipes to their policy; fp8sim's recipe classes are TE's under ``fp8sim run``, so a
+# recipe pickled by plain ``pickle`` (class path ``fp8sim.recipe``) is classified as TE's
+_POLICY_BY_NAME = {
+    "DelayedScaling": CheckpointExtraStatePolicy.STATEFUL_FP8_DELAYED_SCALING,
+    **{n: CheckpointExtraStatePolicy.STATELESS for n in _STATELESS},
+    "CustomRecipe": CheckpointExtraStatePolicy.DYNAMIC,
+}
+_RECIPE_POLICIES: dict[tuple[str, str], CheckpointExtraStatePolicy] = {
+    (mod, n): p for mod in (_TE_RECIPE_MODULE, _recipe.__name__) for n, p in _POLICY_BY_NAME.items()
+}
+
+
 def recipe_extra_state_policy(recipe: _recipe.Recipe) -> CheckpointExtraStatePolicy | None:
     """TE: the policy of a first-party recipe (fp8sim's recipe classes stand for TE's), else None."""
     cls = type(recipe)
-    if cls.__module__ != _recipe.__name__:
-        return None
-    if cls.__name__ == "DelayedScaling":
-        return CheckpointExtraStatePolicy.STATEFUL_FP8_DELAYED_SCALING
-    if cls.__name__ in _STATELESS:
-        return CheckpointExtraStatePolicy.STATELESS
-    return CheckpointExtraStatePolicy.DYNAMIC if cls.__name__ == "CustomRecipe" else None
+    return _RECIPE_POLICIES.get((cls.__module__, cls.__name__))
 
 
 def is_stateless_recipe(recipe: _recipe.Recipe) -> bool:
@@ -283,9 +289,10 @@ def _needs_unsafe_opt_in(data: bytes) -> bool:
             else:
                 continue
             has_global = True
-            if len(ref) == 2 and ref[0] == _TE_RECIPE_MODULE and ref[1] in _RECIPE_NAMES[:6]:
+            policy = _RECIPE_POLICIES.get(ref) if len(ref) == 2 else None
+            if policy is not None:
                 recipes.add(ref[1])
-                stateful |= ref[1] == "DelayedScaling"
+                stateful |= policy is CheckpointExtraStatePolicy.STATEFUL_FP8_DELAYED_SCALING
     except Exception:  # noqa: BLE001 - unreadable: TE asks for the opt-in
         return True
     if not has_global and not has_ds:  # cannot construct anything: nothing to load
