@@ -332,3 +332,12 @@ def test_quantize_master_weights_nvfp4_2d_casts_the_shard_per_16x16_tile() -> No
     assert np.array_equal(nib[start : start + n], codes)
     assert np.array_equal(nib[:start], old_nib[:start]) and np.array_equal(nib[start + n :], old_nib[start + n :])
     assert w._columnwise_data is None  # dropped until the next all-gather makes it again
+
+
+def test_base_quantized_tensor_refuses_views_with_tes_message() -> None:
+    """quantized_tensor.py:929-931 (TE's test_quantized_tensor.py:822-828): the base class refuses aten.view."""
+    from fp8sim.pytorch.tensor import QuantizedTensor
+
+    qt = QuantizedTensor((128, 128), torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="^QuantizedTensor class does not support tensor views$"):
+        qt.view(-1)
