@@ -124,8 +124,22 @@ def test_nvfp4_validation_messages(kwargs: dict, message: str) -> None:
     assert str(info.value) == message
 
 
+def test_amax_history_len_zero_is_accepted_as_te_accepts_it() -> None:
+    """TE's DelayedScaling (common/recipe/__init__.py 255-270) has no check on amax_history_len; its
+    state allocates torch.zeros(0, n) and building the quantizers reads amax_history[0][i]
+    (pytorch/quantization.py 1436-1451): IndexError on the first FP8 step, not at construction."""
+    d = r.DelayedScaling(amax_history_len=0)
+    assert d.amax_history_len == 0 and "amax_history_len=0" in repr(d)
+    from fp8sim.scaling.delayed import DelayedScaler
+
+    with pytest.raises(IndexError, match="index 0 is out of bounds for dimension 0 with size 0"):
+        DelayedScaler(d, n=3)
+    with pytest.raises(IndexError, match="index 0 is out of bounds"):
+        DelayedScaler(r.DelayedScaling(), n=3).set_recipe(d)
+
+
 def test_bad_delayed_scaling_fields_name_the_argument() -> None:
-    with pytest.raises(ValueError, match="amax_history_len must be >= 1, got -1"):
+    with pytest.raises(ValueError, match="amax_history_len must be >= 0, got -1"):
         r.DelayedScaling(amax_history_len=-1)
     with pytest.raises(r.RecipeValidationError, match=r"amax_compute_algo\n  Input should be 'max' or 'most_recent'"):
         r.DelayedScaling(amax_compute_algo="mean")

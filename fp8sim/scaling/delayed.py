@@ -38,6 +38,16 @@ def _te_fp8_max(recipe: DelayedScaling, forward: bool) -> int:
     return Format.E5M2.value.max_fwd
 
 
+def _check_history_len(recipe: DelayedScaling) -> None:
+    """TE accepts ``DelayedScaling(amax_history_len=0)`` but its state has no amax row: building the
+    quantizers (``amax_history[0][i]``, ``quantization.py`` ``DelayedScalingRecipeState``) fails."""
+    if recipe.amax_history_len == 0:
+        raise IndexError(
+            "index 0 is out of bounds for dimension 0 with size 0: DelayedScaling(amax_history_len=0) has no "
+            "amax history row to record into (TE fails the same way when it builds the quantizers)"
+        )
+
+
 class DelayedScaler:
     """Delayed-scaling state for ``n`` quantizers of one direction (forward or backward).
 
@@ -59,6 +69,7 @@ class DelayedScaler:
         self.recipe = recipe if recipe is not None else DelayedScaling()
         if not isinstance(self.recipe, DelayedScaling):
             raise TypeError(f"recipe must be a DelayedScaling, got {type(self.recipe).__name__}")
+        _check_history_len(self.recipe)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n (number of quantizers) must be an int >= 1, got {n!r}")
         self.n = n
@@ -98,6 +109,7 @@ class DelayedScaler:
         new recipe's margin, algorithms and FP8_MAX."""
         if not isinstance(recipe, DelayedScaling):
             raise TypeError(f"recipe must be a DelayedScaling, got {type(recipe).__name__}")
+        _check_history_len(recipe)
         length, cur = recipe.amax_history_len, self.amax_history.shape[0]
         if length < cur:
             self.amax_history = self.amax_history[:length].copy()
