@@ -25,7 +25,7 @@ from ...scaling.amax import amax_nan_skipping
 from ...scaling.current import compute_scale_from_amax
 from ..constants import DType, TE_DType_To_Torch
 from . import _fsdp2
-from .quantized_tensor import QuantizedTensor, Quantizer, _check_high_precision
+from .quantized_tensor import QuantizedTensor, Quantizer, _check_high_precision, data_property
 from .storage.float8_tensor_storage import Float8TensorStorage
 
 __all__ = ["Float8Quantizer", "Float8CurrentScalingQuantizer", "Float8Tensor", "delayed_scaling_quantizers"]
@@ -250,6 +250,7 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
     ``_fp8_dtype`` (``DType``), ``_transpose`` (columnwise codes or None), ``_quantizer``."""
 
     _saved_fields = ("_data", "_transpose", "_scale_inv")
+    data = data_property("requantize")  # TE: assigning .data casts to FP8
     amax_reduction_group: Any = None  # set by FSDP2 in fsdp_pre_all_gather (current scaling)
     fsdp_pre_all_gather = _fsdp2.fsdp_pre_all_gather
     fsdp_post_all_gather = _fsdp2.fsdp_post_all_gather

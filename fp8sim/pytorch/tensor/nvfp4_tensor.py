@@ -48,7 +48,7 @@ from ...scaling.quantized import QuantizedData as _SimQT
 from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType, TE_DType
 from . import _fsdp2, _fsdp2_nvfp4
 from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
-from .quantized_tensor import Quantizer, _check_high_precision
+from .quantized_tensor import Quantizer, _check_high_precision, data_property
 from .storage.nvfp4_tensor_storage import NVFP4TensorStorage
 
 __all__ = ["NVFP4Quantizer", "NVFP4Tensor"]
@@ -333,6 +333,7 @@ class NVFP4Tensor(NVFP4TensorStorage, BlockScaledTensor):
 
     _extra_fields = ("amax_rowwise", "amax_columnwise", "with_2d_quantization", "nvfp4_use_4over6", "nvfp4_e4m3_max")
     _saved_fields = (*BlockScaledTensor._saved_fields, "_amax_rowwise", "_amax_columnwise")
+    data = data_property("update")  # TE: assigning .data quantizes into this tensor
     fsdp_pre_all_gather = _fsdp2_nvfp4.fsdp_pre_all_gather
     fsdp_post_all_gather = _fsdp2_nvfp4.fsdp_post_all_gather
 
