@@ -26,7 +26,8 @@ from ...scaling.block import quantize_block_scaling
 from ..constants import DType, TE_DType_To_Torch
 from . import _fsdp2_block
 from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
-from .quantized_tensor import Quantizer, _check_high_precision, data_property
+from ._data_setter import data_property
+from .quantized_tensor import Quantizer, _check_high_precision
 from .storage.float8_blockwise_tensor_storage import Float8BlockwiseQTensorStorage
 
 __all__ = ["Float8BlockQuantizer", "Float8BlockwiseQTensor"]

@@ -25,7 +25,8 @@ from ...scaling.amax import amax_nan_skipping
 from ...scaling.current import compute_scale_from_amax
 from ..constants import DType, TE_DType_To_Torch
 from . import _fsdp2
-from .quantized_tensor import QuantizedTensor, Quantizer, _check_high_precision, data_property
+from ._data_setter import data_property
+from .quantized_tensor import QuantizedTensor, Quantizer, _check_high_precision
 from .storage.float8_tensor_storage import Float8TensorStorage
 
 __all__ = ["Float8Quantizer", "Float8CurrentScalingQuantizer", "Float8Tensor", "delayed_scaling_quantizers"]

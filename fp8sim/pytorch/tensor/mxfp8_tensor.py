@@ -25,7 +25,8 @@ from ...scaling.mx import quantize_mx
 from ..constants import MXFP8_BLOCK_SCALING_SIZE, DType, TE_DType_To_Torch
 from . import _fsdp2_block
 from ._blockwise import BlockScaledTensor, check_usage, flatten_2d, padded, round_up
-from .quantized_tensor import Quantizer, _check_high_precision, data_property
+from ._data_setter import data_property
+from .quantized_tensor import Quantizer, _check_high_precision
 from .storage.mxfp8_tensor_storage import MXFP8TensorStorage
 
 __all__ = ["MXFP8Quantizer", "MXFP8Tensor"]

@@ -48,7 +48,8 @@ from ...scaling.quantized import QuantizedData as _SimQT
 from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType, TE_DType
 from . import _fsdp2, _fsdp2_nvfp4
 from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
-from .quantized_tensor import Quantizer, _check_high_precision, data_property
+from ._data_setter import data_property
+from .quantized_tensor import Quantizer, _check_high_precision
 from .storage.nvfp4_tensor_storage import NVFP4TensorStorage
 
 __all__ = ["NVFP4Quantizer", "NVFP4Tensor"]
