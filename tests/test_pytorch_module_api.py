@@ -399,3 +399,33 @@ def test_save_original_input_and_checkpoint_are_accepted_with_unchanged_numerics
             mod(x).backward(g)
     assert a.save_original_input and torch.equal(a.weight.grad, b.weight.grad)
     assert te.LayerNormMLP(16, 16, checkpoint=True).checkpoint
+
+
+_META_MODULES = {
+    "Linear": lambda d: te.Linear(64, 32, device=d),
+    "LayerNorm": lambda d: te.LayerNorm(64, device=d),
+    "RMSNorm": lambda d: te.RMSNorm(64, device=d),
+    "LayerNormLinear": lambda d: te.LayerNormLinear(64, 32, device=d),
+    "LayerNormMLP": lambda d: te.LayerNormMLP(64, 128, device=d),
+    "GroupedLinear": lambda d: te.GroupedLinear(2, 64, 32, device=d),
+}
+
+
+@pytest.mark.parametrize("name", list(_META_MODULES))
+def test_reset_parameters_materialises_meta_parameters(name: str) -> None:
+    """TE module/base.py reset_parameters (and ops/basic/layer_norm.py for the norms): a parameter on
+    meta is replaced by one on the device, then initialised (TE's tests/pytorch/test_deferred_init.py
+    test_reset_parameters); fp8sim left them on meta.  Reference: the same module built on the CPU
+    with the same seed has the same values (init runs in the same order)."""
+    torch.manual_seed(5)
+    meta = _META_MODULES[name]("meta")
+    assert all(p.device.type == "meta" for p in meta.parameters())
+    torch.manual_seed(5)
+    with torch.no_grad():
+        meta.reset_parameters()
+    torch.manual_seed(5)
+    cpu = _META_MODULES[name]("cpu")
+    cpu_params = dict(cpu.named_parameters())
+    for pname, p in meta.named_parameters():
+        assert isinstance(p, torch.nn.Parameter) and p.device.type == "cpu" and p.requires_grad
+        assert torch.equal(p, cpu_params[pname]), pname

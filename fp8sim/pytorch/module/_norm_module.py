@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ._normalization import normalize
+from ._params import materialize_meta_parameter
 
 __all__ = ["NormBase"]
 
@@ -58,7 +59,8 @@ class NormBase(nn.Module):
             self.bias = nn.Parameter(torch.empty(shape, dtype=dtype, device=device))
         else:
             self.bias = None
-        self.reset_parameters()
+        if self.weight.device.type != "meta":  # TE: initialisation on meta waits for reset_parameters()
+            self.reset_parameters()
 
     @property
     def hidden_size(self) -> int:
@@ -66,8 +68,12 @@ class NormBase(nn.Module):
 
     def reset_parameters(self, defer_init: bool | None = None) -> None:
         """gamma ones (zeros when zero-centred: ``gamma + 1`` is applied), beta zeros."""
-        if defer_init or self.weight.device.type == "meta":
+        if defer_init:
             return
+        for name in ("weight", "bias"):  # TE (ops/basic/layer_norm.py reset_parameters): off meta first
+            p = getattr(self, name, None)
+            if p is not None and p.device.type == "meta":
+                materialize_meta_parameter(self, name, p)
         with torch.no_grad():
             self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
             if self.bias is not None:

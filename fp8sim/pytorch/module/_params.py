@@ -10,7 +10,7 @@ from torch import nn
 
 from ..utils import get_default_init_method, init_method_constant
 
-__all__ = ["split_names", "make_linear_params", "make_norm_params", "cat_params"]
+__all__ = ["split_names", "make_linear_params", "make_norm_params", "cat_params", "materialize_meta_parameter"]
 
 
 def split_names(parameters_split: Any, out_features: int) -> tuple[list[str], list[str], list[int]]:
@@ -91,3 +91,12 @@ def cat_params(module: nn.Module, names: list[str]) -> torch.Tensor:
     """The full tensor of split parameters (TE's ``noop_cat``)."""
     ts = [getattr(module, n) for n in names]
     return ts[0] if len(ts) == 1 else torch.cat(ts)
+
+
+def materialize_meta_parameter(module: nn.Module, name: str, param: nn.Parameter) -> nn.Parameter:
+    """TE ``base.py`` ``reset_parameters``: a parameter on ``meta`` is replaced by an uninitialised one on
+    the device (fp8sim's is the CPU) before its ``init_fn`` runs; requires_grad and attributes carry over."""
+    new = nn.Parameter(torch.empty_like(param, device="cpu"), requires_grad=param.requires_grad)
+    new.__dict__.update(param.__dict__)
+    nn.Module.register_parameter(module, name, new)
+    return new

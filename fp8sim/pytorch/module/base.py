@@ -30,6 +30,7 @@ from ._bias import bias_through_bf16
 from ._fp8_params import is_fp8_weight, quantize_primary_weights, reset_sharded_parameters
 from ._gemm_state import _GemmState, _ScalingMeta
 from ._linear_function import LinearOptions, fp8_linear, hp_linear
+from ._params import materialize_meta_parameter
 from ._rng_init import run_init, set_init_tracker
 
 __all__ = [
@@ -192,8 +193,10 @@ class TransformerEngineBaseModule(nn.Module):
         with torch.no_grad():
             for name, fn in self._init_fns.items():
                 p = getattr(self, name, None)
-                if p is None or p.device.type == "meta":
+                if p is None:
                     continue
+                if p.device.type == "meta":  # TE materialises it on its device: the CPU here
+                    p = materialize_meta_parameter(self, name, p)
                 if getattr(self, "primary_weights_in_fp8", False) and name in self._weights():
                     fp8_names.append(name)
                     if is_fp8_weight(p):  # re-initialise in high precision, then quantize again
