@@ -143,6 +143,7 @@ class MultiheadAttention(nn.Module):
         kw = {"params_dtype": self.params_dtype, "device": device, "bias": bias, "init_method": init_method}
         kw.update(tp_group=tp_group, tp_size=tp_size, sequence_parallel=sequence_parallel)
         kw["get_rng_state_tracker"] = get_rng_state_tracker  # TE common_gemm_kwargs: weights init in its fork
+        kw["fuse_wgrad_accumulation"] = fuse_wgrad_accumulation  # TE common_gemm_kwargs: wgrad into main_grad
         qkv_mode = "column" if set_parallel_mode else None
         ln_kw = {
             **kw,
