@@ -180,22 +180,30 @@ def _wgrad(ctx: Any, wgrad_fn: Any) -> torch.Tensor | None:
 
 
 class _HPLinear(torch.autograd.Function):
-    """The high-precision linear with TE's wgrad options (``main_grad``, ``delay_wgrad_compute``)."""
+    """The high-precision linear as TE runs it without FP8: each GEMM one cuBLAS call with float32
+    accumulation and one rounding to the output dtype (fprop: ``x W^T`` + bias in the epilogue; dgrad
+    ``dy W``; wgrad ``dy^T x``, added into ``main_grad`` in float32 or deferred), so it agrees bit for bit
+    with ``backward_override="high_precision"`` (torch's CPU bf16/fp16 matmul rounds otherwise)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, opts: LinearOptions, first_mb: Any):  # noqa: ANN205
         ctx.save_for_backward(x, w)
         ctx.opts, ctx.is_first_microbatch, ctx.has_bias = opts, first_mb, b is not None
         ctx.dtypes = (x.dtype, w.dtype, x.dtype)
-        return torch.nn.functional.linear(x, w, b)
+        with torch.autocast(x.device.type, enabled=False):
+            out = torch.matmul(x.float(), w.float().t())
+            if b is not None:
+                out = out + b.float()
+        return out.to(x.dtype)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple:
         x, w = ctx.saved_tensors
-        dgrad = dy @ w
         x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
-        wgrad = _wgrad(ctx, lambda: dy2.t() @ x2)
-        dbias = dy2.sum(0) if ctx.has_bias else None
+        with torch.autocast(dy.device.type, enabled=False):
+            dgrad = _hp_gemm(dy2, w, dy.dtype).to(dy.dtype).reshape(*dy.shape[:-1], w.shape[-1])
+            wgrad = _wgrad(ctx, lambda: _hp_gemm(dy2.t(), x2, dy.dtype))
+            dbias = dy2.float().sum(0).to(dy.dtype) if ctx.has_bias else None
         return dgrad, wgrad, dbias, None, None
 
 

@@ -341,10 +341,10 @@ class TransformerEngineBaseModule(nn.Module):
                 for idx, t in ((0, x), (1, w)):  # TE overwrites the staging amax (a NaN passes)
                     g.fwd.amax_history[0, idx] = np.float32(_calibration_amax(t))
         x, w, b = x.to(act), w.to(act), None if b is None else b.to(act)
-        if getattr(self, "fuse_wgrad_accumulation", False) or getattr(self, "wgrad_store", None) is not None:
-            opts = LinearOptions(weight_param, self.fuse_wgrad_accumulation, self.wgrad_store)
-            return hp_linear(x, w, b, opts, is_first_microbatch)
-        return torch.nn.functional.linear(x, w, b)
+        opts = LinearOptions(
+            weight_param, getattr(self, "fuse_wgrad_accumulation", False), getattr(self, "wgrad_store", None)
+        )
+        return hp_linear(x, w, b, opts, is_first_microbatch)
 
     def _tp_linear(
         self, mode: str | None, name: str, x: torch.Tensor, w: torch.Tensor, b: Any, *args: Any, **kw: Any
