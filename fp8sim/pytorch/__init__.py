@@ -10,6 +10,8 @@ from .attention import DotProductAttention, MultiheadAttention, RotaryPositionEm
 from .constants import DType
 from .distributed import checkpoint
 from .module import (
+    Fp8Padding,
+    Fp8Unpadding,
     GroupedLinear,  # noqa: E402 - issue 17
     LayerNorm,
     LayerNormLinear,
@@ -108,4 +110,6 @@ __all__ = [
     "Float8BlockwiseQTensorStorage",
     "NVFP4TensorStorage",
     "IdentityTensorStorage",
+    "Fp8Padding",
+    "Fp8Unpadding",
 ]

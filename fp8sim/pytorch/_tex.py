@@ -3,7 +3,8 @@
 TE binds these in ``pytorch/csrc/extensions/pybind.cpp`` (d0067d0): the ``DType`` enum (compared by
 integer value, lines 195-207), ``FP8FwdTensors`` / ``FP8BwdTensors`` (lines 734-751, values from
 ``csrc/common.h``), ``quantize(tensor, quantizer, output=None, noop=None)`` and
-``dequantize(input, otype)`` (``csrc/extensions/cast.cpp``).  Under ``fp8sim run`` (or
+``dequantize(input, otype)`` (``csrc/extensions/cast.cpp``), ``fused_multi_row_padding`` /
+``fused_multi_row_unpadding`` (``csrc/extensions/padding.cpp``, ``common/util/padding.cu``).  Under ``fp8sim run`` (or
 ``fp8sim.shim.install()``) ``import transformer_engine_torch`` is this module; any other name of
 the extension raises ``NotImplementedError`` naming it.
 """
@@ -17,7 +18,16 @@ import torch
 
 from .constants import DType, TE_DType_To_Torch
 
-__all__ = ["DType", "FP8FwdTensors", "FP8BwdTensors", "FP8TensorMeta", "quantize", "dequantize"]
+__all__ = [
+    "DType",
+    "FP8FwdTensors",
+    "FP8BwdTensors",
+    "FP8TensorMeta",
+    "quantize",
+    "dequantize",
+    "fused_multi_row_padding",
+    "fused_multi_row_unpadding",
+]
 
 
 class FP8FwdTensors(enum.IntEnum):
@@ -77,3 +87,41 @@ def dequantize(input: Any, otype: DType | int) -> torch.Tensor:  # noqa: A002 - 
     if dtype is None or not dtype.is_floating_point or dtype.itemsize < 2:
         raise ValueError(f"dequantize: otype must be kFloat32, kFloat16 or kBFloat16, got {DType.cast(otype)!r}")
     return input.dequantize(dtype=dtype)
+
+
+def _check_splits(name: str, src: list[int], dst: list[int]) -> None:
+    if len(src) != len(dst):
+        raise ValueError(f"{name}: {len(src)} input splits but {len(dst)} output splits")
+
+
+def fused_multi_row_padding(
+    input: torch.Tensor,  # noqa: A002 - TE's argument name
+    output: torch.Tensor,
+    input_row_list: list[int],
+    padded_input_row_list: list[int],
+) -> None:
+    """Copy each row block of ``input`` (sizes ``input_row_list``) into ``output`` at the start of its
+    padded block (sizes ``padded_input_row_list``); the padding rows are zero (padding.cu)."""
+    _check_splits("fused_multi_row_padding", input_row_list, padded_input_row_list)
+    src = dst = 0
+    with torch.no_grad():
+        for rows, padded in zip(input_row_list, padded_input_row_list, strict=True):
+            output[dst : dst + rows].copy_(input[src : src + rows])
+            output[dst + rows : dst + padded].zero_()
+            src, dst = src + rows, dst + padded
+
+
+def fused_multi_row_unpadding(
+    input: torch.Tensor,  # noqa: A002 - TE's argument name
+    output: torch.Tensor,
+    input_row_list: list[int],
+    unpadded_input_row_list: list[int],
+) -> None:
+    """The first ``unpadded_input_row_list[i]`` rows of each padded block (sizes ``input_row_list``) of
+    ``input``, concatenated into ``output``."""
+    _check_splits("fused_multi_row_unpadding", input_row_list, unpadded_input_row_list)
+    src = dst = 0
+    with torch.no_grad():
+        for padded, rows in zip(input_row_list, unpadded_input_row_list, strict=True):
+            output[dst : dst + rows].copy_(input[src : src + rows])
+            src, dst = src + padded, dst + rows

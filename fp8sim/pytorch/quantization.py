@@ -54,6 +54,7 @@ __all__ = [
     "is_nvfp4_available",
     "is_fp8_block_scaling_available",
     "reduce_and_update_fp8_tensors",
+    "get_align_size_for_quantization",
 ]
 
 
@@ -431,6 +432,29 @@ def fp8_model_init(
 # TE defines the custom-recipe request classes in quantization.py; fp8sim's live in tensor/custom_recipe.py,
 # which imports this module, hence the lazy re-export
 _CUSTOM_RECIPE_NAMES = ("QuantizerRole", "QuantizerRequest", "DelayedScalingRequest")
+# TE's recipe-state classes live in _recipe_state.py (they build quantizers from tensor/, which imports this module)
+_RECIPE_STATE_NAMES = (
+    "RecipeState",
+    "DelayedScalingRecipeState",
+    "Float8CurrentScalingRecipeState",
+    "MXFP8BlockScalingRecipeState",
+    "Float8BlockScalingRecipeState",
+    "NVFP4BlockScalingRecipeState",
+    "CustomRecipeState",
+    "_default_sf_compute",
+)
+
+
+def get_align_size_for_quantization(recipe: Recipe) -> int:
+    """TE (quantization.py 262-278): the row alignment grouped quantized GEMMs pad to: the custom recipe's
+    ``quantization_alignment``, 32 for MXFP8, 128 for NVFP4, 16 for the other recipes."""
+    if recipe.custom():
+        return recipe.quantization_alignment
+    if recipe.mxfp8():
+        return 32
+    if recipe.nvfp4():
+        return 128
+    return 16
 
 
 def __getattr__(name: str) -> Any:
@@ -438,4 +462,8 @@ def __getattr__(name: str) -> Any:
         from .tensor import custom_recipe
 
         return getattr(custom_recipe, name)
+    if name in _RECIPE_STATE_NAMES:
+        from . import _recipe_state
+
+        return getattr(_recipe_state, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
