@@ -161,7 +161,8 @@ def add_fp8_tensors_to_global_buffer(fwd: Any, bwd: Any, recipe: Recipe, group: 
         refs[:] = [r for r in refs if r() is not fwd and r() is not bwd]
     ref = _strong_ref if _distributed() else weakref.ref
     for forward, scaler in ((True, fwd), (False, bwd)):
-        _STATE.buffers.setdefault((forward, key), []).append(ref(scaler))
+        if scaler is not None:  # a fusible op may hold state for one direction only
+            _STATE.buffers.setdefault((forward, key), []).append(ref(scaler))
 
 
 def reduce_and_update_fp8_tensors(forward: bool = True, token: Any = None) -> None:

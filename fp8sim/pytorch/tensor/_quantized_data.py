@@ -75,7 +75,12 @@ def blockwise_data(w: Any, columnwise: bool) -> QuantizedData:
     m, k = _flatten(w.shape)
     fmt = _element_format(w._fp8_dtype)
     b = 128
-    if w._is_2D_scaled:
+    if w._is_2D_scaled and w._rowwise_data is None and w._columnwise_data is not None:
+        # one set of tiles: the columnwise copy holds the rowwise codes and tile scales transposed
+        codes = _pad(_np(w._columnwise_data.reshape(k, m)).T, b, b)
+        scales = _np(w._columnwise_scale_inv[: -(-k // b), : -(-m // b)]).T
+        block = (b, b)
+    elif w._is_2D_scaled:
         codes = _pad(_np(w._rowwise_data.reshape(m, k)), b, b)
         scales = _np(w._rowwise_scale_inv[: -(-m // b), : -(-k // b)])
         block = (b, b)
