@@ -74,11 +74,13 @@ class OpRecipeState:
     # -- TE's DelayedScalingRecipeState tensors: live float32 views of the scaler ----------------
     @property
     def scale(self) -> torch.Tensor:
-        return torch.from_numpy(self.scaler.scale)
+        with torch.inference_mode(False):
+            return torch.from_numpy(self.scaler.scale)
 
     @property
     def amax_history(self) -> torch.Tensor:
-        return torch.from_numpy(self.scaler.amax_history)
+        with torch.inference_mode(False):
+            return torch.from_numpy(self.scaler.amax_history)
 
     def _tensor_type(self, idx: int) -> str:
         """TE ``_slot_tensor_type``: the role's ``tensor_type`` when it is a known one, else positional."""
@@ -90,7 +92,13 @@ class OpRecipeState:
         return defaults[idx % len(defaults)]
 
     def make_quantizers(self) -> list:
-        """One quantizer per slot, as TE's ``make_quantizers`` builds them."""
+        """One quantizer per slot, as TE's ``make_quantizers`` builds them.  Built outside inference mode:
+        TE's kernels write the amax buffers through raw pointers, so state made under ``torch.inference_mode``
+        must stay writable when training resumes."""
+        with torch.inference_mode(False):
+            return self._make_quantizers()
+
+    def _make_quantizers(self) -> list:
         r, n, forward = self.recipe, self.num_quantizers, self.mode == "forward"
         from ..tensor import Float8CurrentScalingQuantizer, MXFP8Quantizer, delayed_scaling_quantizers
 

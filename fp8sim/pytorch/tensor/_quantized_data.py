@@ -110,7 +110,14 @@ def nvfp4_data(w: Any, columnwise: bool) -> QuantizedData:
     if w._with_2d_quantization:
         scales, block = scales[::16], (16, 16)
     a = np.float32(amax[0].item())
-    g = float(np.float32(1) / np.float32(_te_encode_scale(np.asarray(a, np.float32), False)))
+    emax = int(getattr(w, "_nvfp4_e4m3_max", 448)) if getattr(w, "_nvfp4_use_4over6", False) else 448
+    if emax == 448:
+        s_enc = _te_encode_scale(np.asarray(a, np.float32), False)
+    else:  # a 4over6 tensor's own E4M3 max (quantize_4over6_nvfp4.cuh: S_enc = 6 E / amax)
+        with np.errstate(divide="ignore", over="ignore"):
+            s_enc = np.fmin(np.float32(6 * emax) / a, np.finfo(np.float32).max)
+        s_enc = np.float32(1) if a == 0 or s_enc == 0 else np.float32(s_enc)
+    g = float(np.float32(1) / np.float32(s_enc))
     return QuantizedData(
         codes,
         np.ascontiguousarray(scales),

@@ -302,7 +302,7 @@ class BasicLinear(BasicOperation):
             weight_quantizer=ctx.weight_quantizer,
             grad_output_quantizer=ctx.grad_output_quantizer,
             grad_input_quantizer=ctx.grad_input_quantizer,
-            gemm_mode=ctx.gemm_mode,
+            gemm_mode=getattr(ctx, "gemm_mode", None),  # a custom fused forward may not set it
             **kw,
         )
         if accumulate:  # added into main_grad: autograd gets TE's dummy gradient (overwriting returns main_grad)
