@@ -335,6 +335,7 @@ class GroupedLinear(BasicOperation):
         else:
             outs = list(torch.empty(self.num_groups, self.out_features, self.in_features, dtype=ctx.dtype))
 
+        @torch.no_grad()  # backward_dw runs it outside autograd's backward
         def run() -> None:
             for g, out in enumerate(outs):
                 if splits[g]:
