@@ -4,7 +4,7 @@
 from .accumulators import ACCUMULATORS, Accumulator, get_accumulator
 from .emulate import emulate_scaled_mm
 from .instructions import INSTRUCTION_MODELS, InstructionModel, dot_add, get_instruction_model
-from .profiles import PROFILES, DeviceProfile, SplitKUnknownError, get_profile
+from .profiles import PROFILES, DeviceProfile, SplitChoice, SplitKUnknownError, get_profile, is_profile
 from .scaled_mm import scaled_mm
 
 __all__ = [
@@ -18,7 +18,9 @@ __all__ = [
     "scaled_mm",
     "DeviceProfile",
     "PROFILES",
+    "SplitChoice",
     "SplitKUnknownError",
     "get_profile",
+    "is_profile",
     "emulate_scaled_mm",
 ]

@@ -188,19 +188,21 @@ def scaled_mm(
     if strict:
         check_torch_rules(a, b, fa, fb, bias, out)
         check_scale_dtypes(scale_a, scale_b, m, k, n)
+    prof = None
     if profile is not None:
         from .profiles import get_profile
 
         prof = get_profile(profile)
         accumulator = prof.accumulator_for(use_fast_accum) if accumulator is None else accumulator
-        split_k = prof.split_for(m, n, k, out, use_fast_accum, fa.name, fb.name) if split_k is None else split_k
         epilogue = prof.epilogue
-    split = check_split_k(split_k)
     acc = _pick_accumulator(accumulator, use_fast_accum, device)
     sa, sb = _scale(scale_a), _scale(scale_b)
     # MX/NVFP4 scales may come flat in the 128x4 blocked layout, as torch._scaled_mm takes them (issue 17)
     sa, sb = unswizzle_mm_scales(scale_a, scale_b, sa, sb, m, k, n, fa.name == "e2m1")
     layout, tiling = _block_layout(sa, sb, m, k, n, fa, block_shape, block_order, strict)
+    if prof is not None and split_k is None:
+        split_k = _profile_split(prof, layout, m, n, k, out, use_fast_accum, fa.name, fb.name)
+    split = check_split_k(split_k)
     if split is not None and layout not in ("tensorwise", "rowwise"):
         raise ValueError(f"split_k applies to tensorwise and rowwise scales; these scales are {layout}")
     on_torch = _torch_backend(backend, acc, layout, host)
@@ -232,6 +234,23 @@ def scaled_mm(
     if cpu and out_dtype is None:
         scale_result = None  # torch's CPU kernel ignores scale_result unless out_dtype is given (torch 2.13)
     return _finish(d, out, scale_result, torch_in, a, divide_scale_result=cpu)
+
+
+def _profile_split(prof: Any, layout: str, m: int, n: int, k: int, out: str, fast: bool, fa: str, fb: str) -> tuple:
+    """The profile's split for this call: its recorded decision for tensorwise scales (the only cuBLASLt calls
+    recorded: rowwise runs other kernels, CUTLASS on sm_89/sm_90), else a split given with ``with_splits``."""
+    if layout == "tensorwise":
+        return prof.split_for(m, n, k, out, fast, fa, fb)
+    for key in ((m, n, k, out, bool(fast)), (m, n, k)):
+        if key in prof.splits:
+            return prof.splits[key]
+    from .profiles import SplitKUnknownError
+
+    raise SplitKUnknownError(
+        f"profile {prof.name!r} records the split-K of tensorwise-scaled calls only; this call has {layout} scales "
+        f"(M={m} N={n} K={k}, {fa} x {fb} -> {out}, use_fast_accum={fast}); pass split_k=(S, scheme) or "
+        f"profile.with_splits({{({m}, {n}, {k}): (S, scheme)}}) with the split your GPU used ((1, 'none'): unsplit)"
+    )
 
 
 def _block_layout(sa, sb, m, k, n, fa, block_shape, block_order, strict) -> tuple[str, Any]:  # noqa: ANN001

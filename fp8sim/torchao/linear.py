@@ -17,7 +17,10 @@ accumulator preset it is torchao's ``addmm_float8_unwrapped`` through :func:`fp8
 dequantization scales ``1/scale`` (float32 reciprocals), a tensorwise scale expanded against an
 axiswise one, rowwise without fast accumulation as unit scales then ``out *= (1/sa)(1/sb)``, and
 rowwise float32/float16 outputs produced in bfloat16 and cast.  ``"hopper"``, ``"ada"`` and
-``"blackwell"`` pick the fast or split preset from each GEMM's ``use_fast_accum``; ``"dequantized_fp32"``
+``"blackwell"`` pick the fast or split preset from each GEMM's ``use_fast_accum``; a device profile (e.g.
+``"h100_pcie_cublaslt_12_8"``, torch's caller) also the split-K of each GEMM's own shape, output dtype and
+formats, as that GPU's ``torch._scaled_mm`` (tensorwise scales; rowwise only with splits given by
+``with_splits``); ``"dequantized_fp32"``
 is torchao ``emulate=False`` on the CPU (``torch._scaled_mm``'s CPU fallback).  The bias is
 added after the GEMM in the output dtype (``out + bias.to(out.dtype)``), so its gradient is torch's.
 """
@@ -35,7 +38,7 @@ from torch import nn
 from .._util.tensors import numpy_view
 from ..cast import encode
 from ..formats import FloatFormat, get_format
-from ..gemm import Accumulator, get_accumulator, scaled_mm
+from ..gemm import Accumulator, DeviceProfile, get_accumulator, get_profile, is_profile, scaled_mm
 from ..scaling.current import TORCHAO_EPS as _TORCHAO_EPS
 from ..scaling.current import quantize_torchao, torchao_amax_to_scale
 from ._float8 import _FP8_FORMATS, _Float8
@@ -78,12 +81,15 @@ def _gemm_specs(config: Float8LinearConfig, accumulator: str | Accumulator | Non
     )
 
 
-def _check_accumulator(accumulator: str | Accumulator | None) -> str | Accumulator | None:
-    """The accumulator as the GEMMs use it; unknown names raise fp8sim's ValueError now."""
+def _check_accumulator(accumulator: str | Accumulator | DeviceProfile | None) -> Any:
+    """The accumulator as the GEMMs use it (a device profile as its record); unknown names raise fp8sim's
+    ValueError now."""
     if accumulator is None or accumulator == _EMULATE:
         return None
     if isinstance(accumulator, str) and accumulator in _DEVICE_ACCUMULATORS:
         return accumulator
+    if is_profile(accumulator):
+        return get_profile(accumulator)
     return get_accumulator(accumulator)
 
 
@@ -235,6 +241,7 @@ def _scaled_mm_gemm(a: _Float8, b: _Float8, out_dtype: torch.dtype, spec: _GemmS
     mm_dtype = torch.bfloat16 if rowwise and out_dtype in (torch.float16, torch.float32) else out_dtype
     acc = spec.accumulator
     device = acc if isinstance(acc, str) else "hopper"
+    prof = acc if isinstance(acc, DeviceProfile) else None
     out = scaled_mm(
         a_codes.view(a.fmt.torch_dtype),
         b_codes.view(b.fmt.torch_dtype),
@@ -242,9 +249,10 @@ def _scaled_mm_gemm(a: _Float8, b: _Float8, out_dtype: torch.dtype, spec: _GemmS
         b_inv,
         out_dtype=mm_dtype,
         use_fast_accum=spec.use_fast_accum,
-        accumulator=None if isinstance(acc, str) else acc,
+        accumulator=None if isinstance(acc, str) or prof is not None else acc,
         device=device,
         strict=False,
+        profile=prof,
     )
     if post is not None:
         out *= post

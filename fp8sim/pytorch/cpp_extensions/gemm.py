@@ -19,7 +19,10 @@ then cast or added to ``out``).
 Quantized GEMMs read the representation TE's GEMM reads (``A``
 rowwise for "T?", columnwise for "N?"; ``B`` rowwise for "?N", columnwise for "?T") and run the
 emulated tensor-core GEMM of ``fp8sim.gemm.scaled_mm`` with the accumulator of the emulated device
-that ``use_split_accumulator`` selects (MXFP8: Blackwell's; ``accumulator=`` overrides, e.g. ``"exact"``).
+that ``use_split_accumulator`` selects (MXFP8: Blackwell's; ``accumulator=`` overrides, e.g. ``"exact"``,
+or a device profile such as ``"h100_pcie_cublaslt_12_8_te"``: that GPU's cuBLASLt call, with the split-K
+decision for this GEMM's shape, output dtype, fast/split accumulation and formats; inside
+``autocast(accumulator=PROFILE)`` the region's profile applies when ``accumulator`` is not given).
 The epilogue works in float32 as cuBLAS's: ``alpha * acc (+ bias)``, GELU (tanh form) with the
 pre-GELU output returned, or with ``grad=True`` ``acc * dgelu(gelu_in)`` and the bias gradient (sum
 of ``B``'s rows); ``accumulate`` adds ``beta * out``; then one rounding to the output dtype, or a
@@ -56,6 +59,38 @@ def _preset(use_split_accumulator: bool, mx: bool = False) -> str:
         return "blackwell_split" if use_split_accumulator else "blackwell"
     device = "hopper" if cc >= (9, 0) else "ada"
     return f"{device}_{'split' if use_split_accumulator else 'fast'}"
+
+
+_OUT_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _arithmetic(accumulator: Any, use_split_accumulator: bool, mx: bool) -> tuple[Any, Any]:
+    """``(preset, profile)``: ``accumulator`` (None: the ``autocast`` region's, else the emulated device's
+    preset), a device name picking fast/split by ``use_split_accumulator``, a preset, or a device profile
+    (then ``preset`` is its accumulator for ``use_split_accumulator``)."""
+    from ...gemm.profiles import get_profile, is_profile
+
+    if accumulator is None:
+        from ..quantization import current_state
+
+        st = current_state()
+        accumulator = st.accumulator if st.enabled else None
+    if accumulator is None:
+        return _preset(use_split_accumulator, mx), None
+    if is_profile(accumulator):
+        prof = get_profile(accumulator)
+        return prof.accumulator_for(not use_split_accumulator), prof
+    if accumulator in ("hopper", "ada", "blackwell"):
+        if accumulator == "blackwell":
+            return ("blackwell_split" if use_split_accumulator else "blackwell"), None
+        return f"{accumulator}_{'split' if use_split_accumulator else 'fast'}", None
+    return accumulator, None
+
+
+def _fmt_of_quantizer(q: Any) -> str:
+    from ..constants import DType
+
+    return "e4m3" if getattr(q, "dtype", None) == DType.kFloat8E4M3 else "e5m2"
 
 
 def _fmt(t: Any) -> str:
@@ -159,15 +194,49 @@ def _kind(t: Any, name: str) -> str:
     return "hp"
 
 
-def _gemm32(A: Any, B: Any, layout: str, kind: str, preset: str) -> torch.Tensor:
+_ROLES = {"TN": "fprop", "NN": "dgrad", "NT": "wgrad"}
+
+
+def _profile_split(
+    prof: Any, kind: str, layout: str, m: int, n: int, k: int, out: str, fast: bool, fa: str, fb: str
+) -> tuple[int, str]:
+    """``(S, scheme)`` of the profile for this call: its table for per-tensor FP8; for block-scaled operands
+    only a split given with ``with_splits`` (no block-scaled cuBLASLt call was recorded)."""
+    from ...gemm.profiles import SplitKUnknownError
+
+    what = f"the general_gemm call (layout {layout}, a {_ROLES[layout]} GEMM in TE's modules)"
+    if kind == "fp8":
+        return prof.decide(m, n, k, out, fast, fa, fb, what=what).split_k
+    for key in ((m, n, k, out, fast), (m, n, k)):
+        if key in prof.splits:
+            return prof.splits[key]
+    raise SplitKUnknownError(
+        f"profile {prof.name!r} records cuBLASLt's split-K for per-tensor scaled FP8 GEMMs only; {what} is "
+        f"{kind} (M={m} N={n} K={k}, -> {out}, use_fast_accum={fast}). Ways out: "
+        f"accumulator=get_profile({prof.name!r}).with_splits({{({m}, {n}, {k}): (1, 'none')}}) if your GPU does "
+        "not split it, or an instruction preset"
+    )
+
+
+def _gemm32(
+    A: Any, B: Any, layout: str, kind: str, preset: Any, profile: Any = None, fast: bool = False, out_dtype: str = ""
+) -> torch.Tensor:
     """``op_B(B) @ op_A(A)`` in float32 (before the epilogue).  Quantized operands: the representation
     TE picks (``A`` rowwise for "T?", else columnwise; ``B`` columnwise for "?T", else rowwise); in
-    GEMM orientation the left operand is ``B``'s matrix and the right one ``A``'s, transposed."""
+    GEMM orientation the left operand is ``B``'s matrix and the right one ``A``'s, transposed.  With a
+    ``profile``, ``preset`` is its accumulator for ``fast`` and the split is its decision for ``out_dtype``."""
     if kind != "hp":
         from ...gemm import scaled_mm
 
         a_codes, a_s, a_fmt = _quantized_parts(A, "rowwise" if layout[0] == "T" else "columnwise")
         left, left_s, b_fmt = _quantized_parts(B, "columnwise" if layout[1] == "T" else "rowwise")
+        split_k, epilogue = None, "alpha"
+        if profile is not None:
+            m, k = left.shape
+            n = a_codes.shape[0]
+            split_k = _profile_split(profile, kind, layout, m, n, k, out_dtype, fast, b_fmt, a_fmt)
+            split_k = None if split_k[0] == 1 else split_k
+            epilogue = profile.epilogue
         out = scaled_mm(
             np.ascontiguousarray(left),
             np.ascontiguousarray(a_codes.T),
@@ -178,6 +247,8 @@ def _gemm32(A: Any, B: Any, layout: str, kind: str, preset: str) -> torch.Tensor
             a_format=b_fmt,
             b_format=a_fmt,
             strict=False,
+            split_k=split_k,
+            epilogue=epilogue,
         )
         return torch.from_numpy(np.asarray(out, np.float32))
     a2, b2 = A.reshape(-1, A.shape[-1]).float(), B.reshape(-1, B.shape[-1]).float()
@@ -322,8 +393,10 @@ def _general_gemm(
     dtype = out_dtype or (out.dtype if out is not None else A.dtype)
     if nvfp4 and not row_scaled and dtype == torch.float16:  # the row-scaled path's GEMM writes float32
         raise RuntimeError("FP4 GEMM does not support FP16 output!")
-    preset = accumulator if accumulator is not None else _preset(use_split_accumulator, kinds[0] in ("mxfp8", "nvfp4"))
-    acc = _gemm32(A, B, layout, kinds[0], preset)
+    preset, profile = _arithmetic(accumulator, use_split_accumulator, kinds[0] in ("mxfp8", "nvfp4"))
+    q = quantization_params
+    out_name = _OUT_NAMES.get(dtype, "float32") if q is None else _fmt_of_quantizer(q)  # FP8: cuBLAS writes it
+    acc = _gemm32(A, B, layout, kinds[0], preset, profile, not use_split_accumulator, out_name)
     if row_scaled:
         return _row_scaled(A, B, acc, layout, alpha, out_dtype, out, bias, accumulate, gelu, grad, quantization_params)
     if nvfp4:  # cuBLAS multiplies by the alpha the amaxes give, 1 or not

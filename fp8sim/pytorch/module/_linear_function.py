@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from ...recipe import Recipe
+from ...recipe import DelayedScaling, Recipe, tensor_format
 from ..quantization import current_state, reduce_and_update_fp8_tensors
 from ._fp8_handoff import FP8Handoff, boundary_cast
-from ._gemm import gemm
+from ._gemm import GemmSite, gemm
 from ._operands import Operand
 
 __all__ = ["fp8_linear", "hp_linear", "LinearOptions"]
@@ -39,6 +39,15 @@ class LinearOptions:
     fp8_output: bool = False  # the output written in FP8 with the OUTPUT slot (fwd index 2)
     fp8_grad: bool = False  # dgrad written in FP8 with the GRAD_INPUT slot (bwd index 1)
     out_handoff: FP8Handoff | None = None  # set by forward when fp8_output; its ``grad`` feeds backward
+    site: GemmSite | None = None  # which module GEMM this is (messages, plans)
+
+
+def _gemm_out(recipe: Recipe, fused_fp8: bool, forward: bool, act: torch.dtype) -> Any:
+    """The dtype TE's GEMM writes: FP8 where delayed scaling fuses the output cast into cuBLAS
+    (``fp8_output`` / ``fp8_grad``; current scaling writes ``act`` and casts after), else ``act``."""
+    if fused_fp8 and isinstance(recipe, DelayedScaling):
+        return tensor_format(recipe.fp8_format, forward).name
+    return act
 
 
 def _hp_gemm(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -73,7 +82,15 @@ class _FP8Linear(torch.autograd.Function):
         else:
             x_row = module._quantize(x, recipe, "input", 1)
         w_row, w_col = module._weight_operands(weight, recipe, is_first_microbatch)
-        out = gemm(x_row, w_row.t(), recipe, "fprop", accumulator)
+        out = gemm(
+            x_row,
+            w_row.t(),
+            recipe,
+            "fprop",
+            accumulator,
+            out_dtype=_gemm_out(recipe, opts.fp8_output, True, act_dtype),
+            site=opts.site,
+        )
         if bias is not None:  # cuBLAS's epilogue: float32 sum with the (already cast) bias, one rounding
             out = out + bias.float()
         ctx.override = override
@@ -122,7 +139,8 @@ class _FP8Linear(torch.autograd.Function):
             else:
                 dy_row = module._quantize(dy, recipe, "grad", 1)
             w_col = ctx.w_col() if callable(ctx.w_col) else ctx.w_col  # FSDP2: read in backward (_gemm_state)
-            dgrad = gemm(dy_row, w_col, recipe, "dgrad", acc)
+            dgrad_out = _gemm_out(recipe, opts.fp8_grad, False, act)
+            dgrad = gemm(dy_row, w_col, recipe, "dgrad", acc, out_dtype=dgrad_out, site=opts.site)
             if opts.fp8_grad:  # dgrad written in FP8 (GRAD_INPUT slot); the producer takes the codes
                 gq = boundary_cast(dgrad, recipe, False, module.bwd, 1, act)
                 if opts.input_fp8 is not None:
@@ -134,8 +152,11 @@ class _FP8Linear(torch.autograd.Function):
             dy_col = dy_row if module._per_tensor(recipe) else module._quantize(dy, recipe, "grad", 0)
             x_col = ctx.x_col
 
+            main_grad = getattr(opts.weight_param, "main_grad", None) if opts.fuse_wgrad_accumulation else None
+            wgrad_out = act if main_grad is None else main_grad.dtype  # TE linear.py: main_grad's dtype when fused
+
             def wgrad_fn() -> torch.Tensor:
-                return gemm(dy_col.t(), x_col, recipe, "wgrad", acc)
+                return gemm(dy_col.t(), x_col, recipe, "wgrad", acc, out_dtype=wgrad_out, site=opts.site)
 
         else:
             dyh = dy.to(act)

@@ -28,6 +28,7 @@ from ..quantization import (
 from ..utils import get_default_init_method, init_method_constant
 from ._bias import bias_through_bf16
 from ._fp8_params import is_fp8_weight, quantize_primary_weights, reset_sharded_parameters
+from ._gemm import GemmSite
 from ._gemm_state import _GemmState, _ScalingMeta
 from ._linear_function import LinearOptions, fp8_linear, hp_linear
 from ._rng_init import run_init, set_init_tracker
@@ -321,6 +322,7 @@ class TransformerEngineBaseModule(nn.Module):
                 fuse_wgrad_accumulation=getattr(self, "fuse_wgrad_accumulation", False),
                 wgrad_store=getattr(self, "wgrad_store", None),
                 output_fp32=output_fp32,
+                site=GemmSite(self, name),
                 **(fp8_io or {}),
             )
             if fp8_io:  # fp8_output: the caller reads ``opts.out_handoff``

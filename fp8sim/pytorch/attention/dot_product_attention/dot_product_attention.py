@@ -412,8 +412,9 @@ class DotProductAttention(nn.Module):
         cfg.pv_bf16, cfg.dqkv_bf16 = self.pv_bf16, self.dqkv_bf16
         cfg.bwd_fp8 = bool(int(os.getenv("NVTE_FP8_DPA_BWD", "1")))
         acc = st.accumulator if st.accumulator is not None else self.accumulator
-        # cuDNN's accumulation inside attention is not documented: a device name picks its fast preset
-        cfg.accumulator = {"hopper": "hopper_fast", "ada": "ada_fast", "blackwell": "blackwell"}.get(acc, acc)
+        # cuDNN's accumulation inside attention is not documented: a device name, or a device profile (whose
+        # split-K tables are cuBLASLt's, not cuDNN's), picks the device's fast preset, unsplit
+        cfg.accumulator = _attention_preset(acc)
         self.group = st.group
         if _register(self, trainable):  # the region's first trainable FP8 module: its backward runs last
             region = st.modules
@@ -504,3 +505,13 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, b: int) -> None:
         raise ValueError(f"{name} must have shape [batch_size + 1] = [{b + 1}]; got {list(cu.shape)}")
     if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()):
         raise ValueError(f"{name} must start at 0 and be non-decreasing; got {cu.tolist()}")
+
+
+def _attention_preset(acc: Any) -> Any:
+    """The accumulator of FP8 attention's GEMMs (cuDNN's fused kernels, not cuBLAS) for the region's or the
+    module's ``accumulator``: a device or a profile gives its fast preset."""
+    from ....gemm.profiles import get_profile, is_profile
+
+    if is_profile(acc):
+        return get_profile(acc).fast
+    return {"hopper": "hopper_fast", "ada": "ada_fast", "blackwell": "blackwell"}.get(acc, acc)
