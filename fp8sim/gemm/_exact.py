@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-__all__ = ["exact_matmul_f32", "round_sum_to_f32", "two_sum"]
+__all__ = ["exact_matmul_f32", "fma_f32", "round_sum_to_f32", "two_sum"]
 
 
 def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -97,3 +97,12 @@ def exact_matmul_f32(va: np.ndarray, vb: np.ndarray, mbits_a: int, mbits_b: int)
             return parts[0].astype(np.float32)  # exact float64, one rounding
     hi, rem = _distill(parts)
     return round_sum_to_f32(hi, rem)
+
+
+def fma_f32(x: np.ndarray, s: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """float32 fma(x, s, y): the exact x*s + y rounded once (float32 inputs)."""
+    p = x.astype(np.float64) * s.astype(np.float64)  # exact: 24 x 24 bits
+    hi, lo = two_sum(p, y.astype(np.float64))
+    with np.errstate(invalid="ignore"):
+        special = ~np.isfinite(hi)
+    return np.where(special, hi.astype(np.float32), round_sum_to_f32(np.where(special, 0.0, hi), lo))

@@ -219,12 +219,22 @@ def _profile_split(
 
 
 def _gemm32(
-    A: Any, B: Any, layout: str, kind: str, preset: Any, profile: Any = None, fast: bool = False, out_dtype: str = ""
+    A: Any,
+    B: Any,
+    layout: str,
+    kind: str,
+    preset: Any,
+    profile: Any = None,
+    fast: bool = False,
+    out_dtype: str = "",
+    addend: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``op_B(B) @ op_A(A)`` in float32 (before the epilogue).  Quantized operands: the representation
     TE picks (``A`` rowwise for "T?", else columnwise; ``B`` columnwise for "?T", else rowwise); in
     GEMM orientation the left operand is ``B``'s matrix and the right one ``A``'s, transposed.  With a
-    ``profile``, ``preset`` is its accumulator for ``fast`` and the split is its decision for ``out_dtype``."""
+    ``profile``, ``preset`` is its accumulator for ``fast`` and the split is its decision for ``out_dtype``.
+    ``addend`` (per-tensor FP8 only): ``beta * C`` joining the scales in one float32 FMA, cuBLASLt's
+    ``alpha * acc + beta * C`` with ``alpha = fl32(scale_inv_a * scale_inv_b)``."""
     if kind != "hp":
         from ...gemm import scaled_mm
 
@@ -237,11 +247,12 @@ def _gemm32(
             split_k = _profile_split(profile, kind, layout, m, n, k, out_dtype, fast, b_fmt, a_fmt)
             split_k = None if split_k[0] == 1 else split_k
             epilogue = profile.epilogue
+        fused = addend is not None and kind == "fp8"
         out = scaled_mm(
             np.ascontiguousarray(left),
             np.ascontiguousarray(a_codes.T),
-            left_s if np.ndim(left_s) == 0 else np.ascontiguousarray(left_s),
-            a_s if np.ndim(a_s) == 0 else np.ascontiguousarray(a_s.T),
+            np.float32(1) if fused else (left_s if np.ndim(left_s) == 0 else np.ascontiguousarray(left_s)),
+            np.float32(1) if fused else (a_s if np.ndim(a_s) == 0 else np.ascontiguousarray(a_s.T)),
             out_dtype="float32",
             accumulator=preset,
             a_format=b_fmt,
@@ -250,7 +261,13 @@ def _gemm32(
             split_k=split_k,
             epilogue=epilogue,
         )
-        return torch.from_numpy(np.asarray(out, np.float32))
+        if fused:  # the "alpha" epilogue's product of the scales, then one FMA with C
+            from ...gemm._exact import fma_f32
+
+            alpha = np.float32(np.float32(left_s) * np.float32(a_s))
+            with np.errstate(invalid="ignore", over="ignore"):
+                out = fma_f32(np.asarray(out, np.float32), alpha, addend.detach().float().cpu().numpy())
+        return torch.from_numpy(np.ascontiguousarray(out, np.float32))
     a2, b2 = A.reshape(-1, A.shape[-1]).float(), B.reshape(-1, B.shape[-1]).float()
     right = a2.t() if layout[0] == "T" else a2
     left = b2.t() if layout[1] == "T" else b2
@@ -396,7 +413,10 @@ def _general_gemm(
     preset, profile = _arithmetic(accumulator, use_split_accumulator, kinds[0] in ("mxfp8", "nvfp4"))
     q = quantization_params
     out_name = _OUT_NAMES.get(dtype, "float32") if q is None else _fmt_of_quantizer(q)  # FP8: cuBLAS writes it
-    acc = _gemm32(A, B, layout, kinds[0], preset, profile, not use_split_accumulator, out_name)
+    # accumulating a per-tensor FP8 GEMM (beta * C) with nothing else in the epilogue: cuBLASLt's one FMA
+    fma_c = accumulate and kinds[0] == "fp8" and alpha == 1.0 and bias is None and not gelu and not grad
+    addend = np.float32(beta) * out.reshape(-1, out.shape[-1]).float() if fma_c else None
+    acc = _gemm32(A, B, layout, kinds[0], preset, profile, not use_split_accumulator, out_name, addend)
     if row_scaled:
         return _row_scaled(A, B, acc, layout, alpha, out_dtype, out, bias, accumulate, gelu, grad, quantization_params)
     if nvfp4:  # cuBLAS multiplies by the alpha the amaxes give, 1 or not
@@ -417,7 +437,7 @@ def _general_gemm(
             gelu_dtype = (bias.dtype if bias is not None else torch.bfloat16) if fp8 else dtype
             gelu_input = acc.to(gelu_dtype)
             acc = _gelu(acc)
-    if accumulate:
+    if accumulate and not fma_c:
         acc = acc + np.float32(beta) * out.reshape(acc.shape).float()
     lead = tuple(B.shape[:-1]) if layout[1] == "N" else (B.shape[-1],)
     shape = (*lead, acc.shape[-1])

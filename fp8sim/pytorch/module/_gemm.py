@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...gemm._exact import fma_f32
 from ...recipe import Float8BlockScaling, Recipe
 from ._operands import Operand
 
@@ -119,17 +120,23 @@ def gemm(
     *,
     out_dtype: Any = None,
     site: GemmSite | None = None,
+    addend: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``a @ b`` (float32 result, the scales applied; the bias and the output rounding are the caller's).
     ``which``: "fprop", "dgrad" or "wgrad"; ``out_dtype``: the dtype TE's GEMM writes (a profile's split
     decision depends on it); ``site``: the module GEMM, for messages.  See the module docstring for
-    ``accumulator``."""
+    ``accumulator``.  ``addend``: ``C`` of an accumulating GEMM (TE's ``accumulate=True``, beta = 1: wgrad
+    into ``main_grad``), float32; cuBLASLt's epilogue ``alpha * acc + beta * C`` is one float32 FMA, so with
+    an accumulator (not None) and per-tensor scales the result is ``fma(acc, fl32(sa * sb), C)``, rounded
+    once; the default path and block scales add it after (two roundings)."""
     per_tensor = a.vals is not None and b.vals is not None
     if accumulator is None:
         if per_tensor:
             alpha = torch.tensor(np.float32(a.scale_inv) * np.float32(b.scale_inv), dtype=torch.float32)
-            return torch.matmul(a.vals, b.vals) * alpha
-        return torch.matmul(a.dq, b.dq)
+            out = torch.matmul(a.vals, b.vals) * alpha
+        else:
+            out = torch.matmul(a.dq, b.dq)
+        return out if addend is None else out + addend
     from ...gemm import scaled_mm
     from ...gemm.profiles import get_profile, is_profile
 
@@ -146,13 +153,15 @@ def gemm(
     if not per_tensor:
         if split_k is not None and split_k[0] > 1:
             raise ValueError(f"split_k applies to per-tensor scaled GEMMs; {_what(site, which)} is block-scaled")
-        return _block_gemm(a, b, recipe, preset)
-
+        out = _block_gemm(a, b, recipe, preset)
+        return out if addend is None else out + addend
+    sa, sb = np.float32(a.scale_inv), np.float32(b.scale_inv)
+    fused = addend is not None
     out = scaled_mm(
         a.codes.contiguous().numpy(),
         b.codes.contiguous().numpy(),
-        np.float32(a.scale_inv),
-        np.float32(b.scale_inv),
+        np.float32(1) if fused else sa,  # the raw sum (times 1, exact) when C joins the epilogue's FMA
+        np.float32(1) if fused else sb,
         out_dtype="float32",
         accumulator=preset,
         a_format=a.fmt,
@@ -161,7 +170,14 @@ def gemm(
         split_k=split_k,
         epilogue=epilogue,
     )
-    return torch.from_numpy(out)
+    if fused:
+        c = addend.detach().float().cpu().numpy()
+        with np.errstate(invalid="ignore", over="ignore"):
+            if epilogue == "alpha":
+                out = fma_f32(out, np.float32(sa * sb), c)
+            else:  # "sequential": fl32(acc * sa), then the FMA with sb
+                out = fma_f32((out * sa).astype(np.float32), sb, c)
+    return torch.from_numpy(np.ascontiguousarray(out, np.float32))
 
 
 def _codes_and_scales(op: Operand) -> tuple[np.ndarray, np.ndarray]:

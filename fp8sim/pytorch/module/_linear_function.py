@@ -155,16 +155,17 @@ class _FP8Linear(torch.autograd.Function):
             main_grad = getattr(opts.weight_param, "main_grad", None) if opts.fuse_wgrad_accumulation else None
             wgrad_out = act if main_grad is None else main_grad.dtype  # TE linear.py: main_grad's dtype when fused
 
-            def wgrad_fn() -> torch.Tensor:
-                return gemm(dy_col.t(), x_col, recipe, "wgrad", acc, out_dtype=wgrad_out, site=opts.site)
+            def wgrad_fn(addend: torch.Tensor | None = None) -> torch.Tensor:
+                return gemm(dy_col.t(), x_col, recipe, "wgrad", acc, out_dtype=wgrad_out, site=opts.site, addend=addend)
 
         else:
             dyh = dy.to(act)
             dgrad = _hp_gemm(dyh, ctx.w_col, act)
             x_col = ctx.x_col
 
-            def wgrad_fn() -> torch.Tensor:
-                return _hp_gemm(dyh.t(), x_col, act)
+            def wgrad_fn(addend: torch.Tensor | None = None) -> torch.Tensor:
+                dw = _hp_gemm(dyh.t(), x_col, act)
+                return dw if addend is None else addend + dw
 
         dbias = dy.float().sum(0).to(ctx.dtypes[1]) if ctx.has_bias else None
         wgrad = _wgrad(ctx, wgrad_fn)
@@ -187,12 +188,10 @@ def _wgrad(ctx: Any, wgrad_fn: Any) -> torch.Tensor | None:
         return None
     if opts.fuse_wgrad_accumulation:
         main_grad = w.main_grad
-        dw = wgrad_fn()
         overwrite = ctx.is_first_microbatch is True or getattr(w, "overwrite_main_grad", False)
-        if overwrite:
-            main_grad.copy_(dw.to(main_grad.dtype))
-        else:  # the GEMM accumulates into main_grad (beta = 1) in float32
-            main_grad.copy_((main_grad.float() + dw.float()).to(main_grad.dtype))
+        # otherwise the GEMM accumulates into main_grad (beta = 1): C joins cuBLAS's float32 epilogue (gemm())
+        dw = wgrad_fn() if overwrite else wgrad_fn(addend=main_grad.float())
+        main_grad.copy_(dw.to(main_grad.dtype))
         if hasattr(w, "grad_added_to_main_grad"):  # Megatron-style DDP: a dummy gradient
             w.grad_added_to_main_grad = True
             return torch.zeros(w.shape, dtype=w.dtype, device=w.device)
@@ -215,7 +214,7 @@ class _HPLinear(torch.autograd.Function):
         x, w = ctx.saved_tensors
         dgrad = dy @ w
         x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
-        wgrad = _wgrad(ctx, lambda: dy2.t() @ x2)
+        wgrad = _wgrad(ctx, lambda addend=None: dy2.t() @ x2 if addend is None else addend + dy2.t() @ x2)
         dbias = dy2.sum(0) if ctx.has_bias else None
         return dgrad, wgrad, dbias, None, None
 

@@ -161,11 +161,10 @@ class TransformerEngineBaseModule(nn.Module):
         entries, self.wgrad_store[:] = list(self.wgrad_store), []
         for (fn, _dtype), wname in zip(entries, self._deferred_weight_names(), strict=False):
             w = getattr(self, wname)
-            dw = fn()
-            if self.fuse_wgrad_accumulation:
-                w.main_grad.copy_((w.main_grad.float() + dw.float()).to(w.main_grad.dtype))
+            if self.fuse_wgrad_accumulation:  # accumulated in the GEMM's epilogue (beta = 1)
+                w.main_grad.copy_(fn(addend=w.main_grad.float()).to(w.main_grad.dtype))
             else:
-                w.grad = dw.to(w.dtype)
+                w.grad = fn().to(w.dtype)
 
     def _deferred_weight_names(self) -> list[str]:
         return ["weight"]
