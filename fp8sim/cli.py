@@ -1,5 +1,5 @@
 """The ``fp8sim`` command line: ``formats``, ``verify``, ``capture``, ``compare``, ``report``,
-``study``, ``run``.
+``study``, ``run``, ``explain``.
 
 Exit status: 0 success, 1 a check failed (mismatches, a gate), 2 a usage or path error (one line
 naming the argument, the path and the reason, printed before any work), 130 interrupted (Ctrl-C).
@@ -121,12 +121,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--distributed", action="store_true", help="FP8 across 2-4 gloo ranks instead (all-gather, amax groups)"
     )
     st.add_argument("--world-size", type=int, default=2, help="ranks for --distributed (2-4, default 2)")
+    from .run.explain import add_arguments
+
+    ex = sub.add_parser(
+        "explain",
+        help="list every GEMM of a training step (or a TE script) under a recipe and an accumulator or device "
+        "profile: shapes, formats, accumulator, split-K and where it was decided",
+    )
+    add_arguments(ex)
     return ap
 
 
 DEFAULT_REPORT = "reports/latest"  # untracked (.gitignore): the main job never dirties the checkout
 DEFAULT_STUDY = "reports/latest-study"  # untracked too
-_COMMANDS = ("formats", "verify", "capture", "compare", "report", "run", "study")
+_COMMANDS = ("formats", "verify", "capture", "compare", "report", "run", "study", "explain")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,6 +254,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(res.table())
         print(f"wrote {write_study(res, args.out, force=args.force)}")
         return 0
+    if args.command == "explain":
+        from .gemm.profiles import SplitKUnknownError
+        from .run.explain import ExplainUsageError, run_explain
+
+        _check(require, "torch", "fp8sim explain")
+        try:
+            return int(_check(run_explain, args))
+        except ExplainUsageError as exc:
+            raise UsageError(str(exc)) from None
+        except SplitKUnknownError as exc:  # --compute met a GEMM the profile cannot decide
+            print(f"fp8sim explain: {exc}", file=sys.stderr)
+            return 1
     build_parser().print_help()
     return 2
 

@@ -42,6 +42,7 @@ from ..gemm import Accumulator, DeviceProfile, get_accumulator, get_profile, is_
 from ..scaling.current import TORCHAO_EPS as _TORCHAO_EPS
 from ..scaling.current import quantize_torchao, torchao_amax_to_scale
 from ._float8 import _FP8_FORMATS, _Float8
+from ._plans import record_gemm as _record
 from .config import Float8LinearConfig, ScalingGranularity, ScalingType
 from .fsdp import WeightWithDynamicFloat8CastTensor, register_float8_linear
 
@@ -60,6 +61,8 @@ class _GemmSpec(NamedTuple):
     pad_inner_dim: bool
     round_scales_to_power_of_2: bool
     accumulator: str | Accumulator | None  # None: torchao emulate; a device name: fast/split per use_fast_accum
+    site: Any = None  # the Float8Linear (plans for fp8sim explain)
+    role: str = ""  # "fprop", "dgrad" or "wgrad"
 
 
 class _Gemms(NamedTuple):
@@ -70,14 +73,14 @@ class _Gemms(NamedTuple):
     grad_weight: _GemmSpec
 
 
-def _gemm_specs(config: Float8LinearConfig, accumulator: str | Accumulator | None) -> _Gemms:
-    """The three GEMMs of a Float8Linear from its config and its current ``accumulator``."""
+def _gemm_specs(config: Float8LinearConfig, accumulator: str | Accumulator | None, site: Any = None) -> _Gemms:
+    """The three GEMMs of a Float8Linear (``site``) from its config and its current ``accumulator``."""
     acc = _check_accumulator(accumulator)
     pad, pow2 = config.pad_inner_dim, config.round_scales_to_power_of_2
     return _Gemms(
-        _GemmSpec(config.gemm_config_output.use_fast_accum, pad, pow2, acc),
-        _GemmSpec(config.gemm_config_grad_input.use_fast_accum, pad, pow2, acc),
-        _GemmSpec(config.gemm_config_grad_weight.use_fast_accum, pad, pow2, acc),
+        _GemmSpec(config.gemm_config_output.use_fast_accum, pad, pow2, acc, site, "fprop"),
+        _GemmSpec(config.gemm_config_grad_input.use_fast_accum, pad, pow2, acc, site, "dgrad"),
+        _GemmSpec(config.gemm_config_grad_weight.use_fast_accum, pad, pow2, acc, site, "wgrad"),
     )
 
 
@@ -242,6 +245,10 @@ def _scaled_mm_gemm(a: _Float8, b: _Float8, out_dtype: torch.dtype, spec: _GemmS
     acc = spec.accumulator
     device = acc if isinstance(acc, str) else "hopper"
     prof = acc if isinstance(acc, DeviceProfile) else None
+    k = a_codes.shape[1]
+    layout = "tensorwise" if a_inv.numel() == 1 and b_inv.numel() == 1 else "rowwise"
+    if _record(spec, (m, n, k), (a.fmt.name, b.fmt.name), layout, mm_dtype, acc, prof):  # dry: the cheap path
+        acc, prof = get_accumulator("dequantized_fp32"), None
     out = scaled_mm(
         a_codes.view(a.fmt.torch_dtype),
         b_codes.view(b.fmt.torch_dtype),
@@ -289,6 +296,8 @@ def _gemm(
         b = b_fp8 if b_fp8 is not None else _cast(b_hp, cc_b.target_dtype, cc_b.scaling_granularity, 0, pow2)
         b_op = _Operand(b, _dequantized_like(b, b_hp) if emulate else None)
     if emulate:
+        dims = (a_op.values.shape[0], b_op.values.shape[1], a_op.values.shape[1])
+        _record(spec, dims, (a_op.fp8.fmt.name, b_op.fp8.fmt.name), "emulate", out_dtype, None, None)
         return torch.mm(a_op.values, b_op.values).to(out_dtype), a_op, b_op
     return _scaled_mm_gemm(a_op.fp8, b_op.fp8, out_dtype, spec), a_op, b_op
 
@@ -428,7 +437,7 @@ class Float8Linear(nn.Linear):
             input = input.to(cuda_dtype)
         # on another device type, that device's autocast rounds the float8 GEMM (its _to_copy sets _orig_dtype)
         out_dtype = None if input.device.type == "cuda" else _autocast_dtype(input.device.type)
-        gemms = _gemm_specs(self.config, self.accumulator)
+        gemms = _gemm_specs(self.config, self.accumulator, self)
         weight_fp8 = getattr(self.weight, "_fp8sim_float8", None)  # set by the FSDP2 float8 all-gather
         output = _Float8MatMul.apply(input, self.weight.t(), self.config, gemms, out_dtype, weight_fp8)
         if self.bias is not None:

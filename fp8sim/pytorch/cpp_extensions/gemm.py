@@ -37,6 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...gemm.plans import current_recorder
+from ...gemm.profiles import SplitKUnknownError
+
 __all__ = ["general_gemm", "validate_gemm_scale"]
 _LAYOUTS = ("TN", "NN", "NT")
 
@@ -199,17 +202,16 @@ _ROLES = {"TN": "fprop", "NN": "dgrad", "NT": "wgrad"}
 
 def _profile_split(
     prof: Any, kind: str, layout: str, m: int, n: int, k: int, out: str, fast: bool, fa: str, fb: str
-) -> tuple[int, str]:
-    """``(S, scheme)`` of the profile for this call: its table for per-tensor FP8; for block-scaled operands
-    only a split given with ``with_splits`` (no block-scaled cuBLASLt call was recorded)."""
-    from ...gemm.profiles import SplitKUnknownError
-
+) -> tuple[int, str, str]:
+    """``(S, scheme, source)`` of the profile for this call: a split given with ``with_splits``, else its table
+    for per-tensor FP8 (block-scaled operands need a given split: no block-scaled cuBLASLt call was recorded)."""
     what = f"the general_gemm call (layout {layout}, a {_ROLES[layout]} GEMM in TE's modules)"
-    if kind == "fp8":
-        return prof.decide(m, n, k, out, fast, fa, fb, what=what).split_k
     for key in ((m, n, k, out, fast), (m, n, k)):
         if key in prof.splits:
-            return prof.splits[key]
+            return (*prof.splits[key], "override")
+    if kind == "fp8":
+        d = prof.decide(m, n, k, out, fast, fa, fb, what=what)
+        return d.S, d.scheme, d.source
     raise SplitKUnknownError(
         f"profile {prof.name!r} records cuBLASLt's split-K for per-tensor scaled FP8 GEMMs only; {what} is "
         f"{kind} (M={m} N={n} K={k}, -> {out}, use_fast_accum={fast}). Ways out: "
@@ -241,12 +243,21 @@ def _gemm32(
         a_codes, a_s, a_fmt = _quantized_parts(A, "rowwise" if layout[0] == "T" else "columnwise")
         left, left_s, b_fmt = _quantized_parts(B, "columnwise" if layout[1] == "T" else "rowwise")
         split_k, epilogue = None, "alpha"
+        (m, k), n = left.shape, a_codes.shape[0]
+        plan = {"split": 1, "scheme": "none", "source": "preset", "note": ""}
         if profile is not None:
-            m, k = left.shape
-            n = a_codes.shape[0]
-            split_k = _profile_split(profile, kind, layout, m, n, k, out_dtype, fast, b_fmt, a_fmt)
-            split_k = None if split_k[0] == 1 else split_k
+            try:
+                *split_k, source = _profile_split(profile, kind, layout, m, n, k, out_dtype, fast, b_fmt, a_fmt)
+                plan.update(split=split_k[0], scheme=split_k[1], source=source)
+            except SplitKUnknownError as e:  # a dry recorder lists it; otherwise TE's call cannot be emulated
+                rec = current_recorder()
+                if rec is None or not rec.dry:
+                    raise
+                split_k = (1, "none")
+                plan.update(split=None, scheme="?", source="unknown", note=str(e))
+            split_k = None if split_k[0] == 1 else tuple(split_k)
             epilogue = profile.epilogue
+        _record(layout, m, n, k, b_fmt, a_fmt, kind, out_dtype, fast, preset, profile, plan)
         fused = addend is not None and kind == "fp8"
         out = scaled_mm(
             np.ascontiguousarray(left),
@@ -271,7 +282,25 @@ def _gemm32(
     a2, b2 = A.reshape(-1, A.shape[-1]).float(), B.reshape(-1, B.shape[-1]).float()
     right = a2.t() if layout[0] == "T" else a2
     left = b2.t() if layout[1] == "T" else b2
+    hp = str(A.dtype).removeprefix("torch.")
+    plan = {"split": 1, "scheme": "none", "source": "default", "note": "high-precision operands"}
+    _record(layout, left.shape[0], right.shape[1], left.shape[1], hp, hp, "hp", out_dtype, None, None, None, plan)
     return torch.matmul(left, right)
+
+
+def _record(layout: str, m: int, n: int, k: int, fa: str, fb: str, kind: str, out: str, fast: Any, preset: Any,
+            profile: Any, plan: dict) -> None:  # fmt: skip
+    """The call's plan for ``fp8sim explain`` (module "general_gemm"; role by TE's layout convention)."""
+    if current_recorder() is None:
+        return
+    from ..module._gemm_plan import DEFAULT, record_plan
+
+    scaling = {"fp8": "tensorwise", "hp": "high precision"}.get(kind, kind)
+    acc = DEFAULT if preset is None else str(getattr(preset, "name", preset))
+    record_plan(
+        "general_gemm", "", _ROLES[layout], m=m, n=n, k=k, a_format=fa, b_format=fb, scaling=scaling, out_dtype=out,
+        use_fast_accum=fast, accumulator=acc, profile=None if profile is None else profile.name, **plan,
+    )  # fmt: skip
 
 
 def _row_scaled(

@@ -18,6 +18,7 @@ from ...recipe import DelayedScaling, Recipe, tensor_format
 from ..quantization import current_state, reduce_and_update_fp8_tensors
 from ._fp8_handoff import FP8Handoff, boundary_cast
 from ._gemm import GemmSite, gemm
+from ._gemm_plan import DEFAULT, out_name, record_plan
 from ._operands import Operand
 
 __all__ = ["fp8_linear", "hp_linear", "LinearOptions"]
@@ -50,9 +51,17 @@ def _gemm_out(recipe: Recipe, fused_fp8: bool, forward: bool, act: torch.dtype) 
     return act
 
 
-def _hp_gemm(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _hp_gemm(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, site: Any = None, role: str = "") -> torch.Tensor:
     """A high-precision GEMM as cuBLAS runs it for bf16/fp16/fp32 operands: float32 accumulation,
-    one rounding to ``dtype``."""
+    one rounding to ``dtype`` (its plan recorded for ``fp8sim explain``)."""
+    if site is not None:
+        fmt = out_name(dtype)
+        gemm_name = "" if site.gemm == "gemm" else site.gemm
+        record_plan(
+            site.module, gemm_name, role, m=a.shape[0], n=b.shape[1], k=a.shape[1], a_format=fmt, b_format=fmt,
+            scaling="high precision", out_dtype=fmt, use_fast_accum=None, accumulator=DEFAULT, profile=None,
+            split=1, scheme="none", source="default", note="recipe.backward_override: not an FP8 GEMM",
+        )  # fmt: skip
     return torch.matmul(a.to(dtype).float(), b.to(dtype).float())
 
 
@@ -160,11 +169,11 @@ class _FP8Linear(torch.autograd.Function):
 
         else:
             dyh = dy.to(act)
-            dgrad = _hp_gemm(dyh, ctx.w_col, act)
+            dgrad = _hp_gemm(dyh, ctx.w_col, act, opts.site, "dgrad")
             x_col = ctx.x_col
 
             def wgrad_fn(addend: torch.Tensor | None = None) -> torch.Tensor:
-                dw = _hp_gemm(dyh.t(), x_col, act)
+                dw = _hp_gemm(dyh.t(), x_col, act, opts.site, "wgrad")
                 return dw if addend is None else addend + dw
 
         dbias = dy.float().sum(0).to(ctx.dtypes[1]) if ctx.has_bias else None

@@ -415,6 +415,7 @@ class DotProductAttention(nn.Module):
         # cuDNN's accumulation inside attention is not documented: a device name, or a device profile (whose
         # split-K tables are cuBLASLt's, not cuDNN's), picks the device's fast preset, unsplit
         cfg.accumulator = _attention_preset(acc)
+        cfg.site, cfg.profile = self, _profile_name(acc)
         self.group = st.group
         if _register(self, trainable):  # the region's first trainable FP8 module: its backward runs last
             region = st.modules
@@ -515,3 +516,9 @@ def _attention_preset(acc: Any) -> Any:
     if is_profile(acc):
         return get_profile(acc).fast
     return {"hopper": "hopper_fast", "ada": "ada_fast", "blackwell": "blackwell"}.get(acc, acc)
+
+
+def _profile_name(acc: Any) -> str | None:
+    from ....gemm.profiles import get_profile, is_profile
+
+    return get_profile(acc).name if is_profile(acc) else None
