@@ -321,6 +321,78 @@ def test_sigterm_during_a_write_leaves_nothing_behind(tmp_path: Path, folder: bo
         assert os.listdir(target) == ["README.md"] and (target / "README.md").read_text() == "old"
 
 
+_SIGTERM_AT_EVERY_STEP = """
+import importlib.util, os, signal, sys
+spec = importlib.util.spec_from_file_location("atomic", {module!r})  # alone: forks stay cheap without numpy
+_atomic = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(_atomic)
+assert _atomic.install_signal_cleanup()
+target, folder = {target!r}, {folder!r}
+STEPS = {{"atomic_file", "atomic_dir", "_create", "_register", "_forget", "_put_back", "publish_file"}}
+
+
+def write(n):
+    count = [0]
+
+    def step(frame, event, arg):
+        if event == "line":
+            count[0] += 1
+            if count[0] == n:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return step
+
+    def tracer(frame, event, arg):
+        if frame.f_code.co_filename != _atomic.__file__ or frame.f_code.co_name not in STEPS:
+            return None
+        return step(frame, event, arg)
+
+    signal.alarm(5)  # a handler that deadlocks is killed by SIGALRM (and reported as such)
+    sys.settrace(tracer)
+    if folder:
+        with _atomic.atomic_dir(target, replace=True) as d:
+            (d / "README.md").write_text("new")
+    else:
+        with _atomic.atomic_file(target) as f:
+            f.write(b"new")
+    sys.settrace(None)
+    os._exit(0)
+
+
+for n in range(1, 10_000):
+    pid = os.fork()
+    if pid == 0:
+        write(n)
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    left = sorted(os.listdir(os.path.dirname(target)))
+    if status == -signal.SIGALRM:
+        print(f"step {{n}}: hung in the SIGTERM handler", flush=True)
+        sys.exit(1)
+    if left != [os.path.basename(target)] and (left or folder):
+        print(f"step {{n}} (exit {{status}}): left {{left}}", flush=True)
+        sys.exit(1)
+    if status == 0:
+        print(f"ok {{n}}")
+        break
+    if not folder and left:
+        os.unlink(target)
+"""
+
+
+@pytest.mark.parametrize("folder", [False, True], ids=["file", "report folder"])
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_sigterm_at_every_step_of_a_write_leaves_nothing_behind(tmp_path: Path, folder: bool) -> None:
+    """SIGTERM delivered at each line of a write in turn: no temporary survives, the handler
+    never deadlocks on its own lock, and an old report folder is never lost (issue 29.1: the
+    temporary was created before it was registered for cleanup)."""
+    target = tmp_path / ("report" if folder else "out.fp8cap")
+    if folder:
+        target.mkdir()
+        (target / "README.md").write_text("old")
+    script = _SIGTERM_AT_EVERY_STEP.format(module=_atomic.__file__, target=str(target), folder=folder)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr[-2000:]
+
+
 def test_temporaries_of_dead_writers_are_swept_by_the_next_write(tmp_path: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
