@@ -399,3 +399,109 @@ def test_save_original_input_and_checkpoint_are_accepted_with_unchanged_numerics
             mod(x).backward(g)
     assert a.save_original_input and torch.equal(a.weight.grad, b.weight.grad)
     assert te.LayerNormMLP(16, 16, checkpoint=True).checkpoint
+
+
+# -- issue 29.2: every set_extra_state path names the missing or malformed key ------------------------
+def _te_blob(**over: object) -> torch.Tensor:
+    import pickle
+
+    state = {
+        "recipe": DelayedScaling(amax_history_len=2),
+        "scale_fwd": torch.tensor([2.0, 4.0, 1.0]),
+        "amax_history_fwd": torch.zeros(2, 3),
+        "scale_bwd": torch.tensor([8.0, 1.0]),
+        "amax_history_bwd": torch.zeros(2, 2),
+        "extra_fp8_variables": {"num_gemms": 1, "fp8_checkpoint": True},
+    }
+    state.update(over)
+    state = {k: v for k, v in state.items() if v is not ...}
+    return torch.frombuffer(bytearray(pickle.dumps(state)), dtype=torch.uint8)
+
+
+def _loaded_linear() -> te.Linear:
+    lin = te.Linear(16, 16)
+    lin.set_extra_state(_te_blob())
+    return lin
+
+
+@pytest.mark.parametrize(
+    ("state", "names"),
+    [
+        (lambda: _te_blob(amax_history_fwd=...), "amax_history_fwd"),
+        (lambda: _te_blob(scale_bwd=[8.0, 1.0]), "'scale_bwd'"),
+        (lambda: _te_blob(amax_history_bwd=torch.zeros(2)), "'amax_history_bwd'"),
+        (lambda: _te_blob(amax_history_bwd=torch.zeros(2, 3)), "'amax_history_bwd'"),
+        (lambda: _te_blob(amax_history_bwd=torch.zeros(3, 2)), "amax_history_bwd"),
+        (lambda: _te_blob(recipe=3), "'recipe'"),
+        (lambda: _te_blob(extra_fp8_variables=[1]), "'extra_fp8_variables'"),
+        (
+            lambda: {
+                "gemm": {
+                    "fwd_scale": {"input": 1.0},
+                    "fwd_amax_history": torch.zeros(2, 3),
+                    "bwd_scale": torch.ones(2),
+                    "bwd_amax_history": torch.zeros(2, 2),
+                }
+            },
+            "'scale'",
+        ),
+        (
+            lambda: {
+                "gemm": {
+                    "fwd_scale": torch.ones(3),
+                    "fwd_amax_history": "zeros",
+                    "bwd_scale": torch.ones(2),
+                    "bwd_amax_history": torch.zeros(2, 2),
+                }
+            },
+            "fwd_amax_history",
+        ),
+        (
+            lambda: {
+                "gemm": {
+                    "fwd_scale": torch.ones(3),
+                    "fwd_amax_history": torch.zeros(2, 3),
+                    "bwd_scale": torch.ones(4),
+                    "bwd_amax_history": torch.zeros(2, 2),
+                }
+            },
+            "'scale'",
+        ),
+    ],
+    ids=[
+        "missing fwd history",
+        "scale a list",
+        "1-d history",
+        "history columns",
+        "history rows",
+        "recipe an int",
+        "extra vars a list",
+        "fp8sim dict scale a dict",
+        "fp8sim dict history a str",
+        "fp8sim dict bwd shape",
+    ],
+)
+def test_set_extra_state_names_the_missing_or_malformed_key(state, names, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1")
+    lin = _loaded_linear()
+    with pytest.raises((RuntimeError, ValueError)) as info:
+        lin.set_extra_state(state())
+    assert names in str(info.value) and not isinstance(info.value, KeyError)
+    g = lin.fp8_gemms["gemm"]
+    assert g.fwd.scale.tolist() == [2.0, 4.0, 1.0] and g.bwd.scale.tolist() == [8.0, 1.0]  # nothing half-loaded
+    sd = _loaded_linear().state_dict()
+    sd["_extra_state"] = state()
+    with pytest.raises((RuntimeError, ValueError)) as info:
+        te.Linear(16, 16).load_state_dict(sd)
+    assert names in str(info.value)
+
+
+def test_dot_product_attention_set_extra_state_names_a_missing_key() -> None:
+    dpa = te.DotProductAttention(2, 8)
+    state = {"fwd_scale": torch.ones(9), "fwd_amax_history": torch.zeros(4, 9), "bwd_scale": torch.ones(6)}
+    with pytest.raises(RuntimeError, match="expected .*'bwd_amax_history'"):
+        dpa.set_extra_state(state)
+    with pytest.raises(RuntimeError, match="'bwd_amax_history'"):
+        dpa.set_extra_state({**state, "bwd_amax_history": [0.0] * 6})
+    with pytest.raises(RuntimeError, match=r"state\['amax_history'\] has shape \(3, 6\)"):
+        dpa.set_extra_state({**state, "bwd_amax_history": torch.zeros(3, 6)})

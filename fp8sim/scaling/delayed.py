@@ -15,7 +15,7 @@ every module registered in its global amax buffer at once: :func:`reduce_and_upd
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ from ..recipe import DelayedScaling, Format, tensor_format
 from .amax import amax_nan_skipping, as_float32, dtype_name
 from .quantized import QuantizedTensor
 
-__all__ = ["DelayedScaler", "FLT_MAX", "reduce_and_update"]
+__all__ = ["DelayedScaler", "FLT_MAX", "load_state_dicts", "reduce_and_update"]
 
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 
@@ -228,23 +228,42 @@ class DelayedScaler:
         return {"scale": self.scale.copy(), "amax_history": self.amax_history.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Copy a saved state into this one, in place."""
-        scale = np.asarray(_to_numpy(state["scale"]), np.float32)
-        hist = np.asarray(_to_numpy(state["amax_history"]), np.float32)
-        if scale.shape != self.scale.shape or hist.shape != self.amax_history.shape:
-            raise ValueError(
-                f"state shapes scale {scale.shape}, amax_history {hist.shape} do not match "
-                f"{self.scale.shape}, {self.amax_history.shape}"
-            )
-        if not np.isfinite(scale).all() or (scale <= 0).any():
-            raise ValueError(f"scale must be finite and positive, got {scale}")
+        """Copy a saved state (:meth:`state_dict`: ``scale`` of shape ``(n,)`` and ``amax_history`` of
+        shape ``(amax_history_len, n)``, numpy arrays or torch tensors) into this one, in place.  A
+        missing, unexpected or malformed key is a ValueError (TypeError for a non-dict) naming it."""
+        scale, hist = self._checked_state(state)
         self.scale[...], self.amax_history[...] = scale, hist
+
+    def _checked_state(self, state: Any) -> tuple[np.ndarray, np.ndarray]:
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                f"state must be a dict with keys {_STATE_KEYS} (a state_dict()); got {type(state).__name__}"
+            )
+        missing = [k for k in _STATE_KEYS if k not in state]
+        unexpected = sorted(map(repr, set(state) - set(_STATE_KEYS)))
+        if missing or unexpected:
+            what = [f"missing key(s) {missing}"] if missing else []
+            what += [f"unexpected key(s) {', '.join(unexpected)}"] if unexpected else []
+            raise ValueError(f"DelayedScaler state: {'; '.join(what)}; a state has exactly the keys {_STATE_KEYS}")
+        want = {"scale": self.scale.shape, "amax_history": self.amax_history.shape}
+        scale, hist = (_state_array(state[k], k, want[k]) for k in _STATE_KEYS)
+        if not np.isfinite(scale).all() or (scale <= 0).any():
+            raise ValueError(f"state['scale'] must be finite and positive, got {scale}")
+        return scale, hist
 
     def __repr__(self) -> str:
         return (
             f"DelayedScaler(n={self.n}, fmt={self.fmt.name}, history_len={self.amax_history.shape[0]}, "
             f"algo={self.recipe.amax_compute_algo!r}, fused={self.fused}, scale={self.scale.tolist()})"
         )
+
+
+def load_state_dicts(pairs: Sequence[tuple[DelayedScaler, Any]]) -> None:
+    """``scaler.load_state_dict(state)`` for each pair, all or nothing: every state is checked
+    before any scaler changes (a module's forward and backward state load together)."""
+    checked = [(scaler, scaler._checked_state(state)) for scaler, state in pairs]
+    for scaler, (scale, hist) in checked:
+        scaler.scale[...], scaler.amax_history[...] = scale, hist
 
 
 def reduce_and_update(scalers: Sequence[DelayedScaler], group: Any = None) -> None:
@@ -268,10 +287,23 @@ def reduce_and_update(scalers: Sequence[DelayedScaler], group: Any = None) -> No
             s._update_unfused(part)
 
 
-def _to_numpy(a: Any) -> np.ndarray:
-    if is_torch_tensor(a):
-        return a.detach().cpu().numpy()
-    return np.asarray(a)
+_STATE_KEYS = ("scale", "amax_history")
+
+
+def _state_array(value: Any, key: str, shape: tuple[int, ...]) -> np.ndarray:
+    """``state[key]`` as a float32 array of ``shape``, or ValueError naming the key."""
+    try:
+        arr = value.detach().cpu().float().numpy() if is_torch_tensor(value) else np.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"state[{key!r}] must be a float32 array of shape {shape}: {exc}") from None
+    if arr.dtype.kind not in "fiu":
+        raise ValueError(f"state[{key!r}] must be a float32 array of shape {shape}; got dtype {arr.dtype}")
+    if arr.shape != shape:
+        raise ValueError(
+            f"state[{key!r}] has shape {arr.shape}; this DelayedScaler's is {shape} "
+            "(amax_history_len, n): the state comes from another recipe or module"
+        )
+    return arr.astype(np.float32)
 
 
 def _all_reduce_max(row: np.ndarray, group: Any) -> np.ndarray | None:

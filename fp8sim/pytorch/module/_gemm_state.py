@@ -110,14 +110,20 @@ class _GemmState:
             "bwd_amax_history": torch.from_numpy(self.bwd.amax_history.copy()),
         }
 
-    def load(self, st: dict[str, torch.Tensor]) -> None:
+    def load(self, st: dict[str, torch.Tensor]) -> list[tuple[Any, dict[str, Any]]]:
+        """The (scaler, state) pairs to load for a GEMM's saved dict (scalers built as needed); the
+        caller loads them all or none (:func:`fp8sim.scaling.delayed.load_state_dicts`)."""
         if not st:
-            return
-        hist_len = st["fwd_amax_history"].shape[0]
-        recipe = self.fwd.recipe if self.fwd is not None else DelayedScaling(amax_history_len=hist_len)
+            return []
+        hist = st["fwd_amax_history"]
+        if len(getattr(hist, "shape", ())) != 2:
+            raise ValueError(f"fwd_amax_history must be a 2-d tensor (amax_history_len, 3); got {hist!r:.80}")
+        recipe = self.fwd.recipe if self.fwd is not None else DelayedScaling(amax_history_len=int(hist.shape[0]))
         self.ensure(recipe)
-        self.fwd.load_state_dict({"scale": st["fwd_scale"].numpy(), "amax_history": st["fwd_amax_history"].numpy()})
-        self.bwd.load_state_dict({"scale": st["bwd_scale"].numpy(), "amax_history": st["bwd_amax_history"].numpy()})
+        return [
+            (self.fwd, {"scale": st["fwd_scale"], "amax_history": st["fwd_amax_history"]}),
+            (self.bwd, {"scale": st["bwd_scale"], "amax_history": st["bwd_amax_history"]}),
+        ]
 
 
 class _ColumnwiseInBackward:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ....recipe import DelayedScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, Recipe, tensor_format
-from ....scaling.delayed import DelayedScaler
+from ....scaling.delayed import DelayedScaler, load_state_dicts
 from ..._rng_tracker import attention_tracker, dropout_fork
 from ...distributed import _replay_fp8_state
 from ...module._fp8_handoff import handoff_of
@@ -173,7 +173,13 @@ class DotProductAttention(nn.Module):
         if state is None or (isinstance(state, dict) and not state):
             return
         if isinstance(state, dict):
-            arrays = [state[k] for k in ("fwd_scale", "fwd_amax_history", "bwd_scale", "bwd_amax_history")]
+            keys = ("fwd_scale", "fwd_amax_history", "bwd_scale", "bwd_amax_history")
+            if set(state) != set(keys):
+                raise RuntimeError(f"DotProductAttention: _extra_state has keys {sorted(state)}; expected {list(keys)}")
+            arrays = [state[k] for k in keys]
+            for k, a in zip(keys, arrays, strict=True):
+                if len(getattr(a, "shape", ())) != (1 if k.endswith("scale") else 2):
+                    raise RuntimeError(f"DotProductAttention: _extra_state[{k!r}] must be a tensor; got {a!r:.80}")
             recipe = None
         else:
             te_state = decode_te_extra_state(state, "DotProductAttention")
@@ -192,9 +198,13 @@ class DotProductAttention(nn.Module):
             if recipe.amax_history_len != hist_len:
                 recipe = DelayedScaling(amax_history_len=hist_len)
         self._ensure_state(recipe)
-        f_s, f_h, b_s, b_h = (torch.as_tensor(t).float().numpy() for t in arrays)
-        self.fwd.load_state_dict({"scale": f_s, "amax_history": f_h})
-        self.bwd.load_state_dict({"scale": b_s, "amax_history": b_h})
+        f_s, f_h, b_s, b_h = arrays
+        try:
+            load_state_dicts(
+                [(self.fwd, {"scale": f_s, "amax_history": f_h}), (self.bwd, {"scale": b_s, "amax_history": b_h})]
+            )
+        except (TypeError, ValueError) as exc:
+            raise RuntimeError(f"DotProductAttention: _extra_state: {exc}") from None
 
     def _quantizers(self, recipe: Recipe) -> dict[str, Quantizer | None]:
         fwd_fmt, bwd_fmt = tensor_format(recipe.fp8_format, True), tensor_format(recipe.fp8_format, False)
