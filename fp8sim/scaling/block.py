@@ -23,12 +23,11 @@ from ..cast import encode
 from ..formats import FloatFormat, get_format
 from .amax import amax_nan_skipping, as_float32, dtype_name
 from .current import compute_scale_from_amax
-from .quantized import QuantizedTensor
+from .quantized import MAX_BLOCK_SIZE, QuantizedTensor, check_padding
 
 __all__ = ["quantize_block_scaling", "BLOCK_SIZE", "MAX_BLOCK_SIZE", "input_dtype_max"]
 
 BLOCK_SIZE = 128
-MAX_BLOCK_SIZE = 1 << 16  # codes are padded to whole blocks: a larger block would only allocate padding
 _DTYPE_MAX = {"float32": float(np.finfo(np.float32).max), "bfloat16": 3.3895313892515355e38, "float16": 65504.0}
 
 
@@ -76,6 +75,7 @@ def quantize_block_scaling(
         block = (block_size, 1)
     else:
         block = (1,) * (x32.ndim - 1) + (block_size,)
+    check_padding(x32.shape, block)
     padded = np.zeros(tuple(-(-n // b) * b for n, b in zip(x32.shape, block, strict=True)), np.float32)
     padded[tuple(slice(0, n) for n in x32.shape)] = x32
     # one axis pair per dim: (blocks, within-block)

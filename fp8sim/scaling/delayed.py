@@ -26,9 +26,28 @@ from ..recipe import DelayedScaling, Format, tensor_format
 from .amax import amax_nan_skipping, as_float32, dtype_name
 from .quantized import QuantizedTensor
 
-__all__ = ["DelayedScaler", "FLT_MAX", "load_state_dicts", "reduce_and_update"]
+__all__ = [
+    "DelayedScaler",
+    "FLT_MAX",
+    "MAX_AMAX_HISTORY_LEN",
+    "MAX_QUANTIZERS",
+    "load_state_dicts",
+    "reduce_and_update",
+]
 
 FLT_MAX = np.float32(np.finfo(np.float32).max)
+MAX_AMAX_HISTORY_LEN = 1 << 16  # 64x TE's default of 1024; the history is allocated up front
+MAX_QUANTIZERS = 1 << 12
+
+
+def _check_sizes(history_len: int, n: int) -> None:
+    if history_len > MAX_AMAX_HISTORY_LEN:
+        raise ValueError(
+            f"amax_history_len must be at most {MAX_AMAX_HISTORY_LEN} (TE's default is 1024; the history is "
+            f"allocated up front), got {history_len}"
+        )
+    if n > MAX_QUANTIZERS:
+        raise ValueError(f"n (number of quantizers) must be at most {MAX_QUANTIZERS}, got {n}")
 
 
 def _te_fp8_max(recipe: DelayedScaling, forward: bool) -> int:
@@ -61,6 +80,7 @@ class DelayedScaler:
             raise TypeError(f"recipe must be a DelayedScaling, got {type(self.recipe).__name__}")
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n (number of quantizers) must be an int >= 1, got {n!r}")
+        _check_sizes(self.recipe.amax_history_len, n)
         self.n = n
         self.forward = forward
         # The quantization dtype is fixed when the state is created (TE's RecipeState.dtype).
@@ -98,6 +118,7 @@ class DelayedScaler:
         new recipe's margin, algorithms and FP8_MAX."""
         if not isinstance(recipe, DelayedScaling):
             raise TypeError(f"recipe must be a DelayedScaling, got {type(recipe).__name__}")
+        _check_sizes(recipe.amax_history_len, self.n)
         length, cur = recipe.amax_history_len, self.amax_history.shape[0]
         if length < cur:
             self.amax_history = self.amax_history[:length].copy()

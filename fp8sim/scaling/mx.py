@@ -32,7 +32,7 @@ from .._torch import is_torch_tensor, numpy_view
 from ..cast._tables import f32_code_table
 from ..formats import E2M1, E2M3, E3M2, E4M3, E5M2, E8M0, FloatFormat, get_format
 from .amax import dtype_name
-from .quantized import QuantizedTensor
+from .quantized import MAX_BLOCK_SIZE, QuantizedTensor, check_padding
 
 __all__ = [
     "MX_ELEM_FORMATS",
@@ -331,8 +331,8 @@ def _check_quantize_args(
     flavor = _choice(flavor, MX_FLAVORS, "flavor")
     if isinstance(block_size, (bool, np.bool_)) or not isinstance(block_size, (int, np.integer)):
         raise TypeError(f"block_size must be a positive int, got {block_size!r}")
-    if block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size}")
+    if not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise ValueError(f"block_size must be a positive int, at most {MAX_BLOCK_SIZE} (MX uses 32), got {block_size}")
     if not isinstance(mxfma, (bool, np.bool_)):
         raise TypeError(f"mxfma must be True or False, got {mxfma!r}")
     if pad is not None and not isinstance(pad, (bool, np.bool_)):
@@ -369,6 +369,7 @@ def _quantize(
                 f"dimension {ax} of shape {shape} has size {n}, which must be divisible by block_size "
                 f"{block_size} (torchao refuses other sizes); pass pad=True to zero-pad to whole blocks as TE does"
             )
+        check_padding(shape, tuple(block_size if d == ax else 1 for d in range(ndim)))
         widths = [(0, 0)] * ndim
         widths[ax] = (0, -n % block_size)
         arr = np.pad(arr, widths)
