@@ -17,9 +17,16 @@ from fp8sim.scaling.block import MAX_BLOCK_SIZE
 X = np.linspace(-3, 3, 256, dtype=np.float32).reshape(2, 128)
 
 
-@pytest.mark.parametrize("block_size", [2**40, MAX_BLOCK_SIZE + 1, 0, -128, 1.5, True, "128"])
+@pytest.mark.parametrize("block_size", [2**40, MAX_BLOCK_SIZE + 1, 0, -128])
 def test_block_size_out_of_range_is_refused_with_the_range(block_size: object) -> None:
     with pytest.raises(ValueError, match=rf"block_size must be an int in \[1, {MAX_BLOCK_SIZE}\]"):
+        quantize_block_scaling(X, block_size=block_size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("block_size", [1.5, 128.0, True, "128", None])
+def test_block_size_of_another_type_is_a_type_error(block_size: object) -> None:
+    """Issue 29.4: bools and floats are refused as every int argument refuses them."""
+    with pytest.raises(TypeError, match="block_size must be an int, got"):
         quantize_block_scaling(X, block_size=block_size)  # type: ignore[arg-type]
 
 
@@ -66,7 +73,7 @@ def test_absurd_block_sizes_and_histories_are_value_errors_naming_the_argument()
     x = np.ones((4, 64), np.float32)
     for kw in (dict(pad=True), dict(flavor="te", scale_rule="rceil"), {}):
         with pytest.raises(
-            ValueError, match=rf"block_size must be a positive int, at most {MAX_BLOCK_SIZE}.*got {2**40}"
+            ValueError, match=rf"block_size must be an int in \[1, {MAX_BLOCK_SIZE}\].*got {2**40}"
         ):
             quantize_mx(x, "e4m3", block_size=2**40, **kw)
     tall = np.ones((1 << 20, 1), np.float32)  # a block of 1024 on a width-1 dim would pad to 2^30 elements

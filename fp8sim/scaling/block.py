@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .._args import as_int
 from ..cast import encode
 from ..formats import FloatFormat, get_format
 from .amax import amax_nan_skipping, as_float32, dtype_name
@@ -56,8 +57,7 @@ def quantize_block_scaling(
     f = get_format(fmt)
     if isinstance(block_dim, bool) or block_dim not in (1, 2):
         raise ValueError(f"block_dim must be 1 (1x{block_size}) or 2 ({block_size}x{block_size}); got {block_dim!r}")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= MAX_BLOCK_SIZE:
-        raise ValueError(f"block_size must be an int in [1, {MAX_BLOCK_SIZE}] (TE uses 128), got {block_size!r}")
+    block_size = as_int(block_size, "block_size", lo=1, hi=MAX_BLOCK_SIZE, what="TE uses 128")
     for name, flag in (("pow2", pow2), ("columnwise", columnwise)):
         if not isinstance(flag, bool | np.bool_):
             raise ValueError(f"{name} must be True or False, got {flag!r}")

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .._args import as_int
 from .._torch import is_torch_tensor
 from ..cast import encode
 from ..cast.numpy_backend import encode_scaled_with_amax
@@ -152,6 +153,7 @@ def quantize_torchao(
         scaled = _scaled(x, x32, scale)
         codes = _torch_nan_codes(encode(scaled, f, saturate=True), scaled, f)
         return _pertensor(codes, scale, f, x32.shape, dtype_name(x), scale_is_divisor=True)
+    axiswise_dim = as_int(axiswise_dim, "axiswise_dim")
     if x32.ndim == 0 or not -x32.ndim <= axiswise_dim < x32.ndim:
         raise ValueError(f"axiswise_dim {axiswise_dim} out of range for a tensor of shape {x32.shape}")
     dim = axiswise_dim % x32.ndim

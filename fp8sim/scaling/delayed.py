@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .._args import as_int
 from .._torch import is_torch_tensor
 from ..cast.numpy_backend import encode_scaled_with_amax
 from ..recipe import DelayedScaling, Format, tensor_format
@@ -78,8 +79,7 @@ class DelayedScaler:
         self.recipe = recipe if recipe is not None else DelayedScaling()
         if not isinstance(self.recipe, DelayedScaling):
             raise TypeError(f"recipe must be a DelayedScaling, got {type(self.recipe).__name__}")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n (number of quantizers) must be an int >= 1, got {n!r}")
+        n = as_int(n, "n (number of quantizers)", lo=1)
         _check_sizes(self.recipe.amax_history_len, n)
         self.n = n
         self.forward = forward

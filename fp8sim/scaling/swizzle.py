@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .._args import as_int
 from .._torch import is_torch_tensor
 
 __all__ = ["blocked_size", "to_blocked", "from_blocked", "with_blocked_scales", "unswizzle_mm_scales"]
@@ -70,9 +71,7 @@ def to_blocked(scales: Any) -> Any:
 def from_blocked(blocked: Any, rows: int, cols: int) -> Any:
     """The ``(rows, cols)`` scale matrix back from its flat blocked layout (the padding dropped)."""
     arr, ref = _as_numpy(blocked)
-    for name, v in (("rows", rows), ("cols", cols)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+    rows, cols = as_int(rows, "rows", lo=0), as_int(cols, "cols", lo=0)
     want = blocked_size(rows, cols)
     if arr.size != want:
         raise ValueError(

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..._args import as_int
 from ._gemm_state import _GemmState
 from ._params import resolve_params_dtype
 from .base import TransformerEngineBaseModule, get_default_init_method, init_method_constant, no_torch_dynamo
@@ -58,8 +59,7 @@ class GroupedLinear(TransformerEngineBaseModule):
         *,
         accumulator: str | None = None,
     ) -> None:
-        if isinstance(num_gemms, bool) or not isinstance(num_gemms, int) or num_gemms < 1:
-            raise ValueError(f"num_gemms must be an int >= 1, got {num_gemms!r}")
+        num_gemms = as_int(num_gemms, "num_gemms", lo=1)
         super().__init__(accumulator, name)
         if ub_overlap_rs or ub_overlap_ag:
             raise NotImplementedError("GroupedLinear doesn't support Userbuffer overlap (TE's words); nor does fp8sim")

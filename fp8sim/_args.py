@@ -1,0 +1,38 @@
+"""One rule for integer arguments: every integral type is taken, bools and floats never.
+
+``as_int`` accepts what ``operator.index`` accepts (Python ints, numpy integers, 0-d integer arrays,
+0-d integer torch tensors, any object with ``__index__``) and refuses ``True``/``False`` (an int
+subclass, but never a count or a size), floats (``4.0`` is not an index, as in ``range(4.0)``) and
+everything else with a TypeError naming the argument; a value out of range is a ValueError naming
+the argument and the range.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+
+__all__ = ["as_int"]
+
+
+def as_int(value: Any, arg: str, *, lo: int | None = None, hi: int | None = None, what: str = "") -> int:
+    """``value`` as a Python int in ``[lo, hi]`` (either bound optional; ``hi`` inclusive).
+    ``what`` adds a hint to the range message (e.g. "TE uses 128")."""
+    if isinstance(value, (bool, np.bool_)) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+        raise TypeError(f"{arg} must be an int, got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        shown = repr(value) if len(repr(value)) <= 40 else type(value).__name__
+        raise TypeError(f"{arg} must be an int, got {type(value).__name__} {shown}") from None
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        if hi is None:
+            rng = f">= {lo}"
+        elif lo is None:
+            rng = f"<= {hi}"
+        else:
+            rng = f"in [{lo}, {hi}]"
+        raise ValueError(f"{arg} must be an int {rng}{f' ({what})' if what else ''}, got {v}")
+    return v
