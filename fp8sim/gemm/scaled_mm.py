@@ -77,6 +77,27 @@ def _operand(x: Any, fmt: str | FloatFormat | None, name: str, host: bool = True
     return arr.astype(np.uint8, copy=False), f
 
 
+def _as_input(x: Any, name: str, number: bool = False) -> Any:
+    """One normalisation before every check: torch tensors and numpy arrays as given, nested lists
+    and tuples (and, for scales and the bias, Python numbers, which become float32 as
+    ``torch.tensor`` makes them) as numpy arrays; anything else a TypeError naming the argument."""
+    if x is None or is_torch_tensor(x) or isinstance(x, np.ndarray):
+        return x
+    ok = (list, tuple, np.generic) + ((int, float) if number else ())
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, ok):
+        what = "a torch tensor, a numpy array or a nested list" + (" or a number" if number else "")
+        raise TypeError(f"{name} must be {what}; got {type(x).__name__}")
+    if isinstance(x, np.generic):
+        return np.asarray(x)
+    try:
+        arr = np.asarray(x)
+    except ValueError as exc:  # ragged nesting
+        raise ValueError(f"{name} is not a rectangular array: {exc}") from None
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must hold numbers; got {arr.dtype} from a {type(x).__name__}")
+    return arr.astype(np.float32) if number else arr  # Python numbers: float32, as torch.tensor makes them
+
+
 def _scale(x: Any) -> np.ndarray:
     if x is None:
         return None
@@ -152,6 +173,9 @@ def scaled_mm(
     NVFP4 scales, and ``exact`` with tensorwise or rowwise scales); None (default): ``"torch"`` for
     torch operands on a CUDA (or other non-CPU, non-MPS) device where it applies, else ``"numpy"``.
     """
+    a, b = _as_input(a, "mat1"), _as_input(b, "mat2")
+    scale_a, scale_b = _as_input(scale_a, "scale_a", True), _as_input(scale_b, "scale_b", True)
+    bias, scale_result = _as_input(bias, "bias", True), _as_input(scale_result, "scale_result", True)
     check_arguments(a, b, scale_a, scale_b)
     if backend not in (None, "numpy", "torch"):
         raise ValueError(f"backend must be None, 'numpy' or 'torch'; got {backend!r}")
