@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["as_int"]
+__all__ = ["as_int", "is_complex_dtype", "is_real_float_dtype"]
 
 
 def as_int(value: Any, arg: str, *, lo: int | None = None, hi: int | None = None, what: str = "") -> int:
@@ -36,3 +36,26 @@ def as_int(value: Any, arg: str, *, lo: int | None = None, hi: int | None = None
             rng = f"in [{lo}, {hi}]"
         raise ValueError(f"{arg} must be an int {rng}{f' ({what})' if what else ''}, got {v}")
     return v
+
+
+def is_complex_dtype(dt: Any) -> bool:
+    """numpy's complex dtypes and ml_dtypes' (``complex32``, ``bcomplex32``: kind "W", not "c")."""
+    dt = np.dtype(dt)
+    return dt.kind == "c" or (dt.type.__module__.startswith("ml_dtypes") and "complex" in dt.type.__name__)
+
+
+def is_real_float_dtype(dt: Any) -> bool:
+    """numpy float16/32/64 and every real ml_dtypes float (bfloat16, the float8/6/4 types); not
+    ml_dtypes' integer or complex types, which share their kind "V"/"W" codes."""
+    dt = np.dtype(dt)
+    if is_complex_dtype(dt):
+        return False
+    if dt.type.__module__.startswith("ml_dtypes"):
+        import ml_dtypes
+
+        try:
+            ml_dtypes.finfo(dt)
+        except (TypeError, ValueError):
+            return False
+        return True
+    return dt.kind == "f"

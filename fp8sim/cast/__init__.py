@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._args import is_complex_dtype, is_real_float_dtype
 from .._torch import is_torch_tensor
 from ..formats import FloatFormat, get_format
 from . import numpy_backend
@@ -61,7 +62,9 @@ def _float_array(x: Any, arg: str = "x") -> np.ndarray:
     else:
         arr = np.asarray(x)
     dt = arr.dtype
-    if dt.type.__module__.startswith("ml_dtypes") and _is_ml_float(dt):
+    if is_complex_dtype(dt):  # numpy would drop the imaginary part with only a ComplexWarning
+        raise TypeError(f"{arg} must have a real floating dtype ({_FLOAT_DTYPES}); got complex {dt}")
+    if dt.type.__module__.startswith("ml_dtypes") and is_real_float_dtype(dt):
         # every ml_dtypes float (float8_e5m2 has kind "f", the others "V") widens exactly
         return arr.astype(np.float32)
     if dt.kind == "f" and not dt.isnative:
@@ -69,19 +72,7 @@ def _float_array(x: Any, arg: str = "x") -> np.ndarray:
         dt = arr.dtype
     if dt in (np.float16, np.float32, np.float64):
         return arr
-    if dt.kind == "V" and dt.type.__module__.startswith("ml_dtypes") and _is_ml_float(dt):
-        return arr.astype(np.float32)
     raise TypeError(f"{arg} must have a floating dtype ({_FLOAT_DTYPES}); got {dt}")
-
-
-def _is_ml_float(dt: np.dtype) -> bool:
-    import ml_dtypes
-
-    try:
-        ml_dtypes.finfo(dt)
-    except (ValueError, TypeError):
-        return False
-    return True
 
 
 def _torch_float(x: Any, arg: str = "x") -> Any:

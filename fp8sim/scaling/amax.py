@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from .._args import is_real_float_dtype
 from .._torch import is_torch_tensor, numpy_view
 
 __all__ = ["as_float32", "dtype_name", "amax_nan_skipping", "amax_nan_propagating"]
@@ -22,8 +23,8 @@ def as_float32(x: Any, arg: str = "x") -> np.ndarray:
             raise TypeError(f"{arg} must be a floating tensor, got {t.dtype}")
         return numpy_view(t.to(torch.float32))  # not .numpy(): that pins a parameter's storage (FSDP2)
     arr = np.asarray(x)
-    if arr.dtype.kind not in "fV" or arr.dtype == object:
-        raise TypeError(f"{arg} must be a floating array or tensor, got {arr.dtype}")
+    if not is_real_float_dtype(arr.dtype):
+        raise TypeError(f"{arg} must be a (real) floating array or tensor, got {arr.dtype}")
     with np.errstate(invalid="ignore", over="ignore"):
         return arr.astype(np.float32, copy=False)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .._args import as_int
+from .._args import as_int, is_real_float_dtype
 from .._torch import is_torch_tensor
 from ..cast import encode
 from ..cast.numpy_backend import encode_scaled_with_amax
@@ -47,7 +47,7 @@ def compute_scale_from_amax(
     value_for_inf: float = float(FLT_MAX),
 ) -> np.ndarray:
     """TE's ``compute_scale_from_amax`` (``common/recipe/recipe_common.cuh``), elementwise, float32."""
-    a = np.asarray(amax, np.float32)
+    a = _real(amax, "amax", np.float32)
     a = np.where(a < np.float32(eps), np.float32(eps), a)
     special = ~np.isfinite(a) | (a == 0)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
@@ -106,6 +106,18 @@ def _torch_nan_codes(codes: np.ndarray, scaled: np.ndarray, fmt: FloatFormat) ->
     return np.where(nan, np.uint8(0x7F) | sign, codes).astype(np.uint8)
 
 
+def _real(x: Any, arg: str, dtype: Any) -> np.ndarray:
+    """``x`` (numbers, arrays, CPU tensors) as a real ``dtype`` array; complex, text or objects refused."""
+    if is_torch_tensor(x):
+        if x.is_complex() or x.dtype == __import__("torch").bool:
+            raise TypeError(f"{arg} must be real numbers (a float, an array or a tensor), got {x.dtype}")
+        x = x.detach().cpu().double()
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iuf" and not is_real_float_dtype(arr.dtype):
+        raise TypeError(f"{arg} must be real numbers (a float, an array or a tensor), got {arr.dtype}")
+    return arr.astype(dtype)
+
+
 def quantize_current_scaling(
     x: Any, fmt: str | FloatFormat = "e4m3", *, pow2: bool = False, eps: float = 0.0
 ) -> QuantizedTensor:
@@ -123,7 +135,7 @@ def torchao_amax_to_scale(amax: Any, fmt: str | FloatFormat, round_scales_to_pow
     """torchao ``amax_to_scale``: float64 ``max / max(amax, EPS)`` rounded to float32; optional
     float32 ``exp2(floor(log2(scale)))``."""
     f = get_format(fmt)
-    a = np.asarray(amax, np.float64)
+    a = _real(amax, "amax", np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         scale = (np.float64(f.max) / np.maximum(a, TORCHAO_EPS)).astype(np.float32)  # NaN propagates
         if round_scales_to_power_of_2:
