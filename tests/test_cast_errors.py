@@ -273,9 +273,9 @@ def _complex_inputs() -> list:
     z = np.array([1 + 2j, 3 - 1j])
     out = [z, z.astype(np.complex64), z.astype(ml_dtypes.complex32), z.astype(ml_dtypes.bcomplex32), 1 + 2j]
     try:
-        import torch
-
         import warnings
+
+        import torch
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "ComplexHalf support is experimental"

@@ -72,9 +72,7 @@ def test_absurd_block_sizes_and_histories_are_value_errors_naming_the_argument()
 
     x = np.ones((4, 64), np.float32)
     for kw in (dict(pad=True), dict(flavor="te", scale_rule="rceil"), {}):
-        with pytest.raises(
-            ValueError, match=rf"block_size must be an int in \[1, {MAX_BLOCK_SIZE}\].*got {2**40}"
-        ):
+        with pytest.raises(ValueError, match=rf"block_size must be an int in \[1, {MAX_BLOCK_SIZE}\].*got {2**40}"):
             quantize_mx(x, "e4m3", block_size=2**40, **kw)
     tall = np.ones((1 << 20, 1), np.float32)  # a block of 1024 on a width-1 dim would pad to 2^30 elements
     with pytest.raises(ValueError, match=rf"block_size 1024 is larger than dimension 1.*up to {MAX_PADDED_ELEMENTS}"):

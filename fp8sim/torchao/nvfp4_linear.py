@@ -50,6 +50,7 @@ from ..cast.ptx_sr import encode_ptx_rs
 from ..formats import E2M1, E4M3
 from ..gemm import scaled_mm
 from ..gemm._exact import exact_matmul_f32
+from ._double_backward import warn_graphless
 from .float8_linear_utils import swap_linear_layers
 from .mx_linear import KernelPreference
 
@@ -227,6 +228,7 @@ class _NVFP4MM(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
         shape, has_bias, seed, signs, tile, acc = ctx.meta
+        warn_graphless("NVFP4 GEMMs (nvfp4_mm_triton)")
         dy = grad_output.contiguous()
         dy2 = dy.reshape(-1, dy.shape[-1])
         dev = dy.device
