@@ -320,7 +320,7 @@ class TransformerEngineBaseModule(nn.Module):
             self._last_recipe = recipe
             assert_dim_for_fp8_exec(x, w)
             hist = None if g.fwd is None else g.fwd.amax_history
-            g.ensure(recipe, st.group)
+            g.ensure(recipe, st.group, f"{type(self).__name__} GEMM {name!r}")
             if hist is not None and g.fwd.amax_history is not hist and is_fp8_weight(w):
                 self._update_weight_quantizers()  # TE base.py: a new amax_history_len rebuilds the quantizers
             if (
