@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .._args import is_complex_dtype, is_real_float_dtype
+from .._args import as_array, is_complex_dtype, is_real_float_dtype
 from .._torch import is_torch_tensor
 from ..formats import FloatFormat, get_format
 from . import numpy_backend
@@ -60,7 +60,7 @@ def _float_array(x: Any, arg: str = "x") -> np.ndarray:
             f"{arg} must be a float, a float array or a float tensor ({_FLOAT_DTYPES}); got {type(x).__name__}"
         )
     else:
-        arr = np.asarray(x)
+        arr = as_array(x, arg)
     dt = arr.dtype
     if is_complex_dtype(dt):  # numpy would drop the imaginary part with only a ComplexWarning
         raise TypeError(f"{arg} must have a real floating dtype ({_FLOAT_DTYPES}); got complex {dt}")
@@ -139,7 +139,7 @@ def decode(codes: Any, fmt: str | FloatFormat) -> Any:
         return torch_backend.decode(codes, f)
     if isinstance(codes, bool) or not isinstance(codes, (int, np.integer, np.ndarray, list, tuple)):
         raise TypeError(f"codes must be integers (int, integer array or tensor); got {type(codes).__name__}")
-    arr = np.asarray(codes)
+    arr = as_array(codes, "codes")
     if arr.dtype.kind not in "iu":
         raise TypeError(f"codes must have an integer dtype; got {arr.dtype}")
     if arr.size:

@@ -78,10 +78,10 @@ def _bands(v: Any, width: int) -> list:
 
 
 def exact_matmul_f32(va: Any, vb: Any, mbits_a: int, mbits_b: int) -> Any:
-    """float32 nearest-even of the exact ``va @ vb`` plus +0 (float64 tensors of decoded narrow floats, NaN/Inf
-    as IEEE matmul gives them; a zero result is +0, as ``D = A.B + C`` with ``C = +0`` gives it).  Band-pair float64 matmuls are exact in any summation order (every
-    partial sum fits 53 bits), so the device's BLAS cannot change the result; NaN payloads are the
-    device's."""
+    """float32 nearest-even of the exact ``va @ vb`` plus +0 (float64 tensors of decoded narrow floats,
+    NaN/Inf as IEEE matmul gives them; a zero result is +0, as ``D = A.B + C`` with ``C = +0`` gives it).
+    Band-pair float64 matmuls are exact in any summation order (every partial sum fits 53 bits), so the
+    device's BLAS cannot change the result; NaN payloads are the device's."""
     import math
 
     import torch

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .._args import as_int
+from .._args import as_int, as_real
 from ..cast import encode
 from ..formats import FloatFormat, get_format
 from .amax import amax_nan_skipping, as_float32, dtype_name
@@ -55,9 +55,16 @@ def quantize_block_scaling(
     any rank; the columnwise and 2-D layouts need a 2-D tensor.  ``eps``: a block amax below it is
     raised to it before the scale (TE's ``amax_epsilon``, ``recipe_common.cuh``)."""
     f = get_format(fmt)
-    if isinstance(block_dim, bool) or block_dim not in (1, 2):
-        raise ValueError(f"block_dim must be 1 (1x{block_size}) or 2 ({block_size}x{block_size}); got {block_dim!r}")
+    if (
+        isinstance(block_dim, (bool, np.bool_))
+        or not isinstance(block_dim, (int, np.integer))
+        or block_dim not in (1, 2)
+    ):
+        raise ValueError(
+            f"block_dim must be 1 (1x{block_size}) or 2 ({block_size}x{block_size}); got {block_dim!r:.60}"
+        )
     block_size = as_int(block_size, "block_size", lo=1, hi=MAX_BLOCK_SIZE, what="TE uses 128")
+    eps = as_real(eps, "eps", finite=True, lo=0.0)
     for name, flag in (("pow2", pow2), ("columnwise", columnwise)):
         if not isinstance(flag, bool | np.bool_):
             raise ValueError(f"{name} must be True or False, got {flag!r}")

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .._args import as_int, is_real_float_dtype
+from .._args import as_array, as_bool, as_int, as_real, is_real_float_dtype
 from .._torch import is_torch_tensor
 from ..cast import encode
 from ..cast.numpy_backend import encode_scaled_with_amax
@@ -47,6 +47,10 @@ def compute_scale_from_amax(
     value_for_inf: float = float(FLT_MAX),
 ) -> np.ndarray:
     """TE's ``compute_scale_from_amax`` (``common/recipe/recipe_common.cuh``), elementwise, float32."""
+    fp8_max = as_real(fp8_max, "fp8_max", finite=True, lo=0.0)
+    pow2 = as_bool(pow2, "pow2")
+    eps = as_real(eps, "eps", finite=True, lo=0.0)
+    value_for_inf = as_real(value_for_inf, "value_for_inf", finite=True, lo=0.0)
     a = _real(amax, "amax", np.float32)
     a = np.where(a < np.float32(eps), np.float32(eps), a)
     special = ~np.isfinite(a) | (a == 0)
@@ -112,7 +116,7 @@ def _real(x: Any, arg: str, dtype: Any) -> np.ndarray:
         if x.is_complex() or x.dtype == __import__("torch").bool:
             raise TypeError(f"{arg} must be real numbers (a float, an array or a tensor), got {x.dtype}")
         x = x.detach().cpu().double()
-    arr = np.asarray(x)
+    arr = as_array(x, arg)
     if arr.dtype.kind not in "iuf" and not is_real_float_dtype(arr.dtype):
         raise TypeError(f"{arg} must be real numbers (a float, an array or a tensor), got {arr.dtype}")
     return arr.astype(dtype)
@@ -135,6 +139,7 @@ def torchao_amax_to_scale(amax: Any, fmt: str | FloatFormat, round_scales_to_pow
     """torchao ``amax_to_scale``: float64 ``max / max(amax, EPS)`` rounded to float32; optional
     float32 ``exp2(floor(log2(scale)))``."""
     f = get_format(fmt)
+    round_scales_to_power_of_2 = as_bool(round_scales_to_power_of_2, "round_scales_to_power_of_2")
     a = _real(amax, "amax", np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         scale = (np.float64(f.max) / np.maximum(a, TORCHAO_EPS)).astype(np.float32)  # NaN propagates
@@ -156,8 +161,9 @@ def quantize_torchao(
     amax in the input dtype, NaN propagating; cast ``clamp(fl32(x) * scale, +-max)`` then RN.
     The result stores torchao's scale with ``scale_is_divisor=True`` (dequantize is ``data / scale``)."""
     f = get_format(fmt)
-    if granularity not in ("tensorwise", "axiswise"):
-        raise ValueError(f"granularity must be 'tensorwise' or 'axiswise', got {granularity!r}")
+    if not isinstance(granularity, str) or granularity not in ("tensorwise", "axiswise"):
+        raise ValueError(f"granularity must be 'tensorwise' or 'axiswise', got {granularity!r:.60}")
+    round_scales_to_power_of_2 = as_bool(round_scales_to_power_of_2, "round_scales_to_power_of_2")
     x32 = as_float32(x)
     if granularity == "tensorwise":
         amax = _amax_torchao(x, x32, None)

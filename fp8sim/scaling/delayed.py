@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .._args import as_int
+from .._args import as_array, as_bool, as_int
 from .._torch import is_torch_tensor
 from ..cast.numpy_backend import encode_scaled_with_amax
 from ..recipe import DelayedScaling, Format, tensor_format
@@ -82,12 +82,12 @@ class DelayedScaler:
         n = as_int(n, "n (number of quantizers)", lo=1)
         _check_sizes(self.recipe.amax_history_len, n)
         self.n = n
-        self.forward = forward
+        self.forward = as_bool(forward, "forward")
         # The quantization dtype is fixed when the state is created (TE's RecipeState.dtype).
         self.fmt = tensor_format(self.recipe.fp8_format, forward)
-        self._fused_arg = fused
+        self._fused_arg = as_bool(fused, "fused", none=True)
         self.fused = self._pick_fused(fused)
-        self.eager_division = eager_division
+        self.eager_division = as_bool(eager_division, "eager_division")
         self.scale = np.ones(n, np.float32)
         self.amax_history = np.zeros((self.recipe.amax_history_len, n), np.float32)
 
@@ -127,13 +127,15 @@ class DelayedScaler:
         self.recipe = recipe
         self.fused = self._pick_fused(self._fused_arg)
 
-    def _check_index(self, index: int) -> None:
+    def _check_index(self, index: int) -> int:
+        index = as_int(index, "index")
         if not 0 <= index < self.n:
             raise IndexError(f"quantizer index {index} out of range for n={self.n}")
+        return index
 
     def record(self, index: int, x: Any) -> np.float32:
         """Fold ``max|x|`` (NaN skipped, Inf kept) into the staging row; returns that amax."""
-        self._check_index(index)
+        index = self._check_index(index)
         amax = amax_nan_skipping(as_float32(x))
         self.amax_history[0, index] = np.fmax(self.amax_history[0, index], amax)
         return amax
@@ -143,7 +145,7 @@ class DelayedScaler:
 
         The result's scale is ``scale_inv`` (a per-tensor block covering the whole tensor).
         """
-        self._check_index(index)
+        index = self._check_index(index)
         x32 = as_float32(x)
         codes, amax = encode_scaled_with_amax(x32, self.scale[index], self.fmt, saturate=True)
         self.amax_history[0, index] = np.fmax(self.amax_history[0, index], amax)
@@ -156,6 +158,8 @@ class DelayedScaler:
         ``torch.distributed`` group of more than one process, the staging row is first all-reduced
         with MAX (``group``: the process group, default WORLD).  ``reduced_amax`` passes an already
         reduced row."""
+        if reduced_amax is not None:
+            reduced_amax = _reduced_row(reduced_amax, self.n)
         if reduced_amax is None and self.recipe.reduce_amax:
             reduced_amax = _all_reduce_max(self.amax_history[0], group)
         if self.fused:
@@ -309,6 +313,14 @@ def reduce_and_update(scalers: Sequence[DelayedScaler], group: Any = None) -> No
 
 
 _STATE_KEYS = ("scale", "amax_history")
+
+
+def _reduced_row(value: Any, n: int) -> np.ndarray:
+    """``reduced_amax``: one real amax per quantizer, shape ``(n,)``, as float32."""
+    arr = value.detach().cpu().float().numpy() if is_torch_tensor(value) else as_array(value, "reduced_amax")
+    if arr.dtype.kind not in "iuf" or arr.shape != (n,):
+        raise ValueError(f"reduced_amax must be {n} real amaxes (shape ({n},)), got {arr.dtype} of shape {arr.shape}")
+    return arr.astype(np.float32)
 
 
 def _state_array(value: Any, key: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .._args import as_int
+from .._args import as_array, as_int
 from .._torch import is_torch_tensor, numpy_view
 from ..cast._tables import f32_code_table
 from ..formats import E2M1, E2M3, E3M2, E4M3, E5M2, E8M0, FloatFormat, get_format
@@ -61,7 +61,7 @@ _CHUNK = 1 << 17  # elements per pass: each pass stays in cache; 2^17 measured f
 
 
 def _elem_format(elem_format: str | FloatFormat) -> FloatFormat:
-    fmt = get_format(elem_format)
+    fmt = get_format(elem_format, arg="elem_format")
     if fmt not in MX_ELEM_FORMATS:
         known = ", ".join(f.name for f in MX_ELEM_FORMATS)
         raise ValueError(f"elem_format {fmt.name!r} is not an MX element format; MX element formats: {known}")
@@ -106,7 +106,7 @@ def _as_float32(x: Any, arg: str) -> tuple[np.ndarray, str]:
     else:
         if isinstance(x, (bool, np.bool_)) or x is None or isinstance(x, (str, bytes, complex)):
             raise TypeError(f"{arg} must be a float array or tensor, got {type(x).__name__}")
-        arr = np.asarray(x)
+        arr = as_array(x, arg)
         if arr.dtype.kind == "f" and not arr.dtype.isnative:
             arr = arr.astype(arr.dtype.newbyteorder("="))
         name = arr.dtype.name

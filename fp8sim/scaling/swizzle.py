@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .._args import as_int
+from .._args import as_array, as_int
 from .._torch import is_torch_tensor
 
 __all__ = ["blocked_size", "to_blocked", "from_blocked", "with_blocked_scales", "unswizzle_mm_scales"]
@@ -38,7 +38,7 @@ def _as_numpy(x: Any) -> tuple[np.ndarray, Any]:
         if t.dtype in (getattr(torch, "float8_e8m0fnu", None), torch.float8_e4m3fn):
             return t.view(torch.uint8).numpy(), x
         return t.numpy(), x
-    return np.asarray(x), None
+    return as_array(x, "scales"), None
 
 
 def _like(arr: np.ndarray, ref: Any) -> Any:

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._args import as_int
 from .._torch import numpy_view
 from ..cast import encode
 from ..formats import FloatFormat, get_format
@@ -417,6 +418,7 @@ class Float8Linear(nn.Linear):
         config: Float8LinearConfig | None = None,
         accumulator: str | Accumulator | None = None,
     ) -> None:
+        in_features, out_features = as_int(in_features, "in_features", lo=1), as_int(out_features, "out_features", lo=1)
         super().__init__(in_features, out_features, bias, device, dtype)
         config = Float8LinearConfig() if config is None else config
         if not isinstance(config, Float8LinearConfig):

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._args import as_int
 from ..cast import decode, encode
 from ..cast.ptx_sr import encode_ptx_rs
 from ..formats import E2M1, E4M3
@@ -329,6 +330,7 @@ class NVFP4Linear(nn.Linear):
         accumulator: Any = "blackwell",
     ) -> None:
         cfg = NVFP4TrainingConfig(kernel_preference, process_group, world_size)
+        in_features, out_features = as_int(in_features, "in_features", lo=1), as_int(out_features, "out_features", lo=1)
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.kernel_preference = cfg.kernel_preference
         self.process_group, self.world_size = None, world_size

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..._args import as_int
 from ._gemm_state import _GemmState
-from ._params import resolve_params_dtype
+from ._params import resolve_params_dtype, size_arg
 from .base import TransformerEngineBaseModule, get_default_init_method, init_method_constant, no_torch_dynamo
 
 __all__ = ["GroupedLinear"]
@@ -60,6 +60,7 @@ class GroupedLinear(TransformerEngineBaseModule):
         accumulator: str | None = None,
     ) -> None:
         num_gemms = as_int(num_gemms, "num_gemms", lo=1)
+        in_features, out_features = size_arg(in_features, "in_features"), size_arg(out_features, "out_features")
         super().__init__(accumulator, name)
         if ub_overlap_rs or ub_overlap_ag:
             raise NotImplementedError("GroupedLinear doesn't support Userbuffer overlap (TE's words); nor does fp8sim")

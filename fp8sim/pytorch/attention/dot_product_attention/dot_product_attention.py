@@ -22,6 +22,7 @@ from ....scaling.delayed import DelayedScaler, load_state_dicts
 from ..._rng_tracker import attention_tracker, dropout_fork
 from ...distributed import _replay_fp8_state
 from ...module._fp8_handoff import handoff_of
+from ...module._params import size_arg
 from ...quantization import _register, current_state, get_recipe
 from . import utils
 from .backends import _Q, AttentionConfig, Quantizer, attention
@@ -44,6 +45,16 @@ def _dpa_ds_recipe(recipe: Recipe) -> DelayedScaling:
         fp8_dpa=recipe.fp8_dpa,
         fp8_mha=recipe.fp8_mha,
     )
+
+
+def _kv_channels(kv_channels: Any) -> tuple[int, int]:
+    """TE's ``kv_channels``: one head size for K and V, or a ``(k, v)`` pair."""
+    if isinstance(kv_channels, (tuple, list)):
+        if len(kv_channels) != 2:
+            raise ValueError(f"kv_channels must be an int or a (k, v) pair of ints, got {kv_channels!r:.60}")
+        return size_arg(kv_channels[0], "kv_channels[0]"), size_arg(kv_channels[1], "kv_channels[1]")
+    k = size_arg(kv_channels, "kv_channels")
+    return k, k
 
 
 class DotProductAttention(nn.Module):
@@ -105,9 +116,12 @@ class DotProductAttention(nn.Module):
             raise AssertionError("DotProductAttention only supports qkv_format = {'sbhd', 'bshd', 'thd'}!")
         if mxfp8_softmax not in _MXFP8_SOFTMAX:
             raise ValueError(f"mxfp8_softmax must be one of {', '.join(_MXFP8_SOFTMAX)}; got {mxfp8_softmax!r}")
+        num_attention_heads = size_arg(num_attention_heads, "num_attention_heads")
+        num_gqa_groups = size_arg(num_gqa_groups, "num_gqa_groups", none=True)
+        k_channels, v_channels = _kv_channels(kv_channels)
         self.num_attention_heads = num_attention_heads
-        self.hidden_size_per_attention_head_k = kv_channels if isinstance(kv_channels, int) else kv_channels[0]
-        self.hidden_size_per_attention_head_v = kv_channels if isinstance(kv_channels, int) else kv_channels[1]
+        self.hidden_size_per_attention_head_k = k_channels
+        self.hidden_size_per_attention_head_v = v_channels
         self.num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
         if num_attention_heads % self.num_gqa_groups:
             raise AssertionError("The number of attention heads must be divisible by the number of GQA groups!")
