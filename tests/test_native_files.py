@@ -27,9 +27,9 @@ from fp8sim.native.suite import input_set
 def _doc() -> tuple[dict, dict]:
     cast = {"name": "cast/e4m3/f16_all", "kind": "cast", "format": "e4m3", "inputs": "f16_all", "seed": 0}
     gemm = {
-        "name": "scaled_mm/e4m3xe4m3/tensorwise/fast/float32/4x4x32",
+        "name": "scaled_mm/e4m3xe4m3/tensorwise/fast/float32/4x16x32",
         "kind": "scaled_mm",
-        **dict(m=4, n=4, k=32, a_format="e4m3", b_format="e4m3", layout="tensorwise", fast_accum=True),
+        **dict(m=4, n=16, k=32, a_format="e4m3", b_format="e4m3", layout="tensorwise", fast_accum=True),
         **dict(out_dtype="float32", seed=100),
     }
     ao = {"name": "torchao/e4m3/axiswise/pow2=False", "kind": "torchao_float8"}
@@ -37,7 +37,7 @@ def _doc() -> tuple[dict, dict]:
     meta = {"device": "cpu", "torch": "2.13.0+cpu", "compute_capability": None, "device_name": "x86_64"}
     arrays = {
         cast["name"]: np.zeros(input_set("f16_all").shape, np.uint8),
-        gemm["name"]: np.zeros((4, 4), np.int32),
+        gemm["name"]: np.zeros((4, 16), np.int32),
         ao["name"] + "/codes": np.zeros((64, 128), np.uint8),
         ao["name"] + "/scale": np.ones((64, 1), np.float32),
     }
@@ -88,6 +88,12 @@ DAMAGE = {
     "seed a string": (_set(("ops", 0, "seed"), "0"), "seed must be an integer"),
     "m a bool": (_set(("ops", 1, "m"), True), "m must be an integer"),
     "k zero": (_set(("ops", 1, "k"), 0), "k is 0; allowed"),
+    # issue 29.10: a GEMM torch._scaled_mm refuses cannot have been captured; compare would raise its RuntimeError
+    "n not a multiple of 16": (_set(("ops", 1, "n"), 20), r"ops\[1\].n is 20; torch._scaled_mm takes multiples of 16"),
+    "e5m2 x e5m2": (
+        lambda h: _set(("ops", 1, "b_format"), "e5m2")(_set(("ops", 1, "a_format"), "e5m2")(h)),
+        "both e5m2",
+    ),
     "layout unknown": (_set(("ops", 1, "layout"), "colwise"), "layout is 'colwise'"),
     "pow2 a string": (_set(("ops", 2, "pow2"), "no"), "pow2 must be a boolean"),
     "duplicate op": (lambda h: h | {"ops": h["ops"] + h["ops"][:1]}, "appears twice"),
@@ -122,7 +128,7 @@ def test_hand_edited_header_is_refused_naming_the_field(good: Path, tmp_path: Pa
     [
         ("cast/e4m3/f16_all", np.zeros(1000, np.uint8)),  # wrong length
         ("cast/e4m3/f16_all", np.zeros(input_set("f16_all").shape, np.int16)),  # wrong dtype
-        ("scaled_mm/e4m3xe4m3/tensorwise/fast/float32/4x4x32", np.zeros((4, 5), np.int32)),
+        ("scaled_mm/e4m3xe4m3/tensorwise/fast/float32/4x16x32", np.zeros((4, 5), np.int32)),  # 4x16 expected
         ("torchao/e4m3/axiswise/pow2=False/scale", np.ones(3, np.float32)),
     ],
 )

@@ -30,7 +30,7 @@ def blocked_size(rows: int, cols: int) -> int:
     return _ceil_div(rows, _ROWS) * _ROWS * _ceil_div(cols, _COLS) * _COLS
 
 
-def _as_numpy(x: Any) -> tuple[np.ndarray, Any]:
+def _as_numpy(x: Any, arg: str) -> tuple[np.ndarray, Any]:
     if is_torch_tensor(x):
         import torch
 
@@ -38,7 +38,7 @@ def _as_numpy(x: Any) -> tuple[np.ndarray, Any]:
         if t.dtype in (getattr(torch, "float8_e8m0fnu", None), torch.float8_e4m3fn):
             return t.view(torch.uint8).numpy(), x
         return t.numpy(), x
-    return as_array(x, "scales"), None
+    return as_array(x, arg), None
 
 
 def _like(arr: np.ndarray, ref: Any) -> Any:
@@ -56,7 +56,7 @@ def to_blocked(scales: Any) -> Any:
     """The flat blocked layout of a 2-D scale matrix (module docstring); padding entries are 0, as
     torchao's.  numpy in, numpy out; a torch tensor (uint8, float8_e8m0fnu, float8_e4m3fn, float32) in,
     the same dtype and device out."""
-    arr, ref = _as_numpy(scales)
+    arr, ref = _as_numpy(scales, "scales")
     if arr.ndim != 2:
         raise ValueError(f"scales must be a 2-D (rows, cols) matrix of block scales; got shape {arr.shape}")
     rows, cols = arr.shape
@@ -70,7 +70,7 @@ def to_blocked(scales: Any) -> Any:
 
 def from_blocked(blocked: Any, rows: int, cols: int) -> Any:
     """The ``(rows, cols)`` scale matrix back from its flat blocked layout (the padding dropped)."""
-    arr, ref = _as_numpy(blocked)
+    arr, ref = _as_numpy(blocked, "blocked")
     rows, cols = as_int(rows, "rows", lo=0), as_int(cols, "cols", lo=0)
     want = blocked_size(rows, cols)
     if arr.size != want:
