@@ -70,7 +70,8 @@ def test_block_scaling_keeps_the_contract_and_matches_the_block_reference(call: 
         return
     kw = call.kwargs
     bm, bn = (kw["block_size"], kw["block_size"]) if kw["block_dim"] == 2 else (1, kw["block_size"])
-    want_s, want_c = _ref_block(kw["x"], bm, bn, kw["pow2"], float(np.finfo(np.float32).max))
+    with np.errstate(over="ignore"):  # the reference's 448 / tiny amax overflows to Inf, as TE's does
+        want_s, want_c = _ref_block(kw["x"], bm, bn, kw["pow2"], float(np.finfo(np.float32).max))
     assert np.array_equal(q.scales.view(np.uint32), want_s.view(np.uint32))
     nan = np.isnan(fp8sim.decode(q.codes, "e4m3")) & np.isnan(fp8sim.decode(want_c, "e4m3"))
     assert ((q.codes == want_c) | nan).all()
