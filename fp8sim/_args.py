@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["as_int", "as_bool", "as_choice", "as_real", "as_array", "is_complex_dtype", "is_real_float_dtype"]
+__all__ = ["as_int", "as_bool", "as_real", "as_array", "is_complex_dtype", "is_real_float_dtype"]
 
 
 def as_int(value: Any, arg: str, *, lo: int | None = None, hi: int | None = None, what: str = "") -> int:
@@ -71,17 +71,6 @@ def as_bool(value: Any, arg: str, *, none: bool = False) -> bool | None:
     allowed = "True, False or None" if none else "True or False"
     shown = repr(value) if len(repr(value)) <= 40 else type(value).__name__
     raise TypeError(f"{arg} must be {allowed}, got {shown}")
-
-
-def as_choice(value: Any, allowed: tuple[str, ...], arg: str) -> str:
-    """One of the ``allowed`` strings; anything else a ValueError (TypeError for a non-string) naming
-    ``arg`` and the allowed values."""
-    if not isinstance(value, str):
-        shown = repr(value) if len(repr(value)) <= 40 else type(value).__name__
-        raise TypeError(f"{arg} must be one of {', '.join(map(repr, allowed))}; got {shown}")
-    if value not in allowed:
-        raise ValueError(f"unknown {arg} {value!r}; known: {', '.join(allowed)}")
-    return value
 
 
 def as_real(value: Any, arg: str, *, finite: bool = False, lo: float | None = None) -> float:

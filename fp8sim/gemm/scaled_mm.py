@@ -24,7 +24,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .._args import as_bool, as_choice
+from .._args import as_bool
 from .._torch import is_torch_tensor, numpy_view
 from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
@@ -178,8 +178,8 @@ def scaled_mm(
     scale_a, scale_b = _as_input(scale_a, "scale_a", True), _as_input(scale_b, "scale_b", True)
     bias, scale_result = _as_input(bias, "bias", True), _as_input(scale_result, "scale_result", True)
     check_arguments(a, b, scale_a, scale_b)
-    if backend is not None:
-        as_choice(backend, ("numpy", "torch"), "backend")
+    if backend is not None and (not isinstance(backend, str) or backend not in ("numpy", "torch")):
+        raise ValueError(f"backend must be None, 'numpy' or 'torch'; got {backend!r:.60}")
     use_fast_accum, strict = as_bool(use_fast_accum, "use_fast_accum"), as_bool(strict, "strict")
     if scale_result is not None and (
         np.size(_scale(scale_result)) != 1 or _scale(scale_result).dtype.kind not in "iuf"
