@@ -247,6 +247,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"wrote {write_study(res, args.out, force=args.force)}")
         return 0
     build_parser().print_help()
+    print(f"fp8sim: a command is required; one of {', '.join(_COMMANDS)}", file=sys.stderr)
     return 2
 
 

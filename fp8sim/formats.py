@@ -299,13 +299,15 @@ def format_names() -> list[str]:
     return list(FORMATS) + [a for f in FORMATS.values() for a in f.aliases]
 
 
-def get_format(fmt: str | FloatFormat) -> FloatFormat:
-    """Resolve a format name (canonical or alias, case-insensitive) or pass a FloatFormat through."""
+def get_format(fmt: str | FloatFormat, *, arg: str = "fmt") -> FloatFormat:
+    """Resolve a format name (canonical or alias, case-insensitive) or pass a FloatFormat through.
+    ``arg``: the argument's name in the messages (e.g. ``elem_format``)."""
     if isinstance(fmt, FloatFormat):
         return fmt
     if isinstance(fmt, str):
         found = _BY_NAME.get(fmt.lower())
         if found is not None:
             return found
-        raise ValueError(f"unknown format {fmt!r}; known: {', '.join(format_names())}")
-    raise TypeError(f"fmt must be a format name or a FloatFormat, got {type(fmt).__name__}")
+        where = "" if arg == "fmt" else f" for {arg}"
+        raise ValueError(f"unknown format {fmt!r}{where}; known: {', '.join(format_names())}")
+    raise TypeError(f"{arg} must be a format name or a FloatFormat, got {type(fmt).__name__}")

@@ -22,6 +22,27 @@ import numpy as np
 
 import fp8sim
 
+
+# -- hypothesis profiles: a red CI run reproduces, a local run keeps exploring ------------------------
+def _hypothesis_profiles() -> None:
+    """``ci`` (selected when ``CI`` is set, as CI services set it; ``.ci/run`` sets it too): derandomized,
+    so every run draws the same examples and a failure reproduces from the log; ``dev`` (local runs): fresh
+    random draws each run, failures replayed from the local example database.  ``FP8SIM_HYPOTHESIS_PROFILE``
+    picks one explicitly."""
+    import os
+
+    from hypothesis import settings
+
+    # explicit values: recent hypothesis loads its own "ci" profile when CI is set, and a new profile
+    # inherits from whichever is loaded
+    settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+    settings.register_profile("dev", parent=settings.get_profile("default"), derandomize=False, print_blob=True)
+    ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+    settings.load_profile(os.environ.get("FP8SIM_HYPOTHESIS_PROFILE", "ci" if ci else "dev"))
+
+
+_hypothesis_profiles()
+
 FORMAT_NAMES = tuple(fp8sim.FORMATS)
 DETERMINISTIC_MODES = ("nearest_even", "toward_zero", "up", "down", "nearest_away")
 ALL_MODES = (*DETERMINISTIC_MODES, "stochastic")

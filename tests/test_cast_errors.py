@@ -264,3 +264,45 @@ def test_torch_input_requiring_grad_is_accepted_and_left_alone():
     q = fp8sim.quantize(x, "e4m3")
     assert not q.requires_grad and x.grad is None
     assert torch.equal(q, torch.from_numpy(fp8sim.quantize(x.detach().numpy(), "e4m3")))
+
+
+# -- issue 29.6: every complex dtype is refused, ml_dtypes' included -------------------------------------
+def _complex_inputs() -> list:
+    import ml_dtypes
+
+    z = np.array([1 + 2j, 3 - 1j])
+    out = [z, z.astype(np.complex64), z.astype(ml_dtypes.complex32), z.astype(ml_dtypes.bcomplex32), 1 + 2j]
+    try:
+        import warnings
+
+        import torch
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "ComplexHalf support is experimental"
+            out += [torch.tensor([1 + 2j]), torch.tensor([1 + 2j]).to(torch.complex32)]
+    except ImportError:
+        pass
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("z", _complex_inputs(), ids=lambda z: str(getattr(z, "dtype", type(z).__name__)))
+def test_every_complex_dtype_is_refused_never_silently_made_real(z) -> None:  # noqa: ANN001
+    import warnings
+
+    from fp8sim import scaling as S
+
+    calls = [
+        lambda z: fp8sim.encode(z, "e4m3"),
+        lambda z: fp8sim.quantize(z, "e5m2"),
+        lambda z: fp8sim.get_convention("ml_dtypes").encode(z, "e4m3"),
+        lambda z: S.quantize_current_scaling(z, "e4m3"),
+        lambda z: S.quantize_block_scaling(z),
+        lambda z: S.compute_scale_from_amax(z, 448.0),
+        lambda z: S.torchao_amax_to_scale(z, "e4m3"),
+    ]
+    for call in calls:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy's ComplexWarning would mean the imaginary part was dropped
+            with pytest.raises(TypeError, match=r"(x|amax) must .*(real|float).*complex"):
+                call(z)

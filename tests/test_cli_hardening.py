@@ -167,7 +167,7 @@ def test_run_study_refuses_zero_steps() -> None:
     pytest.importorskip("torch")
     from fp8sim.report.training_study import run_study
 
-    with pytest.raises(ValueError, match="steps must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="steps must be an int >= 1, got 0"):
         run_study(("fp32",), steps=0, progress=False)
 
 

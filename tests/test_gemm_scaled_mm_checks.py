@@ -98,3 +98,35 @@ def test_cpu_reference_ignores_scale_result_without_out_dtype_as_torchs_cpu_kern
         native = torch._scaled_mm(a, b, ONE, ONE, scale_result=sr, out_dtype=out_dtype)
         ours = scaled_mm(a, b, ONE, ONE, scale_result=sr, out_dtype=out_dtype, accumulator="cpu_reference")
         assert torch.equal(ours.view(torch.uint8), native.view(torch.uint8)), out_dtype
+
+
+# -- issue 29.5: one input normalisation before the checks -------------------------------------------
+@pytest.mark.parametrize("strict", [True, False])
+def test_nested_list_operands_give_the_array_result_in_both_strict_modes(strict: bool) -> None:
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 0x7F, (16, 32)).astype(np.uint8)  # positive finite E4M3 codes
+    b = rng.integers(0, 0x7F, (32, 16)).astype(np.uint8)
+    kw = dict(a_format="e4m3", b_format="e4m3", out_dtype="float32", strict=strict)
+    want = scaled_mm(a, b, np.float32(0.5), np.float32(2.0), **kw)
+    for sa, sb in ((0.5, 2.0), ([0.5], [2.0]), (np.float32(0.5), np.float32(2.0))):
+        got = scaled_mm(a.tolist(), b.tolist(), sa, sb, **kw)
+        assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    rowwise = scaled_mm(a.tolist(), tuple(map(tuple, b.tolist())), [[0.5]] * 16, [[2.0] * 16], **kw)
+    assert np.array_equal(rowwise.view(np.uint32), want.view(np.uint32))
+
+
+def test_list_bias_and_bad_list_inputs_are_named() -> None:
+    a, b = np.full((16, 16), 0x38, np.uint8), np.full((16, 16), 0x38, np.uint8)  # 1.0 in E4M3
+    kw = dict(a_format="e4m3", b_format="e4m3")
+    out = scaled_mm(a, b, 1.0, 1.0, bias=[1.0] * 16, out_dtype="float32", strict=False, **kw)
+    assert np.array_equal(out, np.full((16, 16), 17.0, np.float32))
+    with pytest.raises(RuntimeError, match="Bias must be BFloat16 or Half, but got Float"):  # torch's words
+        scaled_mm(a, b, 1.0, 1.0, bias=[1.0] * 16, out_dtype="bfloat16", **kw)
+    with pytest.raises(RuntimeError, match="Bias must be size 16 but got 3"):
+        scaled_mm(a, b, 1.0, 1.0, bias=[1.0] * 3, out_dtype="bfloat16", **kw)
+    with pytest.raises(ValueError, match="mat1 is not a rectangular array"):
+        scaled_mm([[1, 2], [3]], b, 1.0, 1.0, **kw)
+    with pytest.raises(TypeError, match="mat2 must be a torch tensor, a numpy array or a nested list; got str"):
+        scaled_mm(a, "b", 1.0, 1.0, **kw)
+    with pytest.raises(TypeError, match="scale_a must hold numbers"):
+        scaled_mm(a, b, ["x"], 1.0, **kw)

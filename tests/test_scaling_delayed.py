@@ -168,7 +168,7 @@ def test_bad_arguments() -> None:
     s = DelayedScaler(DelayedScaling(), n=2)
     with pytest.raises(IndexError, match="quantizer index 2 out of range for n=2"):
         s.record(2, np.ones(3, np.float32))
-    with pytest.raises(ValueError, match="scale must be finite and positive"):
+    with pytest.raises(ValueError, match=r"state\[.scale.\] must be finite and positive"):
         s.load_state_dict({"scale": np.array([np.nan, 1.0]), "amax_history": np.zeros((1024, 2))})
     with pytest.raises(TypeError, match="floating"):
         s.record(0, np.arange(3))
@@ -371,3 +371,38 @@ def test_changing_amax_history_len_keeps_the_scale_and_cuts_or_pads_as_te(old_le
     assert np.array_equal(s.amax_history, ref.numpy()) and s.scale.tolist() == [3.0, 5.0]
     s.update()  # the new recipe's margin applies from now on
     assert s.scale[0] == np.float32(448 / 2) / np.float32(ref[:, 0].max().item())
+
+
+# -- issue 29.2: a bad state names the missing or malformed key -----------------------------------
+_GOOD = {"scale": np.array([2.0, 4.0], np.float32), "amax_history": np.ones((4, 2), np.float32)}
+
+
+@pytest.mark.parametrize(
+    ("state", "exc", "names"),
+    [
+        ({}, ValueError, "'scale'"),
+        ({"scale": _GOOD["scale"]}, ValueError, "'amax_history'"),
+        ({**_GOOD, "scale_inv": np.ones(2)}, ValueError, "'scale_inv'"),
+        ({**_GOOD, "scale": "two"}, ValueError, "state['scale']"),
+        ({**_GOOD, "scale": None}, ValueError, "state['scale']"),
+        ({**_GOOD, "amax_history": np.ones((3, 2))}, ValueError, r"state['amax_history'] has shape (3, 2)"),
+        ({**_GOOD, "amax_history": [[1, 2], [3]]}, ValueError, "state['amax_history']"),
+        ({**_GOOD, "scale": np.array([1 + 1j, 2])}, ValueError, "state['scale']"),
+        ([("scale", 1.0)], TypeError, "state must be a dict"),
+    ],
+    ids=["empty", "no history", "extra key", "string", "None", "wrong shape", "ragged", "complex", "not a dict"],
+)
+def test_load_state_dict_names_the_missing_or_malformed_key(state, exc, names) -> None:  # noqa: ANN001
+    s = DelayedScaler(DelayedScaling(amax_history_len=4), n=2)
+    s.load_state_dict(_GOOD)
+    with pytest.raises(exc) as info:
+        s.load_state_dict(state)
+    assert names in str(info.value)
+    assert s.scale.tolist() == [2.0, 4.0] and s.amax_history.tolist() == np.ones((4, 2)).tolist()  # untouched
+
+
+def test_load_state_dict_takes_torch_tensors_of_any_float_dtype() -> None:
+    torch = pytest.importorskip("torch")
+    s = DelayedScaler(DelayedScaling(amax_history_len=4), n=2)
+    s.load_state_dict({"scale": torch.tensor([2.0, 4.0], dtype=torch.bfloat16), "amax_history": torch.ones(4, 2)})
+    assert s.scale.tolist() == [2.0, 4.0]

@@ -185,7 +185,7 @@ def get_convention(name: str | Convention) -> Convention:
     """A preset by name (aliases: cuda, te -> satfinite); a Convention passes through."""
     if isinstance(name, Convention):
         return name
-    key = _ALIASES.get(name, name) if isinstance(name, str) else name
+    key = _ALIASES.get(name, name) if isinstance(name, str) else None
     if key in CONVENTIONS:
         return CONVENTIONS[key]
     raise ValueError(f"unknown convention {name!r}; known: {', '.join([*CONVENTIONS, *_ALIASES])}")

@@ -109,7 +109,7 @@ _ALIASES = {
 def get_accumulator(acc: str | Accumulator) -> Accumulator:
     if isinstance(acc, Accumulator):
         return acc
-    name = _ALIASES.get(acc, acc)
+    name = _ALIASES.get(acc, acc) if isinstance(acc, str) else None
     if name in ACCUMULATORS:
         return ACCUMULATORS[name]
     raise ValueError(f"unknown accumulator {acc!r}; known: {', '.join([*ACCUMULATORS, *_ALIASES])}")

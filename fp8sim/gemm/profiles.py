@@ -192,6 +192,6 @@ PROFILES: dict[str, DeviceProfile] = {
 def get_profile(profile: str | DeviceProfile) -> DeviceProfile:
     if isinstance(profile, DeviceProfile):
         return profile
-    if profile in PROFILES:
+    if isinstance(profile, str) and profile in PROFILES:
         return PROFILES[profile]
     raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")

@@ -27,6 +27,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .._util.args import as_bool
 from .._util.tensors import is_torch_tensor, numpy_view
 from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
@@ -72,13 +73,34 @@ def _operand(x: Any, fmt: str | FloatFormat | None, name: str, host: bool = True
         return numpy_view(x.detach().contiguous().view(__import__("torch").uint8).cpu()), get_format(_TORCH_FMT[dt])
     if fmt is None:
         raise ValueError(f"{name} is a code array: pass {'a' if name == 'mat1' else 'b'}_format= (e.g. 'e4m3')")
-    f = get_format(fmt)
+    f = get_format(fmt, arg="a_format" if name == "mat1" else "b_format")
     arr = np.asarray(x)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integer codes of {f.name}, got dtype {arr.dtype}")
     if arr.size and (arr.min() < 0 or arr.max() >= f.num_codes):
         raise ValueError(f"{name} holds codes outside [0, {f.num_codes - 1}] for {f.name}")
     return arr.astype(np.uint8, copy=False), f
+
+
+def _as_input(x: Any, name: str, number: bool = False) -> Any:
+    """One normalisation before every check: torch tensors and numpy arrays as given, nested lists
+    and tuples (and, for scales and the bias, Python numbers, which become float32 as
+    ``torch.tensor`` makes them) as numpy arrays; anything else a TypeError naming the argument."""
+    if x is None or is_torch_tensor(x) or isinstance(x, np.ndarray):
+        return x
+    ok = (list, tuple, np.generic) + ((int, float) if number else ())
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, ok):
+        what = "a torch tensor, a numpy array or a nested list" + (" or a number" if number else "")
+        raise TypeError(f"{name} must be {what}; got {type(x).__name__}")
+    if isinstance(x, np.generic):
+        return np.asarray(x)
+    try:
+        arr = np.asarray(x)
+    except ValueError as exc:  # ragged nesting
+        raise ValueError(f"{name} is not a rectangular array: {exc}") from None
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must hold numbers; got {arr.dtype} from a {type(x).__name__}")
+    return arr.astype(np.float32) if number else arr  # Python numbers: float32, as torch.tensor makes them
 
 
 def _scale(x: Any) -> np.ndarray:
@@ -167,9 +189,19 @@ def scaled_mm(
     ``"scale_b_first"`` ``fma(fl32(P*sb), sa, y)`` or ``"scale_product"`` ``fma(P, fl32(sa*sb), y)``;
     None: TE's cuBLAS rule (``scale_b_first`` for 2D A with 1D B, else ``scale_a_first``).
     """
+    a, b = _as_input(a, "mat1"), _as_input(b, "mat2")
+    scale_a, scale_b = _as_input(scale_a, "scale_a", True), _as_input(scale_b, "scale_b", True)
+    bias, scale_result = _as_input(bias, "bias", True), _as_input(scale_result, "scale_result", True)
     check_arguments(a, b, scale_a, scale_b)
-    if backend not in (None, "numpy", "torch"):
-        raise ValueError(f"backend must be None, 'numpy' or 'torch'; got {backend!r}")
+    if backend is not None and (not isinstance(backend, str) or backend not in ("numpy", "torch")):
+        raise ValueError(f"backend must be None, 'numpy' or 'torch'; got {backend!r:.60}")
+    use_fast_accum, strict = as_bool(use_fast_accum, "use_fast_accum"), as_bool(strict, "strict")
+    if scale_result is not None and (
+        np.size(_scale(scale_result)) != 1 or _scale(scale_result).dtype.kind not in "iuf"
+    ):
+        raise ValueError(
+            f"scale_result must be None or one real number (a 1-element tensor or array), got {scale_result!r:.60}"
+        )
     torch_in = is_torch_tensor(a)
     host = not _keep_on_device(a, b, backend)
     ac, fa = _operand(a, a_format, "mat1", host)
@@ -181,8 +213,8 @@ def scaled_mm(
         raise RuntimeError(f"mat_a and mat_b shapes cannot be multiplied ({m}x{k} and {bc.shape[0]}x{bc.shape[1]})")
     n = bc.shape[1]
     out = out_dtype_name(out_dtype, fa)
-    if epilogue not in ("alpha", "sequential"):
-        raise ValueError(f"epilogue must be 'alpha' or 'sequential', got {epilogue!r}")
+    if not isinstance(epilogue, str) or epilogue not in ("alpha", "sequential"):
+        raise ValueError(f"epilogue must be 'alpha' or 'sequential', got {epilogue!r:.60}")
     if bias is not None:
         check_bias(bias, n)
     if strict:
@@ -258,8 +290,8 @@ def _block_layout(sa, sb, m, k, n, fa, block_shape, block_order, strict) -> tupl
 def _pick_accumulator(acc: Any, fast: bool, device: str) -> Accumulator:
     if acc is not None:
         return get_accumulator(acc)
-    if device not in ("hopper", "ada", "blackwell"):
-        raise ValueError(f"device must be 'hopper', 'ada' or 'blackwell', got {device!r}")
+    if not isinstance(device, str) or device not in ("hopper", "ada", "blackwell"):
+        raise ValueError(f"device must be 'hopper', 'ada' or 'blackwell', got {device!r:.60}")
     if device == "blackwell":
         return get_accumulator("blackwell" if fast else "blackwell_split")
     return get_accumulator(f"{device}_{'fast' if fast else 'split'}")
