@@ -12,15 +12,15 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from fp8sim.collectives.groups import ParallelLayout
-from fp8sim.testing.assertions import assert_within_ulp
 
 import fp8sim
 from fp8sim.cast.philox import philox4x32, te_philox_words
+from fp8sim.collectives.groups import ParallelLayout
 from fp8sim.gemm.splitk import check_split_k
 from fp8sim.recipe import DelayedScaling
 from fp8sim.scaling import DelayedScaler, quantize_block_scaling, quantize_mx, quantize_torchao
 from fp8sim.scaling.swizzle import from_blocked, to_blocked
+from fp8sim.testing.assertions import assert_within_ulp
 
 X = np.linspace(-3, 3, 512, dtype=np.float32).reshape(4, 128)
 
