@@ -13,8 +13,9 @@ import pytest
 
 from fp8sim.cast import encode
 from fp8sim.cast.e8m0 import encode_e8m0
+from fp8sim.testing.oracles import require
 
-gfloat = pytest.importorskip("gfloat")
+gfloat = require("gfloat")
 from gfloat.formats import format_info_ocp_e8m0  # noqa: E402
 
 TIES = np.array([1.5 * 2.0**k for k in range(-127, 127)], np.float32)
@@ -66,7 +67,7 @@ def test_ties_even_differs_from_up_exactly_on_ties_with_odd_exponent():
 
 
 def test_torch_input_gives_a_torch_result():
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     t = torch.from_numpy(TIES)
     got = encode_e8m0(t, ties="even")
     assert isinstance(got, torch.Tensor) and np.array_equal(got.numpy(), encode_e8m0(TIES, ties="even"))

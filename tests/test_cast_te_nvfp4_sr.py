@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from fp8sim.cast.te_nvfp4_sr import te_fallback_launch, te_nvfp4_sr_words
 from fp8sim.scaling.nvfp4_te_sr import quantize_nvfp4_te_sr
+from fp8sim.testing.oracles import require
 
 _M32 = 0xFFFFFFFF
 
@@ -139,7 +140,7 @@ def _scales_ref(x32: np.ndarray, amax: np.float32, block_2d: bool):
 def _e2m1_rs(v: np.ndarray, words: np.ndarray) -> np.ndarray:
     """cvt.rs.satfinite.e2m1x4.f32 with TE's operands {x3, x2, x1, x0} and the PTX ISA byte split
     (a = rbits[31:24], b = rbits[15:8], e = rbits[23:16], f = rbits[7:0]), via gfloat's carry rule."""
-    gfloat = pytest.importorskip("gfloat")
+    gfloat = require("gfloat")
     from gfloat import formats as gf
 
     fi = gf.format_info_ocp_e2m1

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import fp8sim
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 
 @pytest.mark.parametrize("numba_on", ["1", "0"])
@@ -16,7 +17,7 @@ torch = pytest.importorskip("torch")
 @pytest.mark.parametrize("saturate", [True, False])
 def test_torch_stochastic_equals_numpy_backend(monkeypatch, numba_on: str, fmt: str, saturate: bool) -> None:  # noqa: ANN001
     if numba_on == "1":
-        pytest.importorskip("numba")
+        require("numba")
     monkeypatch.setenv("FP8SIM_NUMBA", numba_on)
     from fp8sim.cast import torch_backend
 
@@ -34,7 +35,7 @@ def test_torch_stochastic_equals_numpy_backend(monkeypatch, numba_on: str, fmt: 
     torch_backend._sr_kernel.cache_clear()
 
 
-hypothesis = pytest.importorskip("hypothesis")
+hypothesis = require("hypothesis")
 st = hypothesis.strategies
 
 
@@ -51,7 +52,7 @@ def test_compiled_blocks_equal_numpy_backend_across_block_edges(
     """The compiled pass works in blocks of ``_SR_BLOCK`` elements, each listing its exact-path
     elements (subnormal range, Inf, NaN) itself: any length, with such elements in any block and at
     block edges, gives the numpy backend's bits."""
-    pytest.importorskip("numba")
+    require("numba")
     from fp8sim.cast import torch_backend
 
     if torch_backend._sr_kernel() is None:
@@ -72,7 +73,7 @@ def test_compiled_blocks_equal_numpy_backend_across_block_edges(
 def test_every_table_format_takes_the_compiled_pass_and_the_fallback_gives_the_same_bits(monkeypatch) -> None:  # noqa: ANN001
     """The SIMD pass needs the shift table's three-class shape; every format with a float32 table has
     it, and where a table had not, the numpy backend's pass runs instead (same bits)."""
-    pytest.importorskip("numba")
+    require("numba")
     from fp8sim.cast import torch_backend
     from fp8sim.cast._tables import f32_stochastic_tables, f32_table_ok
     from fp8sim.formats import format_names, get_format

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from fp8sim.gemm import scaled_mm
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 torch.set_num_threads(1)
 E4 = torch.float8_e4m3fn
 ONE = torch.tensor(1.0)

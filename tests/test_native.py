@@ -11,8 +11,9 @@ import pytest
 from fp8sim import cli
 from fp8sim.native.compare import compare_capture
 from fp8sim.native.fileformat import CaptureFileError, read_bundle, write_bundle
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,7 @@ def test_existing_file_is_not_overwritten_and_no_partial_file_is_left(
 
 
 def test_compare_report_and_default_report_write_what_they_name(cap: Path, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    require("matplotlib")
     assert cli.main(["compare", str(cap), "--report", str(tmp_path / "cmp"), "--no-progress"]) == 0
     md = (tmp_path / "cmp" / "report.md").read_text()
     for png in ("gemm_error_vs_k.png", "bit_exact_rates.png"):

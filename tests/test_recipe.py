@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from fp8sim import recipe as r
+from fp8sim.testing.oracles import require
 
 
 def test_format_maxima() -> None:
@@ -166,7 +167,7 @@ def test_override_linear_precision_no_longer_changes_numerics() -> None:
     """TE 2.x runs wgrad in FP8 whatever ``override_linear_precision`` says (it is not a field): the
     same Linear steps with and without it give identical bits (fp8sim before this change ran wgrad
     in high precision for (False, False, True))."""
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     import fp8sim.pytorch as te
 
     torch.set_num_threads(1)

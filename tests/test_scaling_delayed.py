@@ -16,6 +16,7 @@ import pytest
 
 from fp8sim.recipe import DelayedScaling, Format
 from fp8sim.scaling.delayed import FLT_MAX, DelayedScaler
+from fp8sim.testing.oracles import require
 
 INF, NAN = math.inf, math.nan
 
@@ -189,7 +190,7 @@ def _gloo_worker(rank: int, world: int, init: str, out_dir: str) -> None:
 
 
 def test_reduce_amax_all_reduces_max_across_two_gloo_processes(tmp_path) -> None:  # noqa: ANN001
-    mp = pytest.importorskip("torch.multiprocessing")
+    mp = require("torch.multiprocessing")
     init = f"file://{tmp_path / 'store'}"
     mp.spawn(_gloo_worker, args=(2, init, str(tmp_path)), nprocs=2, join=True)
     for rank in (0, 1):

@@ -11,10 +11,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-ao = pytest.importorskip("torchao.float8")
-ao_scaling = pytest.importorskip("torchao.float8.float8_scaling_utils")
-ao_tensor = pytest.importorskip("torchao.float8.float8_training_tensor")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+ao = require("torchao.float8")
+ao_scaling = require("torchao.float8.float8_scaling_utils")
+ao_tensor = require("torchao.float8.float8_training_tensor")
 
 from torch import nn  # noqa: E402
 
@@ -162,7 +164,7 @@ def test_float32_nan_amax_has_torchs_sign_on_this_machine():
 def test_nvfp4_torchao_nan_inputs_equal_nvfp4_quantize(single_level, dtype):
     """``nvfp4_tensor.py`` ``nvfp4_quantize``: per-tensor scale from ``torch.max(torch.abs(x))`` (its NaN
     bits), or ``per_tensor_scale=None`` (single level, ``x * (1.0 / fp8_scale)``)."""
-    nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+    nv = require("torchao.prototype.mx_formats.nvfp4_tensor")
     from torchao.prototype.mx_formats.kernels import unpack_uint4
 
     for seed in range(6):

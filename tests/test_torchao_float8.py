@@ -22,10 +22,12 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-ao = pytest.importorskip("torchao.float8")
-ao_config = pytest.importorskip("torchao.float8.config")
-ao_linear = pytest.importorskip("torchao.float8.float8_linear")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+ao = require("torchao.float8")
+ao_config = require("torchao.float8.config")
+ao_linear = require("torchao.float8.float8_linear")
 
 from torch import nn  # noqa: E402
 
