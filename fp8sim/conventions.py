@@ -228,6 +228,7 @@ def ml_dtypes_rule(version: str | None = None) -> MlDtypesRule:
             found = rule
     return found
 
+
 _ML_DTYPES_DESCRIPTION = (
     "ml_dtypes {releases} astype / scalar constructor: nearest-even, non-saturating (E4M3 overflow -> NaN, "
     "E5M2 -> Inf, fnuz -> NaN, FP4/FP6 -> max); {summary}"
@@ -274,7 +275,7 @@ _PRESETS = (
         "torch_eager",
         "torch eager .to(float8) on the CPU since pytorch#178817 (measured on torch 2.13.0+cpu): E4M3 "
         "overflow and +-Inf -> +-448, E5M2 overflow -> Inf with NaN code 0x7F, fnuz -> NaN, E8M0: "
-        "0 -> 2^-127 and the sign ignored; float64 narrowed through float32",
+        "0 -> 2^-127, the sign ignored and (2^-127, 2^-126) -> 2^-126; float64 narrowed through float32",
         overrides=MappingProxyType({f: {"saturate": False} for f in _TORCH_FORMATS if f != "e4m3"}),
         source="pytorch/pytorch:torch/headeronly/util/Float8_*.h, aten/src/ATen/cpu/vec/vec512/vec512_float8.h",
         **_TORCH_COMMON,

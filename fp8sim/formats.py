@@ -299,9 +299,7 @@ E3M2 = FloatFormat(
     "e3m2", 3, 2, 3, specials="none", ml_dtypes_name="float6_e3m2fn", aliases=("float6_e3m2fn", "e3m2fn")
 )
 
-FORMATS: dict[str, FloatFormat] = {
-    f.name: f for f in (E4M3, E5M2, E8M0, UE5M3, E4M3FNUZ, E5M2FNUZ, E2M1, E2M3, E3M2)
-}
+FORMATS: dict[str, FloatFormat] = {f.name: f for f in (E4M3, E5M2, E8M0, UE5M3, E4M3FNUZ, E5M2FNUZ, E2M1, E2M3, E3M2)}
 _BY_NAME: dict[str, FloatFormat] = {
     **{a: f for f in FORMATS.values() for a in f.aliases},
     **FORMATS,

@@ -60,9 +60,9 @@ def f32_stochastic_tables(fmt: FloatFormat, saturate: bool) -> tuple[np.ndarray,
 
     Returns ``shift`` (uint8, indexed by ``bits >> 23``): the right shift for r, 32 where x can never
     round away (noise 0), or SR_EXACT where the exact path is needed (Inf/NaN inputs, the format's
-    subnormal range, negative float32 subnormals for unsigned formats); and ``lo`` (uint8, indexed by ``bits >> 16``): the code toward zero, with
-    nearest rounding's overflow rule (exponent 0xFF entries are reached only by a carry, i.e. they
-    are overflow).
+    subnormal range, negative float32 subnormals for unsigned formats); and ``lo`` (uint8, indexed by
+    ``bits >> 16``): the code toward zero, with nearest rounding's overflow rule (exponent 0xFF entries
+    are reached only by a carry, i.e. they are overflow).
     """
     ef = np.arange(512) & 0xFF
     e_in = np.maximum(ef, 1) - 127
