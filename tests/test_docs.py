@@ -27,7 +27,9 @@ def test_readme_set_up_is_two_commands_and_the_first_runs_the_main_job() -> None
     blocks = re.findall(r"```bash\n(.*?)```", setup, re.S)
     assert len(blocks) == 2, blocks
     assert blocks[0].strip().endswith("&& fp8sim report")
-    assert blocks[1].strip().endswith("&& python -m pytest -q -n 2")  # pytest-xdist is in the test extra
-    assert "pytest-xdist==" in (ROOT / "pyproject.toml").read_text()
+    # the newest pinned oracles on 2 workers (pytest-xdist, in the test extra), then the oldest end (nox)
+    assert blocks[1].strip().endswith("&& python -m pytest -q -n 2 && nox -s oldest")
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert "pytest-xdist==" in pyproject and '"nox>=' in pyproject
     assert "saturate=True` (the default)" in readme
     assert 'pip install torch==2.13.0 -e ".[notebooks]"' in readme

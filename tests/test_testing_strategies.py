@@ -159,6 +159,7 @@ def test_recipes_are_valid_and_cover_every_kind() -> None:
         recipes(int)
 
 
+@pytest.mark.torch
 @settings(RUN, max_examples=30)
 @given(recipe=recipes(emulated_only=True))
 def test_emulated_only_recipes_all_emulate(recipe: object) -> None:
