@@ -6,6 +6,9 @@ without torch: the lean install, in a fresh virtual environment under ``.nox/``.
 tells the suite that torch and what is built on it are absent by design (``fp8sim.testing.oracles``);
 a missing numpy-only oracle (gfloat, an ml_dtypes dtype its release should have) still fails under CI.
 The README's test command runs it after the main suite, which runs the newest pinned releases.
+
+``nox -s ml_dtypes_sweep``: ``scripts/ml_dtypes_sweep.py`` (the conformance sweep and the core cast against
+ml_dtypes) on ml_dtypes 0.5.0, 0.6.0 and 0.7.0 with torch; its results are in ``docs/versions.md``.
 """
 
 from __future__ import annotations
@@ -43,3 +46,15 @@ def oldest(session: nox.Session) -> None:
     )
     args = session.posargs or ["-n", "2"]
     session.run("python", "-m", "pytest", "-q", "-m", "not torch and not slow", *args, env={"FP8SIM_LEAN": "1"})
+
+
+SWEEP_NUMPY = {"0.5.0": "numpy==1.26.4", "0.6.0": "numpy>=2,<3", "0.7.0": "numpy>=2,<3"}  # 0.6 dropped numpy 1.x
+
+
+@nox.session
+@nox.parametrize("ml_dtypes", list(SWEEP_NUMPY))
+def ml_dtypes_sweep(session: nox.Session, ml_dtypes: str) -> None:
+    """The issue-24 sweep against one ml_dtypes release (numpy and torch backends)."""
+    session.install(f"ml_dtypes=={ml_dtypes}", SWEEP_NUMPY[ml_dtypes], "torch==2.13.0")
+    session.install("--no-deps", "-e", ".")
+    session.run("python", "scripts/ml_dtypes_sweep.py")

@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command")
     sub.add_parser("formats", help="print the table of formats")
     v = sub.add_parser("verify", help="conformance sweep against ml_dtypes, torch and the exact path")
-    v.add_argument("--exhaustive", action="store_true", help="add all 2^32 float32 inputs for e4m3, e5m2, e8m0")
+    v.add_argument("--exhaustive", action="store_true", help="add all 2^32 float32 inputs for e4m3, e5m2, e8m0, ue5m3")
     v.add_argument("--format", action="append", dest="formats", choices=list(FORMATS), help="restrict to a format")
     v.add_argument("--no-torch", action="store_true", help="skip the torch backend and oracle")
     v.add_argument("--no-progress", action="store_true", help=_NO_PROGRESS)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import subprocess
+from functools import cache
 from pathlib import Path
 
 from fp8sim.testing.oracles import require
@@ -20,6 +21,7 @@ def _readme_command() -> str:
     return next(line for line in after.splitlines() if line.startswith("python3 "))
 
 
+@cache
 def _noxfile():  # noqa: ANN202
     spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
     mod = importlib.util.module_from_spec(spec)
