@@ -90,6 +90,19 @@ def test_the_detected_kernel_is_the_one_torch_runs_here() -> None:
             call()
 
 
+def test_fallback_kernel_switches_only_scaled_mm() -> None:
+    """oneDNN also runs float32 GELU & co on some hosts: the context leaves them alone and restores torch."""
+    native, enabled = torch._scaled_mm, torch.backends.mkldnn.enabled
+    with fallback_kernel():
+        assert torch.backends.mkldnn.enabled == enabled
+        assert torch._scaled_mm is not native and torch_cpu_kernel() == "fallback"
+        with fallback_kernel():  # nests
+            assert torch_cpu_kernel(flags={"amx_int8": True}) == "fallback"
+        assert torch_cpu_kernel(flags={"amx_int8": True}) == "fallback"
+    assert torch._scaled_mm is native and torch.backends.mkldnn.enabled == enabled
+    assert torch_cpu_kernel(flags={"amx_int8": True}) == ("onednn" if enabled else "fallback")
+
+
 def test_kernel_meta_names_flags_onednn_and_kernels() -> None:
     meta = torch_cpu_kernel_meta()
     assert {f"cpu_{f}" for f in CPU_FLAGS} <= set(meta)

@@ -47,6 +47,7 @@ CPU_FLAGS = ("amx_int8", "amx_fp16", "amx_bf16", "avx512_fp16", "avx512_bf16", "
 """The CPU features recorded with a capture; ``amx_int8`` and ``amx_fp16`` decide the kernel."""
 
 Kernel = Literal["onednn", "fallback"]
+_FORCED = [0]  # depth of fallback_kernel() contexts
 
 
 @cache
@@ -86,6 +87,9 @@ def onednn_version() -> str | None:
 
 
 def _mkldnn_enabled() -> bool:
+    """Whether oneDNN is on for ``_scaled_mm`` calls now (off inside :func:`fallback_kernel`)."""
+    if _FORCED[0]:
+        return False
     try:
         import torch
     except ImportError:
@@ -113,18 +117,30 @@ def torch_cpu_kernel(
 
 @contextmanager
 def fallback_kernel() -> Iterator[None]:
-    """A context in which torch's CPU ``_scaled_mm`` takes the fallback on any host: oneDNN off, as
-    ``torch.backends.mkldnn.flags(enabled=False)`` does (without its TF32 settings, which warn on CPU
-    builds).  ``ONEDNN_MAX_CPU_ISA=AVX2`` is no substitute: torch still routes by the CPU flags and
-    oneDNN then fails to create the primitive."""
+    """A context in which torch's CPU ``_scaled_mm`` runs the fallback on any host, and nothing else
+    changes: each ``torch._scaled_mm`` call runs with oneDNN off (``torch.backends.mkldnn.enabled``),
+    which is restored around it, so float32 ops that oneDNN would also run (GELU, ...) keep their
+    kernel.  ``torch_cpu_kernel()`` says ``"fallback"`` inside.  ``ONEDNN_MAX_CPU_ISA=AVX2`` is no
+    substitute: torch still routes by the CPU flags and oneDNN then fails to create the primitive."""
     import torch
 
-    prev = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
+    native = torch._scaled_mm
+
+    def scaled_mm_on_the_fallback(*args: Any, **kwargs: Any) -> Any:
+        prev = torch.backends.mkldnn.enabled
+        torch.backends.mkldnn.enabled = False
+        try:
+            return native(*args, **kwargs)
+        finally:
+            torch.backends.mkldnn.enabled = prev
+
+    torch._scaled_mm = scaled_mm_on_the_fallback
+    _FORCED[0] += 1
     try:
         yield
     finally:
-        torch.backends.mkldnn.enabled = prev
+        _FORCED[0] -= 1
+        torch._scaled_mm = native
 
 
 def torch_cpu_kernel_meta() -> dict[str, Any]:
