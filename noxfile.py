@@ -26,14 +26,23 @@ LEAN_TOOLS = ("pytest>=8", "pytest-xdist==3.8.0", "hypothesis>=6.100", "gfloat==
 """The test tools and numpy-only oracles of the lean session (pins as in the ``test`` extra)."""
 
 
-def floors() -> list[str]:
-    """``name==floor`` for each ``name>=floor`` of pyproject.toml's [project] dependencies."""
+def floors(python_version: str | None = None) -> list[str]:
+    """``name==floor`` for each ``name>=floor`` of pyproject.toml's [project] dependencies whose marker
+    holds for ``python_version`` (default: the Python running nox, which the session's venv uses)."""
+    from packaging.requirements import Requirement
+
     text = (ROOT / "pyproject.toml").read_text()
     deps = re.search(r"^dependencies\s*=\s*\[(.*?)\]", text, re.M | re.S)
     if deps is None:
         raise RuntimeError("pyproject.toml has no [project] dependencies list")
-    pins = re.findall(r'"([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9.]*)"', deps.group(1))
-    return [f"{name}=={version}" for name, version in pins]
+    env = None if python_version is None else {"python_version": python_version}
+    pins = []
+    for spec in re.findall(r'^\s*"([^"]+)"', deps.group(1), re.M):
+        req = Requirement(spec)
+        if req.marker is None or req.marker.evaluate(env):
+            floor = next(s.version for s in req.specifier if s.operator == ">=")
+            pins.append(f"{req.name}=={floor}")
+    return pins
 
 
 @nox.session
