@@ -266,8 +266,10 @@ _PRESETS = (
     Convention(
         "satfinite",
         "CUDA __nv_cvt_*_to_fp8 with __NV_SATFINITE / PTX cvt.rn.satfinite, as TransformerEngine casts: "
-        "nearest-even, +-Inf and finite overflow -> +-max; E8M0 rounds up (cvt.rp.satfinite.ue8m0x2)",
+        "nearest-even, +-Inf and finite overflow -> +-max; E8M0 rounds up (cvt.rp.satfinite.ue8m0x2); "
+        "not UE5M3, whose CUDA conversion (__nv_fp8_ue5m3) has not been read",
         saturate=True,
+        formats=("e4m3", "e5m2", "e8m0", "e4m3fnuz", "e5m2fnuz", "e2m1", "e2m3", "e3m2"),
         overrides=MappingProxyType({"e8m0": {"rounding": "up", "saturate": True}}),
         source="CUDA cuda_fp8.hpp; NVIDIA/TransformerEngine common/util/ptx.cuh, ptx_arch_spec.cuh float_to_e8m0",
     ),

@@ -223,3 +223,13 @@ def test_unknown_convention_and_unsupported_format_are_named() -> None:
         fp8sim.get_convention("numpy")
     with pytest.raises(ValueError, match="convention 'torch_eager' has no e2m1"):
         fp8sim.CONVENTIONS["torch_eager"].encode(np.float32(1.0), "e2m1")
+
+
+def test_ue5m3_is_an_ml_dtypes_format_and_not_claimed_for_cuda() -> None:
+    """UE5M3 (ml_dtypes >= 0.7's float8_e5m3fnu): the ml_dtypes conventions cover it; satfinite does not,
+    CUDA's __nv_fp8_ue5m3 conversion not having been read."""
+    x = np.array([-1.0, -0.0, 1e-9, 114688.0, 2e5, np.inf, np.nan], np.float32)
+    want = [0xFF, 0x00, 0x00, 0xFE, 0xFF, 0xFF, 0xFF]  # negative -> NaN, -0 -> 0, overflow and Inf -> NaN
+    assert list(fp8sim.CONVENTIONS["ml_dtypes_0_7"].encode(x, "ue5m3")) == want
+    with pytest.raises(ValueError, match="convention 'satfinite' has no ue5m3; it covers: e4m3, e5m2"):
+        fp8sim.CONVENTIONS["satfinite"].encode(x, "ue5m3")
