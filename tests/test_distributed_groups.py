@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+require("torch")
 
 from fp8sim.collectives import PRESETS, ParallelLayout, group_ranks  # noqa: E402
 

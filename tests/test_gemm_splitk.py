@@ -14,8 +14,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-mmaemu = pytest.importorskip("mmaemu")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+mmaemu = require("mmaemu")
 
 from fp8sim.gemm import scaled_mm  # noqa: E402
 from fp8sim.gemm.splitk import check_split_k, combine_partials, split_indices  # noqa: E402

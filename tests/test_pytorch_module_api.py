@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import torch.nn.functional as F  # noqa: E402
 

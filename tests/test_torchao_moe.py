@@ -14,9 +14,11 @@ import copy
 
 import pytest
 
-torch = pytest.importorskip("torch")
-ao_mx_gmm = pytest.importorskip("torchao.prototype.moe_training.mxfp8_grouped_mm")
-ao_cfg = pytest.importorskip("torchao.prototype.moe_training.config")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+ao_mx_gmm = require("torchao.prototype.moe_training.mxfp8_grouped_mm")
+ao_cfg = require("torchao.prototype.moe_training.config")
 
 from torch import nn  # noqa: E402
 from torchao.quantization.quantize_.common.kernel_preference import KernelPreference as AoKP  # noqa: E402

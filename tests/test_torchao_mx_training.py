@@ -12,9 +12,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-ao_mx = pytest.importorskip("torchao.prototype.moe_training.mxfp8_linear")
-ao_cfg = pytest.importorskip("torchao.prototype.moe_training.config")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+ao_mx = require("torchao.prototype.moe_training.mxfp8_linear")
+ao_cfg = require("torchao.prototype.moe_training.config")
 
 from torch import nn  # noqa: E402
 from torchao.prototype.mx_formats.config import ScaleCalculationMode as AoMode  # noqa: E402

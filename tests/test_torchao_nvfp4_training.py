@@ -19,10 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-torch = pytest.importorskip("torch")
-ao_train = pytest.importorskip("torchao.prototype.moe_training.nvfp4_training.nvfp4_training")
-ao_had = pytest.importorskip("torchao.prototype.moe_training.nvfp4_training.hadamard_utils")
-ao_nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+ao_train = require("torchao.prototype.moe_training.nvfp4_training.nvfp4_training")
+ao_had = require("torchao.prototype.moe_training.nvfp4_training.hadamard_utils")
+ao_nv = require("torchao.prototype.mx_formats.nvfp4_tensor")
 
 from torch import nn  # noqa: E402
 

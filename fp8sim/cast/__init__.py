@@ -9,9 +9,11 @@ grid with gradual underflow; then overflow is resolved:
   ``up``/``down`` away from their direction) still land on +-max, as IEEE 754 section 7.4 says.
 
 NaN stays NaN (FP4/FP6, which have no NaN, take ml_dtypes' code: the -0 code, sign-flipped by the
-input's sign).  E8M0 has no zero and no sign: nearest rounding is in the linear domain with ties
-going up (ml_dtypes), ``up``/``down`` round to the power of two above/below, values below 2^-127
-go to 2^-127, and zero or negative inputs give NaN, or 2^-127 (code 0x00) when saturating.
+input's sign).  E8M0 has no zero and no sign: nearest rounding is in the linear domain on the
+whole range, (2^-127, 2^-126) included, with ties going up (ml_dtypes 0.7), ``up``/``down`` round
+to the power of two above/below, values below 2^-127 go to 2^-127, and zero or negative inputs give
+NaN, or 2^-127 (code 0x00) when saturating.  Unsigned formats with zero (UE5M3) give NaN for
+negative inputs, or 0 when saturating; -0 is 0.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from .emulate import emulate_scaled_mm
 from .instructions import INSTRUCTION_MODELS, InstructionModel, dot_add, get_instruction_model
 from .profiles import PROFILES, DeviceProfile, SplitKUnknownError, get_profile
 from .scaled_mm import scaled_mm
+from .torch_cpu import torch_cpu_kernel
 
 __all__ = [
     "ACCUMULATORS",
@@ -21,4 +22,5 @@ __all__ = [
     "SplitKUnknownError",
     "get_profile",
     "emulate_scaled_mm",
+    "torch_cpu_kernel",
 ]

@@ -217,9 +217,6 @@ def scaled_mm(
         raise ValueError(f"epilogue must be 'alpha' or 'sequential', got {epilogue!r:.60}")
     if bias is not None:
         check_bias(bias, n)
-    if strict:
-        check_torch_rules(a, b, fa, fb, bias, out)
-        check_scale_dtypes(scale_a, scale_b, m, k, n)
     if profile is not None:
         from .profiles import get_profile
 
@@ -229,7 +226,15 @@ def scaled_mm(
         epilogue = prof.epilogue
     split = check_split_k(split_k)
     acc = _pick_accumulator(accumulator, use_fast_accum, device)
+    onednn = acc.kind == "fp32_matmul"  # torch's oneDNN CPU kernel: item<float>() takes any float scale
+    if strict:
+        check_torch_rules(a, b, fa, fb, bias, out)
+        if not onednn:
+            check_scale_dtypes(scale_a, scale_b, m, k, n)
     sa, sb = _scale(scale_a), _scale(scale_b)
+    if onednn:
+        _check_onednn_call(sa, sb, scale_result, out_dtype)
+        sa, sb = np.asarray(sa, np.float32), np.asarray(sb, np.float32)  # float64 rounds to nearest, as C++
     # MX/NVFP4 scales may come flat in the 128x4 blocked layout, as torch._scaled_mm takes them (issue 17)
     sa, sb = unswizzle_mm_scales(scale_a, scale_b, sa, sb, m, k, n, fa.name == "e2m1")
     layout, tiling = _block_layout(sa, sb, m, k, n, fa, block_shape, block_order, strict)
@@ -260,10 +265,25 @@ def scaled_mm(
     if bias is not None:
         bvals = _scale(bias).astype(np.float32).reshape(1, -1)
         d = (d + bvals).astype(np.float32)
-    cpu = acc.name == "cpu_reference"
-    if cpu and out_dtype is None:
-        scale_result = None  # torch's CPU kernel ignores scale_result unless out_dtype is given (torch 2.13)
-    return _finish(d, out, scale_result, torch_in, a, divide_scale_result=cpu)
+    kernel = "fallback" if acc.name == "cpu_reference" else "onednn" if onednn else None
+    if kernel == "fallback" and out_dtype is None:
+        scale_result = None  # torch's CPU fallback ignores scale_result unless out_dtype is given (torch 2.13)
+    return _finish(d, out, scale_result, torch_in, a, cpu_kernel=kernel)
+
+
+def _check_onednn_call(sa: np.ndarray, sb: np.ndarray, scale_result: Any, out_dtype: Any) -> None:
+    """What torch's oneDNN kernel takes (``aten/src/ATen/native/mkldnn/Linear.cpp`` ``mkldnn_scaled_mm``)."""
+    if sa.dtype.kind != "f" or sb.dtype.kind != "f" or sa.size != 1 or sb.size != 1:
+        raise ValueError(
+            "accumulator 'cpu_onednn' is torch's oneDNN CPU kernel, which takes one float scale per operand "
+            "(Blas.cpp sends other scale layouts to the fallback kernel: accumulator 'cpu_reference'); "
+            f"got scales of shapes {list(sa.shape)} and {list(sb.shape)}, dtypes {sa.dtype} and {sb.dtype}"
+        )
+    if scale_result is not None and out_dtype is None:
+        raise ValueError(
+            "torch's oneDNN CPU kernel reads out_dtype without checking it is set when scale_result is given "
+            "(undefined behaviour in mkldnn_scaled_mm): pass out_dtype with scale_result"
+        )
 
 
 def _block_layout(sa, sb, m, k, n, fa, block_shape, block_order, strict) -> tuple[str, Any]:  # noqa: ANN001
@@ -487,9 +507,23 @@ def _block_scaled_in_instruction(ac, bc, fa, fb, acc, sa, sb, layout) -> np.ndar
     return _exact_with_specials(va, vb, fa, fb)
 
 
-def _finish(
-    d: np.ndarray, out: str, scale_result: Any, torch_in: bool, a: Any, divide_scale_result: bool = False
-) -> Any:
+def _torch_eager_cast(d: np.ndarray, out: str) -> np.ndarray:
+    """torch's ``.to(float8)`` of float32 values: the convention of the installed torch (torch_eager from
+    2.13, torch_eager_legacy before; torch_eager without torch)."""
+    from ..cast.conventions import CONVENTIONS
+
+    try:
+        import torch
+
+        version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    except ImportError:
+        version = (2, 13)
+    return CONVENTIONS["torch_eager" if version >= (2, 13) else "torch_eager_legacy"].encode(d, out)
+
+
+def _finish(d: np.ndarray, out: str, scale_result: Any, torch_in: bool, a: Any, cpu_kernel: str | None = None) -> Any:
+    """Output rounding; ``cpu_kernel`` ("fallback" / "onednn") applies that torch CPU kernel's FP8 epilogue
+    (:mod:`fp8sim.gemm.torch_cpu`), None the cuBLAS one (``satfinite(RN(d * scale_result))``)."""
     if out == "float32":
         res = d.astype(np.float32)
     elif out == "bfloat16":
@@ -499,10 +533,13 @@ def _finish(
             res = d.astype(np.float16)
     else:
         sr = np.float32(1.0) if scale_result is None else np.asarray(_scale(scale_result), np.float32).reshape(())
-        if divide_scale_result:  # torch's CPU kernel multiplies by 1/scale_result (spec 8.3)
-            sr = np.float32(1) / sr
-        with np.errstate(invalid="ignore", over="ignore"):
-            res = encode((d * sr).astype(np.float32), out, saturate=True)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            if cpu_kernel == "fallback":  # at::mul(out, 1 / output_scale), then .to(): torch's eager cast
+                res = _torch_eager_cast((d * (np.float32(1) / sr)).astype(np.float32), out)
+            elif cpu_kernel == "onednn":  # oneDNN divides by the dst scale, then converts without saturating
+                res = encode((d / sr).astype(np.float32), out, saturate=False)
+            else:
+                res = encode((d * sr).astype(np.float32), out, saturate=True)
     if not torch_in:
         return res
     import torch

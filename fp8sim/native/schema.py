@@ -134,7 +134,7 @@ def validate_header(header: Any, format_name: str, format_version: int) -> None:
             raise ValueError(f"sha256[{k!r:.60}] must be 64 lowercase hex digits, got {_type_name(v)}")
     ops = _need(header, "ops", list, "header")
     names: set[str] = set()
-    cast_formats = tuple(n for n, f in FORMATS.items() if f.torch_dtype is not None)
+    cast_formats = tuple(n for n, f in FORMATS.items() if f.torch_name is not None)  # not: installed here
     for i, op in enumerate(ops):
         where = f"ops[{i}]"
         if not isinstance(op, dict):

@@ -178,7 +178,7 @@ def _codes_from_amax_bits(ab: np.ndarray, fmt: FloatFormat, rule: str, flavor: s
         e = np.where(f == 0xFF, np.where(m != 0, 255, 254), np.minimum(e, 254))
         return e.astype(np.uint8)
     # nearest: torch's .to(float8_e8m0fnu) of fl32(amax / max): ties up, subnormal d -> 0x01 iff
-    # its mantissa exceeds 0x400000 (spec 2.4), Inf/NaN -> 0xFF
+    # its mantissa exceeds 0x400000 (the torch_eager convention, spec 2.4), Inf/NaN -> 0xFF
     db = _div32(ab, fmt.max).view(np.uint32)
     f, m = (db >> 23).astype(np.int32), db & 0x7FFFFF
     e = np.where(f == 0, m > 0x400000, f + (m >= 0x400000))
