@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command")
     sub.add_parser("formats", help="print the table of formats")
     v = sub.add_parser("verify", help="conformance sweep against ml_dtypes, torch and the exact path")
-    v.add_argument("--exhaustive", action="store_true", help="add all 2^32 float32 inputs for e4m3, e5m2, e8m0")
+    v.add_argument("--exhaustive", action="store_true", help="add all 2^32 float32 inputs for e4m3, e5m2, e8m0, ue5m3")
     v.add_argument("--format", action="append", dest="formats", choices=list(FORMATS), help="restrict to a format")
     v.add_argument("--no-torch", action="store_true", help="skip the torch backend and oracle")
     v.add_argument("--no-progress", action="store_true", help=_NO_PROGRESS)
@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--device", default="cpu", type=_device, help="cpu, cuda or cuda:N (default cpu)")
     c.add_argument("--suite", default="quick", choices=["quick", "full"], help="quick: K up to 1024; full: up to 8192")
     c.add_argument("--force", action="store_true", help="overwrite an existing file")
+    c.add_argument(
+        "--torch-cpu-kernel",
+        default="auto",
+        choices=["auto", "fallback"],
+        help="CPU _scaled_mm kernel: auto (this host's: oneDNN on AMX hosts) or fallback (oneDNN off; bit-exact "
+        "to fp8sim on every host)",
+    )
     c.add_argument("--no-progress", action="store_true", help=_NO_PROGRESS)
     m = sub.add_parser("compare", help="recompute a capture with the emulator and report the agreement")
     m.add_argument("file", help="a capture file from `fp8sim capture`")
@@ -206,7 +213,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         try:
             path = capture(
-                args.out, device=args.device, suite=args.suite, force=args.force, progress=not args.no_progress
+                args.out,
+                device=args.device,
+                suite=args.suite,
+                force=args.force,
+                progress=not args.no_progress,
+                torch_cpu_kernel=args.torch_cpu_kernel,
             )
         except (FileExistsError, RuntimeError, ImportError, ValueError) as exc:
             raise UsageError(str(exc)) from None
@@ -267,6 +279,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"fp8sim explain: {exc}", file=sys.stderr)
             return 1
     build_parser().print_help()
+    print(f"fp8sim: a command is required; one of {', '.join(_COMMANDS)}", file=sys.stderr)
     return 2
 
 
@@ -296,6 +309,8 @@ def _compare(args: argparse.Namespace) -> int:
         if "split_inference" in o.extra:  # which split-K reproduces a mismatching GEMM
             status += f"; {o.extra['split_inference']['text']}"
         print(f"{o.name:<64} {status}")
+    for note in res.notes:
+        print(f"NOTE: {note}")
     if args.report:
         from .report.build import write_compare_report
 

@@ -6,6 +6,7 @@ from .emulate import emulate_scaled_mm
 from .instructions import INSTRUCTION_MODELS, InstructionModel, dot_add, get_instruction_model
 from .profiles import PROFILES, DeviceProfile, SplitChoice, SplitKUnknownError, get_profile, is_profile
 from .scaled_mm import scaled_mm
+from .torch_cpu import torch_cpu_kernel
 
 __all__ = [
     "ACCUMULATORS",
@@ -23,4 +24,5 @@ __all__ = [
     "get_profile",
     "is_profile",
     "emulate_scaled_mm",
+    "torch_cpu_kernel",
 ]

@@ -275,7 +275,7 @@ def get_profile(profile: str | DeviceProfile) -> DeviceProfile:
     """The profile ``profile`` names (a :class:`DeviceProfile` is returned as it is)."""
     if isinstance(profile, DeviceProfile):
         return profile
-    if profile in PROFILES:
+    if isinstance(profile, str) and profile in PROFILES:
         return PROFILES[profile]
     raise ValueError(f"unknown profile {profile!r}{mmaemu_hint(profile)}; known: {', '.join(PROFILES)}")
 

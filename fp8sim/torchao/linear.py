@@ -35,12 +35,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._util.args import as_int
 from .._util.tensors import numpy_view
 from ..cast import encode
 from ..formats import FloatFormat, get_format
 from ..gemm import Accumulator, DeviceProfile, get_accumulator, get_profile, is_profile, scaled_mm
 from ..scaling.current import TORCHAO_EPS as _TORCHAO_EPS
 from ..scaling.current import quantize_torchao, torchao_amax_to_scale
+from ._double_backward import float8_grad
 from ._float8 import _FP8_FORMATS, _Float8
 from ._plans import record_gemm as _record
 from .config import Float8LinearConfig, ScalingGranularity, ScalingType
@@ -376,6 +378,8 @@ class _Float8MatMul(torch.autograd.Function):
             cc_go, cc_w = c.cast_config_grad_output, c.cast_config_weight_for_grad_input
             w_op = None if ctx.weight_op is None else ctx.weight_op.t()
             gi, go_op, _ = _gemm(go_2d, weight_hp_t.t(), cc_go, cc_w, gemms.grad_input, b_fp8=ctx.weight_fp8, b_op=w_op)
+            if cc_go.scaling_type is not ScalingType.DISABLED:  # create_graph=True: torchao's graph, then its error
+                gi = float8_grad(gi, grad_output, weight_hp_t)
             grad_input = gi.reshape(*grad_output.shape[:-1], gi.shape[-1])
         if ctx.needs_input_grad[1]:
             input_2d = input_hp.reshape(-1, input_hp.shape[-1])
@@ -388,6 +392,8 @@ class _Float8MatMul(torch.autograd.Function):
             )
             go_t = go_op.t() if same_go else None
             gw, _, _ = _gemm(go_2d.t(), input_2d, cc_go, cc_i, gemms.grad_weight, a_op=go_t, b_op=ctx.input_op)
+            if cc_go.scaling_type is not ScalingType.DISABLED:
+                gw = float8_grad(gw, grad_output, input_hp)
             grad_weight_t = gw.t()
         ctx.input_op = ctx.weight_op = None
         return grad_input, grad_weight_t, None, None, None, None
@@ -415,6 +421,7 @@ class Float8Linear(nn.Linear):
         config: Float8LinearConfig | None = None,
         accumulator: str | Accumulator | None = None,
     ) -> None:
+        in_features, out_features = as_int(in_features, "in_features", lo=1), as_int(out_features, "out_features", lo=1)
         super().__init__(in_features, out_features, bias, device, dtype)
         config = Float8LinearConfig() if config is None else config
         if not isinstance(config, Float8LinearConfig):

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ...recipe import DelayedScaling, Recipe
+from ...scaling.delayed import load_state_dicts
 from .._recompute import _replay_fp8_state
 from ..quantization import (
     _register,
@@ -296,7 +297,7 @@ class TransformerEngineBaseModule(nn.Module):
             self._last_recipe = recipe
             assert_dim_for_fp8_exec(x, w)
             hist = None if g.fwd is None else g.fwd.amax_history
-            g.ensure(recipe, st.group)
+            g.ensure(recipe, st.group, f"{type(self).__name__} GEMM {name!r}")
             if hist is not None and g.fwd.amax_history is not hist and is_fp8_weight(w):
                 self._update_weight_quantizers()  # TE base.py: a new amax_history_len rebuilds the quantizers
             if (
@@ -433,10 +434,18 @@ class TransformerEngineBaseModule(nn.Module):
                 f"{sorted(self.fp8_gemms)}: the checkpoint comes from another module type"
             )
         keys = {"fwd_scale", "fwd_amax_history", "bwd_scale", "bwd_amax_history"}
+        pairs = []
         for n, st in state.items():
             if st and set(st) != keys:
                 raise RuntimeError(f"{name}: _extra_state of GEMM {n!r} has keys {sorted(st)}; expected {sorted(keys)}")
-            self.fp8_gemms[n].load(st)
+            try:
+                gemm_pairs = self.fp8_gemms[n].load(st)
+                for scaler, st_ in gemm_pairs:
+                    scaler._checked_state(st_)  # every GEMM's state checked before any scaler changes
+            except (TypeError, ValueError) as exc:
+                raise RuntimeError(f"{name}: _extra_state of GEMM {n!r}: {exc}") from None
+            pairs += gemm_pairs
+        load_state_dicts(pairs)
 
     def _load_te_tensors(self, st: Any) -> None:
         n = len(self.fp8_gemms)
@@ -448,20 +457,16 @@ class TransformerEngineBaseModule(nn.Module):
                 "from another module type"
             )
         recipe = st.recipe if isinstance(st.recipe, DelayedScaling) else DelayedScaling()
+        pairs = []
         for i, g in enumerate(self.fp8_gemms.values()):
             g.ensure(recipe)
-            g.fwd.load_state_dict(
-                {
-                    "scale": st.scale_fwd[3 * i : 3 * i + 3].numpy(),
-                    "amax_history": st.amax_history_fwd[:, 3 * i : 3 * i + 3].numpy(),
-                }
-            )
-            g.bwd.load_state_dict(
-                {
-                    "scale": st.scale_bwd[2 * i : 2 * i + 2].numpy(),
-                    "amax_history": st.amax_history_bwd[:, 2 * i : 2 * i + 2].numpy(),
-                }
-            )
+            fwd = {"scale": st.scale_fwd[3 * i : 3 * i + 3], "amax_history": st.amax_history_fwd[:, 3 * i : 3 * i + 3]}
+            bwd = {"scale": st.scale_bwd[2 * i : 2 * i + 2], "amax_history": st.amax_history_bwd[:, 2 * i : 2 * i + 2]}
+            pairs += [(g.fwd, fwd), (g.bwd, bwd)]
+        try:
+            load_state_dicts(pairs)
+        except ValueError as exc:
+            raise RuntimeError(f"{type(self).__name__}: _extra_state: {exc}") from None
 
 
 def _calibration_amax(t: torch.Tensor) -> float:
