@@ -249,3 +249,31 @@ def test_ops_linear_equals_te_linear_module_under_every_recipe() -> None:
             outs.append((y, xi.grad, layer.weight.grad, layer.bias.grad))
         for a, b in zip(*outs, strict=True):
             assert torch.equal(a, b), type(recipe).__name__
+
+
+@pytest.mark.parametrize(
+    ("profile", "mmaemu_profile", "shape"),
+    [
+        ("rtx4060_cublaslt_12_8_te", "ada-te", (16, 4096, 32)),  # TE's 4 MiB workspace: split in 3, pairwise
+        ("h100_pcie_cublaslt_12_8_te", "hopper-te", (16, 8192, 64)),  # split in 3, contiguous
+    ],
+)
+def test_ops_linear_under_a_device_profile_equals_mmaemu(profile: str, mmaemu_profile: str, shape: tuple) -> None:
+    """``autocast(accumulator=PROFILE)`` reaches the fusible ops' GEMM as it reaches ``te.Linear``'s: the forward
+    is mmaemu 0.1.0's ``scaled_mm`` under the TE-caller profile, fed DelayedScaling's first casts (scale 1)."""
+    import warnings
+
+    mmaemu = pytest.importorskip("mmaemu")
+    t, i, o = shape
+    torch.manual_seed(t + i + o)
+    op = te_ops.Linear(i, o, bias=False, dtype=torch.bfloat16)
+    x = torch.randn(t, i, dtype=torch.bfloat16)
+    with torch.no_grad(), te.autocast(recipe=DelayedScaling(), accumulator=profile):
+        y = op(x)
+    a8 = x.float().to(torch.float8_e4m3fn)  # satfinite RN with scale 1: these values stay far below 448
+    b8 = op.weight.detach().float().to(torch.float8_e4m3fn).t()  # (K, N), column-major as cuBLASLt wants it
+    one = torch.tensor(1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # mmaemu warns that TE-caller split decisions are experimental
+        want = mmaemu.scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16, use_fast_accum=True, profile=mmaemu_profile)
+    assert torch.equal(y.view(torch.int16), want.view(torch.int16))

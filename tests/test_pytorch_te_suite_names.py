@@ -12,7 +12,9 @@ import warnings
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import fp8sim.pytorch as te  # noqa: E402
 from fp8sim.pytorch import quantization, utils  # noqa: E402

@@ -50,6 +50,16 @@ class GemmMode:
         return cls(recipe, st.accumulator)
 
 
+def _written_dtype(quantizer: Any, dtype: torch.dtype) -> Any:
+    """What cuBLAS writes (a profile's split decision depends on it): FP8 under delayed scaling, whose
+    quantizer's scale goes into the GEMM; other quantizers cast the ``dtype`` result afterwards."""
+    from ..tensor.float8_tensor import _FORMATS, Float8Quantizer
+
+    if isinstance(quantizer, Float8Quantizer):
+        return _FORMATS[quantizer.dtype].name
+    return dtype
+
+
 def _operand(t: Any, columnwise: bool) -> Operand:
     """The 2-D GEMM operand of TE tensor ``t`` (``(prod(shape[:-1]), shape[-1])``): blocked along its
     last axis (rowwise) or its first (columnwise), as ``module._operands.quantize_operand`` lays them out."""
@@ -106,16 +116,20 @@ def ops_gemm(
     left = left.t() if layout[1] == "T" else left
     right = _operand(A, columnwise=layout[0] == "N")
     right = right.t() if layout[0] == "T" else right
-    acc = _module_gemm(left, right, mode.recipe, _WHICH[layout], mode.accumulator)
+    dtype = out_dtype or (out.dtype if out is not None else A.dtype)
+    written = _written_dtype(quantization_params, dtype)
+    # wgrad into main_grad (alpha = beta = 1, no bias): C joins cuBLASLt's epilogue FMA, as in the modules
+    fused = accumulate and alpha == 1.0 and beta == 1.0 and bias is None
+    addend = out.reshape(left.shape[0], right.shape[1]).float() if fused else None
+    acc = _module_gemm(left, right, mode.recipe, _WHICH[layout], mode.accumulator, out_dtype=written, addend=addend)
     if alpha != 1.0:
         acc = acc * np.float32(alpha)
     if bias is not None:
         acc = acc + bias.float()
-    if accumulate:
+    if accumulate and not fused:
         acc = acc + np.float32(beta) * out.reshape(acc.shape).float()
     lead = tuple(B.shape[:-1]) if layout[1] == "N" else (B.shape[-1],)
     acc = acc.reshape(*lead, acc.shape[-1])
-    dtype = out_dtype or (out.dtype if out is not None else A.dtype)
     if quantization_params is not None:  # cuBLAS's FP8 output: the float32 result cast with its scale
         return quantization_params(acc).to_dtype(dtype)
     result = acc.to(dtype)
