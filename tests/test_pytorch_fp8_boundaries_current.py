@@ -29,7 +29,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import fp8sim.pytorch as te  # noqa: E402
 from fp8sim.pytorch.module._fp8_handoff import handoff_of  # noqa: E402

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 from torch import nn  # noqa: E402
 

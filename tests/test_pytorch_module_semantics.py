@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import torch.nn.functional as F  # noqa: E402
 

@@ -17,7 +17,9 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 from fp8sim.pytorch import constants as C  # noqa: E402
 from fp8sim.pytorch.tensor import (  # noqa: E402

@@ -13,7 +13,9 @@ import io
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import fp8sim.pytorch as te  # noqa: E402
 from fp8sim.recipe import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling  # noqa: E402

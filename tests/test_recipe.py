@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from fp8sim import recipe as r
+from fp8sim.testing.oracles import require
 
 
 def test_format_maxima() -> None:
@@ -163,6 +164,7 @@ def test_margin_out_of_range_is_refused_at_construction(margin: int) -> None:
 RECIPES = [r.DelayedScaling, r.Float8CurrentScaling, r.MXFP8BlockScaling, r.Float8BlockScaling, r.NVFP4BlockScaling]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("cls", RECIPES)
 @pytest.mark.parametrize("legacy", [{"interval": 2}, {"override_linear_precision": (True, False, False)}])
 def test_legacy_fields_are_accepted_and_ignored_by_every_recipe(cls: type, legacy: dict) -> None:
@@ -180,7 +182,7 @@ def test_override_linear_precision_no_longer_changes_numerics() -> None:
     """TE 2.x runs wgrad in FP8 whatever ``override_linear_precision`` says (it is not a field): the
     same Linear steps with and without it give identical bits (fp8sim before this change ran wgrad
     in high precision for (False, False, True))."""
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     import fp8sim.pytorch as te
 
     torch.set_num_threads(1)
@@ -201,6 +203,7 @@ def test_override_linear_precision_no_longer_changes_numerics() -> None:
         assert torch.equal(a, b)
 
 
+@pytest.mark.torch
 def test_accelerate_fp8_override_env_neither_crashes_nor_changes_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     """``ACCELERATE_FP8_OVERRIDE_FPROP=1`` made accelerate pass ``override_linear_precision=(True, ...)``,
     which fp8sim refused ("Only wgrad GEMM override"); TE 2.x ignores it."""

@@ -162,7 +162,8 @@ def add_fp8_tensors_to_global_buffer(fwd: Any, bwd: Any, recipe: Recipe, group: 
         refs[:] = [r for r in refs if r() is not fwd and r() is not bwd]
     ref = _strong_ref if _distributed() else weakref.ref
     for forward, scaler in ((True, fwd), (False, bwd)):
-        _STATE.buffers.setdefault((forward, key), []).append(ref(scaler))
+        if scaler is not None:  # a fusible op may hold state for one direction only
+            _STATE.buffers.setdefault((forward, key), []).append(ref(scaler))
 
 
 def reduce_and_update_fp8_tensors(forward: bool = True, token: Any = None) -> None:
@@ -203,11 +204,14 @@ def autocast(
     outermost region exits, if it was ``enabled``, not ``_graph`` and grad is enabled (TE).
     ``amax_reduction_group``: the ``torch.distributed`` group whose amaxes are MAX-reduced before
     delayed-scaling updates.  ``accumulator``: None for the fast fp32 path (exact products summed
-    in float32), or a device ("hopper", "ada", "blackwell": fast/split per GEMM as the recipe says)
-    or an fp8sim accumulator preset name for every GEMM.
+    in float32), a device ("hopper", "ada", "blackwell": fast/split per GEMM as the recipe says),
+    an fp8sim accumulator preset name for every GEMM, or a device profile (``fp8sim.gemm.PROFILES``,
+    e.g. "h100_pcie_cublaslt_12_8_te", or a ``DeviceProfile``): every GEMM as that GPU's cuBLASLt
+    computes it, split-K decided per GEMM shape (``module/_gemm.py``).
     """
     if recipe is not None and not isinstance(recipe, Recipe):
         raise TypeError(f"recipe must be an fp8sim.recipe recipe (DelayedScaling, ...), got {type(recipe).__name__}")
+    check_accumulator(accumulator)
     import torch
 
     saved = (_STATE.enabled, _STATE.calibrating, _STATE.recipe, _STATE.group, _STATE.accumulator)
@@ -236,6 +240,24 @@ def autocast(
                     if not getattr(m, "_te_global_buffer", False):
                         m._update_forward_scales()
             _STATE.modules, _STATE.first_module = [], None
+
+
+def check_accumulator(accumulator: Any) -> None:
+    """ValueError unless ``accumulator`` is None, a device, an accumulator preset or a device profile."""
+    from ..gemm import ACCUMULATORS, Accumulator, DeviceProfile, is_profile
+
+    if accumulator is None or isinstance(accumulator, (Accumulator, DeviceProfile)) or is_profile(accumulator):
+        return
+    if isinstance(accumulator, str) and (accumulator in ("hopper", "ada", "blackwell") or accumulator in ACCUMULATORS):
+        return
+    from ..gemm import PROFILES
+    from ..gemm.profiles import mmaemu_hint
+
+    raise ValueError(
+        f"accumulator must be None, a device (hopper, ada, blackwell), an accumulator preset "
+        f"({', '.join(ACCUMULATORS)}) or a device profile ({', '.join(PROFILES)}); got {accumulator!r}"
+        + mmaemu_hint(accumulator)
+    )
 
 
 def fp8_autocast(

@@ -25,7 +25,8 @@ from torch import nn
 
 from . import module as _module
 from .attention.dot_product_attention.utils import AttnMaskTypes
-from .attention.multi_head_attention import MultiheadAttention
+from .attention.multi_head_attention import MultiheadAttention, head_size
+from .module._params import size_arg
 
 __all__ = ["TransformerLayer"]
 
@@ -129,6 +130,12 @@ class TransformerLayer(nn.Module):
             if output_layernorm:
                 raise ValueError("parallel_attention and output_layernorm are not supported simultaneously.")
         self.parallel_attention_mlp = parallel_attention_mlp
+        hidden_size, ffn_hidden_size = (
+            size_arg(hidden_size, "hidden_size"),
+            size_arg(ffn_hidden_size, "ffn_hidden_size"),
+        )
+        num_attention_heads = size_arg(num_attention_heads, "num_attention_heads")
+        kv_channels = head_size(hidden_size, num_attention_heads, kv_channels)
         if layer_type not in LayerTypes:
             raise ValueError(
                 f"layer_type {layer_type!r} is not supported. "
@@ -161,7 +168,7 @@ class TransformerLayer(nn.Module):
         self.enc_dec_attn_mask_type, self.enc_dec_window_size = enc_dec_attn_mask_type, enc_dec_window_size
         self.enc_dec_bottom_right_diagonal = enc_dec_bottom_right_diagonal
         self.hidden_dropout, self.attn_input_format = hidden_dropout, attn_input_format
-        self.kv_channels = kv_channels if kv_channels else hidden_size // num_attention_heads
+        self.kv_channels = kv_channels
         common = dict(
             kv_channels=self.kv_channels,
             attention_dropout=attention_dropout,

@@ -8,9 +8,25 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..._util.args import as_int
 from ..utils import get_default_init_method, init_method_constant
 
-__all__ = ["split_names", "make_linear_params", "make_norm_params", "cat_params", "materialize_meta_parameter"]
+__all__ = [
+    "split_names",
+    "make_linear_params",
+    "make_norm_params",
+    "cat_params",
+    "materialize_meta_parameter",
+    "size_arg",
+]
+
+
+def size_arg(value: Any, name: str, *, none: bool = False) -> Any:
+    """A module's size argument (features, heads, channels) as an int >= 1, before torch sees it (torch's
+    ``empty()`` message names no argument); every integral type, bools and floats refused."""
+    if none and value is None:
+        return None
+    return as_int(value, name, lo=1)
 
 
 def split_names(parameters_split: Any, out_features: int) -> tuple[list[str], list[str], list[int]]:

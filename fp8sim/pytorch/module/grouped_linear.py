@@ -20,9 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..._util.args import as_int
 from ..utils import resolve_grouped_linear_single_param_flags
 from ._gemm_state import _GemmState
-from ._params import resolve_params_dtype
+from ._params import resolve_params_dtype, size_arg
 from .base import TransformerEngineBaseModule, get_default_init_method, init_method_constant, no_torch_dynamo
 
 __all__ = ["GroupedLinear", "is_module_grouped_tensor_path_supported"]
@@ -79,8 +80,8 @@ class GroupedLinear(TransformerEngineBaseModule):
         *,
         accumulator: str | None = None,
     ) -> None:
-        if isinstance(num_gemms, bool) or not isinstance(num_gemms, int) or num_gemms < 1:
-            raise ValueError(f"num_gemms must be an int >= 1, got {num_gemms!r}")
+        num_gemms = as_int(num_gemms, "num_gemms", lo=1)
+        in_features, out_features = size_arg(in_features, "in_features"), size_arg(out_features, "out_features")
         super().__init__(accumulator, name)
         self._init_grouped_flags(single_grouped_weight, single_grouped_bias, use_grouped_tensor)
         if ub_overlap_rs or ub_overlap_ag:

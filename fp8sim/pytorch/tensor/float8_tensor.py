@@ -184,7 +184,16 @@ class Float8CurrentScalingQuantizer(Quantizer):
     def quantize_impl(self, tensor: torch.Tensor) -> Float8Tensor:
         _check_high_precision(tensor, type(self).__name__)
         x32 = _to_numpy32(tensor)
-        amax = np.float32(amax_nan_skipping(x32))
+        return self._cast(tensor, x32, np.float32(amax_nan_skipping(x32)))
+
+    def quantize_with_amax(self, tensor: torch.Tensor, amax: Any) -> Float8Tensor:
+        """TE's C++ ``Float8CurrentScalingQuantizer::quantize_with_amax``: cast ``tensor`` with the scale of
+        an amax its producer computed (TE's activation kernels take it on their float32 results before
+        rounding them to the output dtype); all-reduced first when ``with_amax_reduction``."""
+        _check_high_precision(tensor, type(self).__name__)
+        return self._cast(tensor, _to_numpy32(tensor), np.float32(amax))
+
+    def _cast(self, tensor: torch.Tensor, x32: np.ndarray, amax: np.float32) -> Float8Tensor:
         if self.with_amax_reduction:
             amax = _all_reduce_max(amax, self.amax_reduction_group)
         fmt = _FORMATS[self.dtype]
