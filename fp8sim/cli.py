@@ -1,5 +1,5 @@
 """The ``fp8sim`` command line: ``formats``, ``verify``, ``capture``, ``compare``, ``report``,
-``study``, ``run``.
+``study``, ``run``, ``explain``.
 
 Exit status: 0 success, 1 a check failed (mismatches, a gate), 2 a usage or path error (one line
 naming the argument, the path and the reason, printed before any work), 130 interrupted (Ctrl-C).
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command")
     sub.add_parser("formats", help="print the table of formats")
     v = sub.add_parser("verify", help="conformance sweep against ml_dtypes, torch and the exact path")
-    v.add_argument("--exhaustive", action="store_true", help="add all 2^32 float32 inputs for e4m3, e5m2, e8m0")
+    v.add_argument("--exhaustive", action="store_true", help="add all 2^32 float32 inputs for e4m3, e5m2, e8m0, ue5m3")
     v.add_argument("--format", action="append", dest="formats", choices=list(FORMATS), help="restrict to a format")
     v.add_argument("--no-torch", action="store_true", help="skip the torch backend and oracle")
     v.add_argument("--no-progress", action="store_true", help=_NO_PROGRESS)
@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--device", default="cpu", type=_device, help="cpu, cuda or cuda:N (default cpu)")
     c.add_argument("--suite", default="quick", choices=["quick", "full"], help="quick: K up to 1024; full: up to 8192")
     c.add_argument("--force", action="store_true", help="overwrite an existing file")
+    c.add_argument(
+        "--torch-cpu-kernel",
+        default="auto",
+        choices=["auto", "fallback"],
+        help="CPU _scaled_mm kernel: auto (this host's: oneDNN on AMX hosts) or fallback (oneDNN off; bit-exact "
+        "to fp8sim on every host)",
+    )
     c.add_argument("--no-progress", action="store_true", help=_NO_PROGRESS)
     m = sub.add_parser("compare", help="recompute a capture with the emulator and report the agreement")
     m.add_argument("file", help="a capture file from `fp8sim capture`")
@@ -121,12 +128,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--distributed", action="store_true", help="FP8 across 2-4 gloo ranks instead (all-gather, amax groups)"
     )
     st.add_argument("--world-size", type=int, default=2, help="ranks for --distributed (2-4, default 2)")
+    from .run.explain import add_arguments
+
+    ex = sub.add_parser(
+        "explain",
+        help="list every GEMM of a training step (or a TE script) under a recipe and an accumulator or device "
+        "profile: shapes, formats, accumulator, split-K and where it was decided",
+    )
+    add_arguments(ex)
     return ap
 
 
 DEFAULT_REPORT = "reports/latest"  # untracked (.gitignore): the main job never dirties the checkout
 DEFAULT_STUDY = "reports/latest-study"  # untracked too
-_COMMANDS = ("formats", "verify", "capture", "compare", "report", "run", "study")
+_COMMANDS = ("formats", "verify", "capture", "compare", "report", "run", "study", "explain")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,7 +213,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         try:
             path = capture(
-                args.out, device=args.device, suite=args.suite, force=args.force, progress=not args.no_progress
+                args.out,
+                device=args.device,
+                suite=args.suite,
+                force=args.force,
+                progress=not args.no_progress,
+                torch_cpu_kernel=args.torch_cpu_kernel,
             )
         except (FileExistsError, RuntimeError, ImportError, ValueError) as exc:
             raise UsageError(str(exc)) from None
@@ -246,7 +266,20 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(res.table())
         print(f"wrote {write_study(res, args.out, force=args.force)}")
         return 0
+    if args.command == "explain":
+        from .gemm.profiles import SplitKUnknownError
+        from .run.explain import ExplainUsageError, run_explain
+
+        _check(require, "torch", "fp8sim explain")
+        try:
+            return int(_check(run_explain, args))
+        except ExplainUsageError as exc:
+            raise UsageError(str(exc)) from None
+        except SplitKUnknownError as exc:  # --compute met a GEMM the profile cannot decide
+            print(f"fp8sim explain: {exc}", file=sys.stderr)
+            return 1
     build_parser().print_help()
+    print(f"fp8sim: a command is required; one of {', '.join(_COMMANDS)}", file=sys.stderr)
     return 2
 
 
@@ -276,6 +309,8 @@ def _compare(args: argparse.Namespace) -> int:
         if "split_inference" in o.extra:  # which split-K reproduces a mismatching GEMM
             status += f"; {o.extra['split_inference']['text']}"
         print(f"{o.name:<64} {status}")
+    for note in res.notes:
+        print(f"NOTE: {note}")
     if args.report:
         from .report.build import write_compare_report
 

@@ -4,7 +4,7 @@ A code is laid out as ``[sign][exponent: ebits][mantissa: mbits]`` in its low bi
 for unsigned formats).  ``specials`` says how the top of the code space is used:
 
 - ``"ieee"``: the all-ones exponent holds Inf (mantissa 0) and NaN (E5M2).
-- ``"fn"``: only the all-ones magnitude code is NaN; no Inf (E4M3FN, E8M0FNU).
+- ``"fn"``: only the all-ones magnitude code is NaN; no Inf (E4M3FN, E8M0FNU, E5M3FNU).
 - ``"fnuz"``: the negative-zero code is the single NaN; no Inf and no -0 (E4M3FNUZ, E5M2FNUZ).
 - ``"none"``: every code is a finite number (FP4/FP6).
 
@@ -25,6 +25,7 @@ __all__ = [
     "E4M3",
     "E5M2",
     "E8M0",
+    "UE5M3",
     "E4M3FNUZ",
     "E5M2FNUZ",
     "E2M1",
@@ -257,6 +258,17 @@ E8M0 = FloatFormat(
     torch_name="float8_e8m0fnu",
     aliases=("float8_e8m0fnu", "e8m0fnu", "ue8m0"),
 )
+UE5M3 = FloatFormat(
+    "ue5m3",
+    5,
+    3,
+    15,
+    signed=False,
+    specials="fn",
+    ml_dtypes_name="float8_e5m3fnu",  # ml_dtypes >= 0.7.0; CUDA's __nv_fp8_ue5m3
+    torch_name="float8_e5m3fnu",  # no torch release has it yet: torch_dtype is None until one does
+    aliases=("float8_e5m3fnu", "e5m3fnu"),
+)
 E4M3FNUZ = FloatFormat(
     "e4m3fnuz",
     4,
@@ -287,7 +299,7 @@ E3M2 = FloatFormat(
     "e3m2", 3, 2, 3, specials="none", ml_dtypes_name="float6_e3m2fn", aliases=("float6_e3m2fn", "e3m2fn")
 )
 
-FORMATS: dict[str, FloatFormat] = {f.name: f for f in (E4M3, E5M2, E8M0, E4M3FNUZ, E5M2FNUZ, E2M1, E2M3, E3M2)}
+FORMATS: dict[str, FloatFormat] = {f.name: f for f in (E4M3, E5M2, E8M0, UE5M3, E4M3FNUZ, E5M2FNUZ, E2M1, E2M3, E3M2)}
 _BY_NAME: dict[str, FloatFormat] = {
     **{a: f for f in FORMATS.values() for a in f.aliases},
     **FORMATS,
@@ -299,13 +311,15 @@ def format_names() -> list[str]:
     return list(FORMATS) + [a for f in FORMATS.values() for a in f.aliases]
 
 
-def get_format(fmt: str | FloatFormat) -> FloatFormat:
-    """Resolve a format name (canonical or alias, case-insensitive) or pass a FloatFormat through."""
+def get_format(fmt: str | FloatFormat, *, arg: str = "fmt") -> FloatFormat:
+    """Resolve a format name (canonical or alias, case-insensitive) or pass a FloatFormat through.
+    ``arg``: the argument's name in the messages (e.g. ``elem_format``)."""
     if isinstance(fmt, FloatFormat):
         return fmt
     if isinstance(fmt, str):
         found = _BY_NAME.get(fmt.lower())
         if found is not None:
             return found
-        raise ValueError(f"unknown format {fmt!r}; known: {', '.join(format_names())}")
-    raise TypeError(f"fmt must be a format name or a FloatFormat, got {type(fmt).__name__}")
+        where = "" if arg == "fmt" else f" for {arg}"
+        raise ValueError(f"unknown format {fmt!r}{where}; known: {', '.join(format_names())}")
+    raise TypeError(f"{arg} must be a format name or a FloatFormat, got {type(fmt).__name__}")

@@ -13,9 +13,11 @@ from collections.abc import Callable
 
 import pytest
 
-torch = pytest.importorskip("torch")
-aao = pytest.importorskip("accelerate.utils.ao")
-torchao_linear = pytest.importorskip("torchao.float8.float8_linear")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+aao = require("accelerate.utils.ao")
+torchao_linear = require("torchao.float8.float8_linear")
 
 from torch import nn  # noqa: E402
 

@@ -19,9 +19,11 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-adc = pytest.importorskip("accelerate.utils.dataclasses")
-aenv = pytest.importorskip("accelerate.utils.environment")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+adc = require("accelerate.utils.dataclasses")
+aenv = require("accelerate.utils.environment")
 
 import fp8sim.accelerate as fa  # noqa: E402
 

@@ -19,12 +19,14 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-accelerate = pytest.importorskip("accelerate")
-acc_mod = pytest.importorskip("accelerate.accelerator")
-adc = pytest.importorskip("accelerate.utils.dataclasses")
-astate = pytest.importorskip("accelerate.state")
-ute = pytest.importorskip("accelerate.utils.transformer_engine")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+accelerate = require("accelerate")
+acc_mod = require("accelerate.accelerator")
+adc = require("accelerate.utils.dataclasses")
+astate = require("accelerate.state")
+ute = require("accelerate.utils.transformer_engine")
 
 from torch import nn  # noqa: E402
 

@@ -21,9 +21,11 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-ute = pytest.importorskip("accelerate.utils.transformer_engine")
-adc = pytest.importorskip("accelerate.utils.dataclasses")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+ute = require("accelerate.utils.transformer_engine")
+adc = require("accelerate.utils.dataclasses")
 
 from torch import nn  # noqa: E402
 

@@ -20,14 +20,16 @@ import pytest
 from conftest import ALL_MODES, FORMAT_NAMES
 
 import fp8sim
+from fp8sim.testing.oracles import require
 
 
 def test_rounding_modes_are_the_six_named_in_the_spec():
     assert tuple(fp8sim.ROUNDING_MODES) == ALL_MODES
 
 
-def test_registry_holds_the_eight_spec_formats():
-    assert set(fp8sim.FORMATS) == {"e4m3", "e5m2", "e8m0", "e4m3fnuz", "e5m2fnuz", "e2m1", "e2m3", "e3m2"}
+def test_registry_holds_the_nine_spec_formats():
+    want = {"e4m3", "e5m2", "e8m0", "ue5m3", "e4m3fnuz", "e5m2fnuz", "e2m1", "e2m3", "e3m2"}
+    assert set(fp8sim.FORMATS) == want
 
 
 # -- names --------------------------------------------------------------------------------------------
@@ -115,7 +117,7 @@ def test_non_float_input_raises_type_error(call, bad):
 @pytest.mark.parametrize("call", ["encode", "quantize"])
 @pytest.mark.parametrize("dtype", ["int32", "int64", "uint8", "bool", "complex64"])
 def test_non_float_tensor_raises_type_error(call, dtype):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     x = torch.zeros(3, dtype=getattr(torch, dtype))
     with pytest.raises(TypeError, match="floating"):
         getattr(fp8sim, call)(x, "e4m3")
@@ -132,7 +134,7 @@ def test_decode_out_of_range_codes_raise_value_error(fmt):
     if f.num_codes < 256:  # 4- and 6-bit formats: a full byte is out of range
         with pytest.raises(ValueError, match="out of range"):
             fp8sim.decode(np.array([f.num_codes], np.uint8), f)
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     with pytest.raises(ValueError, match="out of range"):
         fp8sim.decode(torch.tensor([0, f.num_codes]), f)
     with pytest.raises(ValueError, match="out of range"):
@@ -151,7 +153,7 @@ def test_decode_non_integer_codes_raise_type_error(bad):
 
 @pytest.mark.parametrize("dtype", ["float32", "bool", "float16"])
 def test_decode_non_integer_tensor_raises_type_error(dtype):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     with pytest.raises(TypeError):
         fp8sim.decode(torch.zeros(2, dtype=getattr(torch, dtype)), "e4m3")
 
@@ -245,7 +247,7 @@ def test_non_native_byte_order_float_arrays_are_float_arrays(dtype):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 @pytest.mark.parametrize("shape", [(), (0,), (3, 0), (2, 3)])
 def test_torch_results_are_uint8_and_float32_tensors_on_the_input_device(shape, dtype, rounding):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     x = torch.full(shape, 1.3, dtype=getattr(torch, dtype))
     seed = 1 if rounding == "stochastic" else None
     code = fp8sim.encode(x, "e4m3", rounding=rounding, seed=seed)
@@ -259,8 +261,50 @@ def test_torch_results_are_uint8_and_float32_tensors_on_the_input_device(shape, 
 
 
 def test_torch_input_requiring_grad_is_accepted_and_left_alone():
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     x = torch.linspace(-2, 2, 9, requires_grad=True)
     q = fp8sim.quantize(x, "e4m3")
     assert not q.requires_grad and x.grad is None
     assert torch.equal(q, torch.from_numpy(fp8sim.quantize(x.detach().numpy(), "e4m3")))
+
+
+# -- issue 29.6: every complex dtype is refused, ml_dtypes' included -------------------------------------
+def _complex_inputs() -> list:
+    import ml_dtypes
+
+    z = np.array([1 + 2j, 3 - 1j])
+    out = [z, z.astype(np.complex64), z.astype(ml_dtypes.complex32), z.astype(ml_dtypes.bcomplex32), 1 + 2j]
+    try:
+        import warnings
+
+        import torch
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "ComplexHalf support is experimental"
+            out += [torch.tensor([1 + 2j]), torch.tensor([1 + 2j]).to(torch.complex32)]
+    except ImportError:
+        pass
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("z", _complex_inputs(), ids=lambda z: str(getattr(z, "dtype", type(z).__name__)))
+def test_every_complex_dtype_is_refused_never_silently_made_real(z) -> None:  # noqa: ANN001
+    import warnings
+
+    from fp8sim import scaling as S
+
+    calls = [
+        lambda z: fp8sim.encode(z, "e4m3"),
+        lambda z: fp8sim.quantize(z, "e5m2"),
+        lambda z: fp8sim.get_convention("ml_dtypes").encode(z, "e4m3"),
+        lambda z: S.quantize_current_scaling(z, "e4m3"),
+        lambda z: S.quantize_block_scaling(z),
+        lambda z: S.compute_scale_from_amax(z, 448.0),
+        lambda z: S.torchao_amax_to_scale(z, "e4m3"),
+    ]
+    for call in calls:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy's ComplexWarning would mean the imaginary part was dropped
+            with pytest.raises(TypeError, match=r"(x|amax) must .*(real|float).*complex"):
+                call(z)

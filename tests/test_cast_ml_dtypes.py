@@ -1,4 +1,4 @@
-"""Nearest-even casts and decode against ml_dtypes 0.6.0, exhaustively over 16-bit inputs.
+"""Nearest-even casts and decode against the installed ml_dtypes, exhaustively over 16-bit inputs.
 
 Semantics checked (spec sections 2.1 and 2.3):
 - ``saturate=False`` is ml_dtypes ``astype`` exactly (non-saturating OCP rule; E8M0: zero and
@@ -7,7 +7,10 @@ Semantics checked (spec sections 2.1 and 2.3):
   2^-127, so zero and negatives give code 0x00); NaN stays NaN;
 - decode of every code is ml_dtypes' value;
 - float64 inputs are rounded once, from the exact value (spec 2.5 pitfall 1: ml_dtypes' own
-  float64 array cast goes through float32 and double-rounds, fp8sim's core must not).
+  float64 array cast went through float32 and double-rounded before 0.7, fp8sim's core must not).
+
+E8M0 is compared with the installed release's own nearest rule where it is not the core's (before
+0.7: ``conftest.encode_like_installed_ml_dtypes``); the core's rule is ml_dtypes 0.7's.
 """
 
 from __future__ import annotations
@@ -22,15 +25,23 @@ from conftest import (
     all_bfloat16,
     all_float16,
     assert_codes_equal,
+    encode_like_installed_ml_dtypes,
     midpoints,
+    ml_dtype,
     ref_encode,
     widen,
 )
 
 import fp8sim
+from fp8sim.testing.oracles import require
 
 SOURCES = ("float16", "bfloat16")
-CONTAINERS = ("numpy-native", "numpy-float32", "numpy-float64", "torch-native", "torch-float32", "torch-float64")
+CONTAINERS = (
+    "numpy-native",
+    "numpy-float32",
+    "numpy-float64",
+    *(pytest.param(c, marks=pytest.mark.torch) for c in ("torch-native", "torch-float32", "torch-float64")),
+)
 
 
 def _source(name: str) -> np.ndarray:
@@ -45,16 +56,17 @@ def _ml_dtypes_codes(fmt_name: str, source: str, saturate: bool) -> np.ndarray:
     flush to 0.  NaN skips the clip, so its sign (which picks the FP4/FP6 code) is kept.
     """
     fmt = fp8sim.get_format(fmt_name)
+    dt = ml_dtype(fmt)
     x = _source(source)
     if not saturate:
         with np.errstate(invalid="ignore"):
-            return x.astype(fmt.ml_dtype).view(np.uint8)
-    fi = ml_dtypes.finfo(fmt.ml_dtype)
+            return x.astype(dt).view(np.uint8)
+    fi = ml_dtypes.finfo(dt)
     x32 = widen(x, np.float32)
     clipped = np.clip(x32, np.float32(fi.min), np.float32(fi.max))
     clipped = np.where(np.isnan(x32), x32, clipped)
     with np.errstate(invalid="ignore"):
-        return clipped.astype(fmt.ml_dtype).view(np.uint8)
+        return clipped.astype(dt).view(np.uint8)
 
 
 def _container(source: str, container: str):
@@ -65,7 +77,7 @@ def _container(source: str, container: str):
         return widen(x, np.float32)
     if container == "numpy-float64":
         return widen(x, np.float64)
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     if container == "torch-native":
         # from bits with .view, so NaN signs and payloads are kept
         dt = torch.float16 if source == "float16" else torch.bfloat16
@@ -80,7 +92,7 @@ def _container(source: str, container: str):
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_nonsaturating_nearest_even_matches_ml_dtypes_astype(fmt, source, container):
     x = _container(source, container)
-    got = fp8sim.encode(x, fmt, saturate=False)
+    got = encode_like_installed_ml_dtypes(x, fmt, saturate=False)
     assert_codes_equal(got, _ml_dtypes_codes(fmt, source, False), fmt, x, f"saturate=False {source} as {container}")
 
 
@@ -89,19 +101,23 @@ def test_nonsaturating_nearest_even_matches_ml_dtypes_astype(fmt, source, contai
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_saturating_nearest_even_matches_clip_then_ml_dtypes_astype(fmt, source, container):
     x = _container(source, container)
-    got = fp8sim.encode(x, fmt, saturate=True)
+    got = encode_like_installed_ml_dtypes(x, fmt, saturate=True)
     assert_codes_equal(got, _ml_dtypes_codes(fmt, source, True), fmt, x, f"saturate=True {source} as {container}")
 
 
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_default_is_nearest_even_saturating(fmt):
     x = all_bfloat16()
-    assert_codes_equal(fp8sim.encode(x, fmt), _ml_dtypes_codes(fmt, "bfloat16", True), fmt, x, "defaults")
+    want = _ml_dtypes_codes(fmt, "bfloat16", True)
+    core = fp8sim.encode(x, fmt, rounding="nearest_even", saturate=True)
+    assert_codes_equal(fp8sim.encode(x, fmt), core, fmt, x, "defaults")
+    assert_codes_equal(encode_like_installed_ml_dtypes(x, fmt, True), want, fmt, x, "ml_dtypes")
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_torch_output_is_uint8_with_input_shape(fmt):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     x = torch.from_numpy(all_bfloat16().view(np.int16)).view(torch.bfloat16).reshape(256, 256)
     got = fp8sim.encode(x, fmt)
     assert got.dtype == torch.uint8 and got.shape == x.shape and got.device == x.device
@@ -111,7 +127,7 @@ def test_torch_output_is_uint8_with_input_shape(fmt):
 
 
 def _ml_decode(fmt: fp8sim.FloatFormat) -> np.ndarray:
-    return np.arange(fmt.num_codes, dtype=np.uint8).view(fmt.ml_dtype).astype(np.float32)
+    return np.arange(fmt.num_codes, dtype=np.uint8).view(ml_dtype(fmt)).astype(np.float32)
 
 
 def _assert_same_floats(got: np.ndarray, want: np.ndarray, fmt: fp8sim.FloatFormat) -> None:
@@ -135,9 +151,10 @@ def test_decode_of_every_code_matches_ml_dtypes(fmt):
     _assert_same_floats(fp8sim.decode(codes, f), _ml_decode(f), f)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_torch_decode_of_every_code_matches_ml_dtypes(fmt):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     f = fp8sim.get_format(fmt)
     got = fp8sim.decode(torch.arange(f.num_codes, dtype=torch.uint8), f)
     assert got.dtype == torch.float32
@@ -159,7 +176,7 @@ def test_code_value_and_scalar_decode_match_ml_dtypes(fmt):
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_format_record_matches_ml_dtypes_finfo(fmt):
     f = fp8sim.get_format(fmt)
-    fi = ml_dtypes.finfo(f.ml_dtype)
+    fi = ml_dtypes.finfo(ml_dtype(f))
     assert f.max == float(fi.max)
     assert f.min_normal == float(fi.smallest_normal)
     assert f.num_codes == 1 << fi.bits
@@ -193,20 +210,28 @@ def test_float64_near_midpoints_rounds_once_from_exact_value(fmt):
     assert_codes_equal(np_scalars, want, fmt, x, "numpy float64 scalar near midpoints")
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_torch_float64_near_midpoints_rounds_once_from_exact_value(fmt):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     x, want = _double_rounding_cases(fmt)
     assert_codes_equal(fp8sim.encode(torch.from_numpy(x), fmt), want, fmt, x, "torch float64 near midpoints")
 
 
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
-def test_float64_single_rounding_differs_from_ml_dtypes_double_rounding(fmt):
-    """Spec 2.5 pitfall 1: ml_dtypes' float64 array cast goes through float32, so on these inputs
-    it lands on the tie rule; fp8sim must not follow it (and the cases must exercise that)."""
+def test_float64_single_rounding_against_ml_dtypes_float64_cast(fmt):
+    """Spec 2.5 pitfall 1: before 0.7, ml_dtypes' float64 array cast goes through float32, so on these
+    inputs it lands on the tie rule; fp8sim must not follow it (and the cases must exercise that).
+    ml_dtypes 0.7 rounds float64 once (``RoundToOddFloat``): there it is the oracle of the same codes."""
+    from fp8sim.cast.conventions import ml_dtypes_rule
+
     x, want = _double_rounding_cases(fmt)
-    fi = ml_dtypes.finfo(fp8sim.get_format(fmt).ml_dtype)
-    ml = np.clip(x, float(fi.min), float(fi.max)).astype(fp8sim.get_format(fmt).ml_dtype).view(np.uint8)
-    assert (ml != want).any(), "no case separates single from double rounding"
+    dt = ml_dtype(fmt)
+    fi = ml_dtypes.finfo(dt)
+    ml = np.clip(x, float(fi.min), float(fi.max)).astype(dt).view(np.uint8)
     got = fp8sim.encode(x, fmt)
     assert_codes_equal(got, want, fmt, x, "float64 single rounding")
+    if ml_dtypes_rule().float64 == "via_float32":
+        assert (ml != want).any(), "no case separates single from double rounding"
+    else:
+        assert_codes_equal(got, ml, fmt, x, f"ml_dtypes {ml_dtypes.__version__} float64 (rounded once)")

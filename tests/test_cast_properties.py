@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fp8sim
+from fp8sim.testing.oracles import require
 
 BACKENDS = ("numpy-float32", "numpy-float64", "torch-float64")
 F32_MAX = float(np.finfo(np.float32).max)
@@ -50,7 +51,7 @@ def _arrays(fmt: str) -> st.SearchStrategy[list[float]]:
 def _container(x: np.ndarray, backend: str):
     x = x.astype(np.float32 if backend.endswith("float32") else np.float64)
     if backend.startswith("torch"):
-        torch = pytest.importorskip("torch")
+        torch = require("torch")
         return torch.from_numpy(x)
     return x
 

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from fp8sim.cast.philox import philox4x32, te_philox_words
 from fp8sim.cast.ptx_sr import encode_ptx_rs, ptx_rs_bits
+from fp8sim.testing.oracles import require
 
-gfloat = pytest.importorskip("gfloat")
+gfloat = require("gfloat")
 from gfloat import formats as gf  # noqa: E402
 
 KAT = [

@@ -18,12 +18,14 @@ from conftest import (
     all_bfloat16,
     all_float16,
     assert_codes_equal,
+    gfloat_format,
     ref_encode,
     widen,
 )
 
 import fp8sim
 from fp8sim.cast._random import numpy_bits
+from fp8sim.testing.oracles import require
 
 BACKENDS = ("numpy-float32", "numpy-float64", "torch-float32", "torch-float64")
 
@@ -32,7 +34,7 @@ def _as(x32: np.ndarray, backend: str):
     """The same float32 values in another container (exact)."""
     x = x32 if backend.endswith("float32") else widen(x32, np.float64)
     if backend.startswith("torch"):
-        torch = pytest.importorskip("torch")
+        torch = require("torch")
         return torch.from_numpy(np.ascontiguousarray(x))
     return x
 
@@ -107,7 +109,7 @@ def test_every_16bit_input_gives_the_same_stochastic_codes_in_every_container(fm
     x32 = widen(x, np.float32)
     want = fp8sim.encode(x, fmt, rounding="stochastic", seed=77)
     others = {"numpy-float32": x32, "numpy-float64": widen(x, np.float64)}
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     others["torch-native"] = torch.from_numpy(x.view(np.int16)).view(
         torch.float16 if source == "float16" else torch.bfloat16
     )
@@ -175,7 +177,7 @@ def test_3m_elements_cross_internal_chunks_with_the_global_index(backend):
 def test_random_bits_agree_between_numpy_and_torch_beyond_2_to_the_32():
     """The per-element bits are a function of (seed, flat index) only, also for indices >= 2^32
     (where the numpy generator takes another branch)."""
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from fp8sim.cast._random import numpy_bits_at, torch_bits, torch_bits_at
 
     for seed in (0, 1, 2**40 + 3, 2**64 - 1):
@@ -207,46 +209,18 @@ def test_different_seeds_give_different_codes(fmt):
 # -- against gfloat StochasticFastest and the Fraction reference -------------------------------------
 
 
-def _gfloat_format(fmt: str):
-    gf = pytest.importorskip("gfloat")
-    from gfloat import formats as gff
-
-    f = fp8sim.get_format(fmt)
-    table = {
-        "e4m3": gff.format_info_ocp_e4m3,
-        "e5m2": gff.format_info_ocp_e5m2,
-        "e8m0": gff.format_info_ocp_e8m0,
-        "e2m1": gff.format_info_ocp_e2m1,
-        "e2m3": gff.format_info_ocp_e2m3,
-        "e3m2": gff.format_info_ocp_e3m2,
-    }
-    if fmt in table:
-        return table[fmt]
-    return gf.FormatInfo(
-        f.name,
-        k=f.bits,
-        precision=f.mbits + 1,
-        bias=f.bias,
-        is_signed=True,
-        domain=gf.Domain.Finite,
-        has_nz=False,
-        num_high_nans=0,
-        has_subnormals=True,
-        is_twos_complement=False,
-    )
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("saturate", [False, True], ids=["nonsat", "sat"])
 @pytest.mark.parametrize("fmt", FORMAT_NAMES)
 def test_matches_gfloat_stochastic_fastest_with_32_bits(fmt, saturate, backend):
     """gfloat ``round_float(fi, x, StochasticFastest, sat, srbits=r_i, srnumbits=32)`` on float32
-    samples.  Skipped elements: E8M0 inputs not >= 2^-127 (gfloat returns values outside E8M0) and
+    samples.  Skipped elements: E8M0 inputs not >= 2^-127 (gfloat returns values outside E8M0), negative
+    inputs of unsigned formats (gfloat keeps their sign) and
     FP4/FP6 NaN (gfloat raises); FP4/FP6 non-saturating overflow, where gfloat raises, is max (spec
     2.2).  The Fraction reference (``conftest.ref_encode`` with the same bits) is checked too."""
-    gf = pytest.importorskip("gfloat")
+    gf = require("gfloat")
     f = fp8sim.get_format(fmt)
-    fi = _gfloat_format(fmt)
+    fi = gfloat_format(fmt)
     seed = 2024
     x = _samples(fmt, 1500, seed=1)
     r = numpy_bits(seed, 0, x.size)
@@ -258,7 +232,9 @@ def test_matches_gfloat_stochastic_fastest_with_32_bits(fmt, saturate, backend):
     assert_codes_equal(got_codes, ref, f, x, f"stochastic vs Fraction reference saturate={saturate} {backend}")
     for i, (v, b) in enumerate(zip(x, r, strict=True)):
         v = float(v)
-        if not f.signed and not v >= f.min_normal:
+        if not f.subnormals and not v >= f.min_normal:
+            continue
+        if not f.signed and (v < 0 or math.copysign(1.0, v) < 0):
             continue
         try:
             want = gf.round_float(fi, v, gf.RoundMode.StochasticFastest, saturate, srbits=int(b), srnumbits=32)
@@ -290,7 +266,7 @@ def test_full_precision_float64_matches_fraction_reference(fmt, saturate, backen
     )
     xin = x
     if backend == "torch":
-        torch = pytest.importorskip("torch")
+        torch = require("torch")
         xin = torch.from_numpy(x)
     got = fp8sim.encode(xin, fmt, rounding="stochastic", saturate=saturate, seed=seed)
     assert_codes_equal(got, want, fmt, x, f"stochastic float64 saturate={saturate} {backend}")

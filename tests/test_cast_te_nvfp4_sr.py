@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from fp8sim.cast.te_nvfp4_sr import te_fallback_launch, te_nvfp4_sr_words
 from fp8sim.scaling.nvfp4_te_sr import quantize_nvfp4_te_sr
+from fp8sim.testing.oracles import require
 
 _M32 = 0xFFFFFFFF
 
@@ -139,7 +140,7 @@ def _scales_ref(x32: np.ndarray, amax: np.float32, block_2d: bool):
 def _e2m1_rs(v: np.ndarray, words: np.ndarray) -> np.ndarray:
     """cvt.rs.satfinite.e2m1x4.f32 with TE's operands {x3, x2, x1, x0} and the PTX ISA byte split
     (a = rbits[31:24], b = rbits[15:8], e = rbits[23:16], f = rbits[7:0]), via gfloat's carry rule."""
-    gfloat = pytest.importorskip("gfloat")
+    gfloat = require("gfloat")
     from gfloat import formats as gf
 
     fi = gf.format_info_ocp_e2m1
@@ -195,6 +196,7 @@ def test_other_kernels_and_bad_arguments_are_refused():
         quantize_nvfp4_te_sr(np.zeros((2, 16, 16), np.float32), 1, 0)
 
 
+@pytest.mark.torch
 def test_nvfp4_quantizer_draws_te_rng_state_per_cast():
     """``NVFP4Quantizer`` with ``te_rng_generator``: each cast takes ``(seed, offset)`` and advances the offset
     by 1024 (``pytorch/csrc/quantizer.cpp`` ``rng_elts_per_thread = 1024``, ``init_philox_state``); both copies
@@ -287,6 +289,7 @@ def test_tuned_1d_word_map_equals_kernel_walk(rows, cols, columnwise):
             assert g.shape == w.shape and np.array_equal(g, w), _first_diff(g, w)
 
 
+@pytest.mark.torch
 def test_bf16_codes_use_the_tuned_kernel_map():
     """TE's dispatch (``cast/dispatch/quantize.cuh`` line 132, ``quantize_transpose_nvfp4.cuh`` line 1431):
     bfloat16 with both dims multiples of 32 goes to the tuned kernel; the element math is
@@ -346,6 +349,7 @@ def _rht_bf16_ref(x32: np.ndarray, signs: bool) -> np.ndarray:
     return out.reshape(x32.shape).astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     "rows,cols,signs,usage",
     [(32, 160, True, "both"), (80, 48, False, "both"), (96, 64, True, "columnwise")],
@@ -445,6 +449,7 @@ def test_rht_cast_fusion_word_map_equals_kernel_walk(rows, cols):
         assert g.shape == w.shape and np.array_equal(g, w), _first_diff(g, w)
 
 
+@pytest.mark.torch
 def test_fused_rht_sr_equals_kernel_reference():
     """``NVFP4Quantizer(with_rht=True, stochastic_rounding=True)`` on a shape TE sends to the fused kernel
     (bf16, rows % 64, cols % 128, sm_arch 100): one ``rng_state`` for both copies (no second draw,
@@ -533,6 +538,7 @@ def test_nvfp4_2d_word_map_equals_kernel_walk(rows, cols, rowwise, columnwise):
             assert g.shape == w.shape and np.array_equal(g, w), _first_diff(g, w)
 
 
+@pytest.mark.torch
 def test_bf16_16x16_codes_use_the_2d_kernel_map():
     """TE's dispatch (``cast/dispatch/quantize.cuh`` lines 132-147): bfloat16 16x16 tiles with both dims multiples
     of 32 go to ``quantize_transpose_nvfp4_2D_kernel``; the element math is ``mul_cvt_bf16_to_fp4_4x`` (the same

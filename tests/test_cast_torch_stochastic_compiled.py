@@ -7,16 +7,17 @@ import numpy as np
 import pytest
 
 import fp8sim
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 
 @pytest.mark.parametrize("numba_on", ["1", "0"])
-@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "e2m1", "e3m2", "e8m0"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "e2m1", "e3m2", "e8m0", "ue5m3"])
 @pytest.mark.parametrize("saturate", [True, False])
 def test_torch_stochastic_equals_numpy_backend(monkeypatch, numba_on: str, fmt: str, saturate: bool) -> None:  # noqa: ANN001
     if numba_on == "1":
-        pytest.importorskip("numba")
+        require("numba")
     monkeypatch.setenv("FP8SIM_NUMBA", numba_on)
     from fp8sim.cast import torch_backend
 
@@ -34,7 +35,7 @@ def test_torch_stochastic_equals_numpy_backend(monkeypatch, numba_on: str, fmt: 
     torch_backend._sr_kernel.cache_clear()
 
 
-hypothesis = pytest.importorskip("hypothesis")
+hypothesis = require("hypothesis")
 st = hypothesis.strategies
 
 
@@ -51,7 +52,7 @@ def test_compiled_blocks_equal_numpy_backend_across_block_edges(
     """The compiled pass works in blocks of ``_SR_BLOCK`` elements, each listing its exact-path
     elements (subnormal range, Inf, NaN) itself: any length, with such elements in any block and at
     block edges, gives the numpy backend's bits."""
-    pytest.importorskip("numba")
+    require("numba")
     from fp8sim.cast import torch_backend
 
     if torch_backend._sr_kernel() is None:
@@ -71,8 +72,10 @@ def test_compiled_blocks_equal_numpy_backend_across_block_edges(
 
 def test_every_table_format_takes_the_compiled_pass_and_the_fallback_gives_the_same_bits(monkeypatch) -> None:  # noqa: ANN001
     """The SIMD pass needs the shift table's three-class shape; every format with a float32 table has
-    it, and where a table had not, the numpy backend's pass runs instead (same bits)."""
-    pytest.importorskip("numba")
+    it but non-saturating UE5M3 (-0 and negative float32 subnormals share a class there and give 0 and
+    NaN: that class is exact-path only on the negative side), and where a table has not, the numpy
+    backend's pass runs instead (same bits)."""
+    require("numba")
     from fp8sim.cast import torch_backend
     from fp8sim.cast._tables import f32_stochastic_tables, f32_table_ok
     from fp8sim.formats import format_names, get_format
@@ -81,10 +84,16 @@ def test_every_table_format_takes_the_compiled_pass_and_the_fallback_gives_the_s
         f = get_format(name)
         if f32_table_ok(f):
             for sat in (True, False):
-                assert torch_backend._sr_classes(f32_stochastic_tables(f, sat)[0]) is not None, (name, sat)
+                shaped = torch_backend._sr_classes(f32_stochastic_tables(f, sat)[0]) is not None
+                assert shaped == (f.signed or not f.has_zero or sat), (name, sat)
     x = (np.random.default_rng(2).standard_normal(5000) * 30).astype(np.float32)
     x[:3] = [np.nan, np.inf, 1e-4]
     ref = fp8sim.encode(x, "e4m3", rounding="stochastic", seed=7)
     monkeypatch.setattr(torch_backend, "_sr_classes", lambda table: None)
     got = fp8sim.encode(torch.from_numpy(x), "e4m3", rounding="stochastic", seed=7)
     assert np.array_equal(got.numpy(), ref)
+    x[3:6] = [-0.0, -1e-41, -1e-4]  # UE5M3 without saturation: 0, NaN, NaN through the numpy pass
+    for sat in (False, True):
+        ref = fp8sim.encode(x, "ue5m3", rounding="stochastic", seed=7, saturate=sat)
+        got = fp8sim.encode(torch.from_numpy(x), "ue5m3", rounding="stochastic", seed=7, saturate=sat)
+        assert np.array_equal(got.numpy(), ref) and list(ref[3:6]) == ([0, 0, 0] if sat else [0, 255, 255])

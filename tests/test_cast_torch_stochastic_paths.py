@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 import fp8sim
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("numba")
-hypothesis = pytest.importorskip("hypothesis")
+torch = require("torch")
+require("numba")
+hypothesis = require("hypothesis")
 st = hypothesis.strategies
 
 _TABLE_FORMATS = ["e4m3", "e5m2", "e2m1", "e2m3", "e3m2", "e4m3fnuz", "e5m2fnuz", "e8m0"]

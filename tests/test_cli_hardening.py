@@ -20,6 +20,7 @@ import fp8sim
 from fp8sim import cli
 from fp8sim._util import progress as _progress
 from fp8sim.native.fileformat import read_bundle, write_bundle
+from fp8sim.testing.oracles import require
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "reports" / "captures" / "cpu-torch2.13.fp8cap"
@@ -93,7 +94,7 @@ def no_capture(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("no_capture")
 def test_capture_path_errors_are_one_line_before_the_work(tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    pytest.importorskip("torch")
+    require("torch")
     cases = {
         str(_unwritable_dir(tmp_path) / "x.fp8cap"): "cannot write in",
         str(tmp_path / ("n" * 300 + ".fp8cap")): "file name too long",
@@ -111,7 +112,7 @@ def test_capture_path_errors_are_one_line_before_the_work(tmp_path: Path, capsys
 def test_report_study_and_compare_outputs_checked_before_the_work(
     small_cap: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # noqa: ANN001
-    pytest.importorskip("matplotlib")
+    require("matplotlib")
     from fp8sim.report import build as report
     from fp8sim.report import training_study as study
 
@@ -141,7 +142,7 @@ def test_report_study_and_compare_outputs_checked_before_the_work(
 def test_compare_report_replaces_its_own_folder_and_a_foreign_one_only_with_force(
     small_cap: Path, tmp_path: Path, capsys
 ) -> None:  # noqa: ANN001
-    pytest.importorskip("matplotlib")
+    require("matplotlib")
     out = tmp_path / "cmp"
     for _ in range(2):  # the second run replaces the first (fp8sim's marker is there)
         assert cli.main(["compare", str(small_cap), "--report", str(out), "--no-progress"]) == 0
@@ -164,10 +165,10 @@ def test_study_steps_out_of_range_is_a_usage_error(steps: str, capsys) -> None: 
 
 
 def test_run_study_refuses_zero_steps() -> None:
-    pytest.importorskip("torch")
+    require("torch")
     from fp8sim.report.training_study import run_study
 
-    with pytest.raises(ValueError, match="steps must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="steps must be an int >= 1, got 0"):
         run_study(("fp32",), steps=0, progress=False)
 
 
@@ -178,7 +179,7 @@ def _fp8sim_run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_run_takes_help_module_and_missing_script_as_python_does(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    require("torch")
     res = _fp8sim_run("--help", cwd=tmp_path)
     assert res.returncode == 0 and "usage: fp8sim run" in res.stdout and "-m MODULE" in res.stdout
     (tmp_path / "probe_mod.py").write_text(
@@ -287,7 +288,7 @@ def test_float_format_with_an_impossible_bias_is_refused_at_construction() -> No
 
 
 def test_decode_takes_torch_uint16_uint32_uint64_codes() -> None:
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     codes = np.arange(256, dtype=np.uint8)
     want = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)  # ml_dtypes is the oracle
     for dt in ("uint16", "uint32", "uint64"):
@@ -316,7 +317,7 @@ def test_ml_dtypes_float8_e5m2_arrays_are_accepted_as_input() -> None:
 
 def test_run_study_trains_with_one_torch_thread_and_restores_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch's default (a thread per core) made the study ten times slower on a loaded CPU."""
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from fp8sim.report import training_study as study
 
     seen = []
@@ -333,8 +334,8 @@ def test_run_study_trains_with_one_torch_thread_and_restores_the_setting(monkeyp
 
 
 def test_plots_have_titles_legends_beside_the_data_and_e8m0_on_its_own_axis() -> None:
-    pytest.importorskip("torch")
-    plt = pytest.importorskip("matplotlib.pyplot")
+    require("torch")
+    plt = require("matplotlib.pyplot")
     from fp8sim.report._plots import grid_figure
     from fp8sim.report.training_study import StudyResult, plot_losses
 

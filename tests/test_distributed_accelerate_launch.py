@@ -43,9 +43,11 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("accelerate")
-dist = pytest.importorskip("torch.distributed")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+require("accelerate")
+dist = require("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
 

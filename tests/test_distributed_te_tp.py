@@ -51,9 +51,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 nn_f = torch.nn.functional
-dist = pytest.importorskip("torch.distributed")
+dist = require("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
 

@@ -7,16 +7,18 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import ml_dtype
 
 import fp8sim
 from fp8sim.formats import FORMATS, FloatFormat, get_format
+from fp8sim.testing.oracles import require
 
 ALL = list(FORMATS.values())
 
 
 @pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name)
 def test_derived_limits_match_ml_dtypes_finfo(fmt: FloatFormat) -> None:
-    fi = ml_dtypes.finfo(fmt.ml_dtype)
+    fi = ml_dtypes.finfo(ml_dtype(fmt))
     assert fmt.bits == fi.bits
     assert fmt.max == float(fi.max)
     assert fmt.min_normal == float(fi.tiny)
@@ -28,7 +30,7 @@ def test_derived_limits_match_ml_dtypes_finfo(fmt: FloatFormat) -> None:
 @pytest.mark.parametrize("fmt", ALL, ids=lambda f: f.name)
 def test_every_code_value_matches_ml_dtypes(fmt: FloatFormat) -> None:
     codes = np.arange(fmt.num_codes, dtype=np.uint8)
-    want = codes.view(fmt.ml_dtype).astype(np.float64)
+    want = codes.view(ml_dtype(fmt)).astype(np.float64)
     for c in range(fmt.num_codes):
         got = fmt.code_value(c)
         if math.isnan(want[c]):
@@ -79,7 +81,7 @@ def test_unknown_format_lists_known_names() -> None:
 
 
 def test_torch_dtypes_where_torch_has_them() -> None:
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     assert fp8sim.E4M3.torch_dtype is torch.float8_e4m3fn
     assert fp8sim.E5M2.torch_dtype is torch.float8_e5m2
     assert fp8sim.E8M0.torch_dtype is torch.float8_e8m0fnu

@@ -11,7 +11,9 @@ import textwrap
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 from fp8sim.gemm import scaled_mm  # noqa: E402
 from fp8sim.gemm.emulate import emulate_scaled_mm  # noqa: E402

@@ -13,9 +13,10 @@ from fp8sim.native.compare import compare_capture
 from fp8sim.native.fileformat import write_bundle
 from fp8sim.native.infer_split import infer_split
 from fp8sim.native.suite import SUITE_VERSION, GemmCase, gemm_operands
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
-mmaemu = pytest.importorskip("mmaemu")
+torch = require("torch")
+mmaemu = require("mmaemu")
 torch.set_num_threads(1)
 
 

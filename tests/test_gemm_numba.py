@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fp8sim.gemm import scaled_mm
+from fp8sim.testing.oracles import require
 
-pytest.importorskip("numba")
+require("numba")
 
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 ACCS = ("hopper_fast", "hopper_split", "ada_fast", "ada_split", "blackwell", "blackwell_split")

@@ -10,8 +10,9 @@ import pytest
 
 from fp8sim.gemm import scaled_mm
 from fp8sim.gemm.profiles import PROFILES, SplitKUnknownError, get_profile
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 torch.set_num_threads(1)
 
 
@@ -32,7 +33,7 @@ def _operands(m: int, n: int, k: int, seed: int = 0):  # noqa: ANN202
     ],
 )
 def test_profile_matches_mmaemu_auto_split(profile: str, mmaemu_profile: str, shape: tuple, fast: bool) -> None:
-    mmaemu = pytest.importorskip("mmaemu")
+    mmaemu = require("mmaemu")
     args = _operands(*shape, seed=shape[2])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -42,7 +43,7 @@ def test_profile_matches_mmaemu_auto_split(profile: str, mmaemu_profile: str, sh
 
 
 def test_recorded_profile_reports_the_split_it_uses() -> None:
-    pytest.importorskip("mmaemu")
+    require("mmaemu")
     p = get_profile("h100_pcie_cublaslt_12_8")
     assert p.split_for(16, 128, 8192, "bfloat16", True) == (3, "contiguous")
     assert p.split_for(16, 64, 1920, "bfloat16", True) == (1, "none")
@@ -50,7 +51,7 @@ def test_recorded_profile_reports_the_split_it_uses() -> None:
 
 
 def test_shape_outside_the_recorded_table_raises_naming_the_shape() -> None:
-    pytest.importorskip("mmaemu")
+    require("mmaemu")
     p = get_profile("h100_pcie_cublaslt_12_8")
     with pytest.raises(SplitKUnknownError, match="M=16 N=32 K=2048"):
         p.split_for(16, 32, 2048, "bfloat16", True)

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from fp8sim.formats import get_format
 from fp8sim.gemm import INSTRUCTION_MODELS, scaled_mm
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 from fp8sim.gemm._torch_chain import chain_dots  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "data" / "golden" / "mma"

@@ -7,8 +7,9 @@ import pytest
 
 import fp8sim
 from fp8sim.formats import FORMATS
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -93,7 +94,7 @@ def test_float8linear_under_cuda_autocast_equals_torchao(recipe: str, autocast: 
     import copy
     import dataclasses
 
-    ao = pytest.importorskip("torchao.float8")
+    ao = require("torchao.float8")
     import fp8sim.torchao as fs
     from fp8sim.testing import assert_bit_exact
 

@@ -9,17 +9,23 @@ import numpy as np
 import pytest
 
 from fp8sim import cli
+from fp8sim.gemm import torch_cpu_kernel
 from fp8sim.native.compare import compare_capture
 from fp8sim.native.fileformat import CaptureFileError, read_bundle, write_bundle
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 
 @pytest.fixture(scope="module")
 def cap(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from fp8sim.native.capture import capture
 
-    return capture(tmp_path_factory.mktemp("cap") / "cpu.fp8cap", suite="quick", progress=False)
+    # the fallback kernel on every host: an AMX host's oneDNN kernel sums in an order fp8sim does not
+    # reproduce (fp8sim.gemm.torch_cpu); test_capture_records_the_torch_cpu_kernel covers that host's own
+    return capture(
+        tmp_path_factory.mktemp("cap") / "cpu.fp8cap", suite="quick", progress=False, torch_cpu_kernel="fallback"
+    )
 
 
 def test_fresh_cpu_capture_is_bit_exact_under_the_torch_cpu_convention(cap: Path) -> None:
@@ -30,6 +36,49 @@ def test_fresh_cpu_capture_is_bit_exact_under_the_torch_cpu_convention(cap: Path
     gemms = [o for o in res.ops if o.kind == "scaled_mm"]
     assert gemms and all(o.rate == 1.0 for o in gemms)  # the CPU kernel is dequantize + fp32 BLAS
     assert res.meta["device"] == "cpu" and res.meta["torch"] == torch.__version__
+    assert res.meta["torch_cpu_kernel"] == "fallback" and res.meta["mkldnn_enabled"] == "no"
+    assert all(o.extra["torch_cpu_kernel"] == "fallback" for o in gemms)
+
+
+def _with_meta(cap: Path, tmp_path: Path, name: str, **meta: str | None) -> Path:
+    header, arrays = read_bundle(cap)
+    doc = {k: header[k] for k in ("meta", "ops", "suite", "suite_version")}
+    doc["meta"] = {k: v for k, v in {**doc["meta"], **meta}.items() if v is not None}
+    return write_bundle(tmp_path / name, arrays, doc)
+
+
+def test_a_capture_from_an_amx_host_is_compared_with_the_onednn_model_and_explained(
+    cap: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The capture's record decides the model: same-dtype tensorwise GEMMs of an AMX-INT8 host took oneDNN
+    (accumulator cpu_onednn, not claimed bit-exact), mixed dtypes without AMX-FP16 and rowwise the fallback."""
+    amx = _with_meta(
+        cap, tmp_path, "amx.fp8cap", cpu_amx_int8="yes", cpu_amx_fp16="no", mkldnn_enabled="yes",
+        torch_cpu_kernel="onednn", torch_cpu_kernel_mixed="fallback", onednn="3.12.0",
+    )  # fmt: skip
+    res = compare_capture(amx)
+    gemms = [o for o in res.ops if o.kind == "scaled_mm"]
+    for o in gemms:
+        onednn = o.extra["layout"] == "tensorwise" and o.extra["formats"] in ("e4m3xe4m3", "e5m2xe5m2")
+        assert o.extra["torch_cpu_kernel"] == ("onednn" if onednn else "fallback"), o.name
+        assert ("cpu_onednn" in o.emulator and "not reproduced" in o.emulator) == onednn, o.name
+    assert any(o.extra["torch_cpu_kernel"] == "onednn" for o in gemms)
+    assert any("cpu_onednn" in n and "--torch-cpu-kernel fallback" in n for n in res.notes)
+    if torch_cpu_kernel() == "fallback":
+        assert any("this host runs fallback" in n for n in res.notes)
+    assert cli.main(["compare", str(amx), "--ops", "scaled_mm/*", "--no-progress"]) == 0
+    assert "NOTE: captured where torch's CPU _scaled_mm runs onednn (AMX-INT8" in capsys.readouterr().out
+    old = compare_capture(_with_meta(cap, tmp_path, "old.fp8cap", torch_cpu_kernel=None))
+    assert any("does not record which torch CPU _scaled_mm kernel" in n for n in old.notes)
+    assert all(o.emulator == "accumulator dequantized_fp32" for o in old.ops if o.kind == "scaled_mm")
+
+
+def test_capture_refuses_an_unknown_torch_cpu_kernel(tmp_path: Path) -> None:
+    from fp8sim.native.capture import capture
+
+    with pytest.raises(ValueError, match="torch_cpu_kernel must be one of auto, fallback; got 'onednn'"):
+        capture(tmp_path / "x.fp8cap", torch_cpu_kernel="onednn")
+    assert not list(tmp_path.iterdir())
 
 
 def test_one_flipped_output_is_reported_exactly(cap: Path, tmp_path: Path) -> None:
@@ -103,7 +152,7 @@ def test_existing_file_is_not_overwritten_and_no_partial_file_is_left(
 
 
 def test_compare_report_and_default_report_write_what_they_name(cap: Path, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    require("matplotlib")
     assert cli.main(["compare", str(cap), "--report", str(tmp_path / "cmp"), "--no-progress"]) == 0
     md = (tmp_path / "cmp" / "report.md").read_text()
     for png in ("gemm_error_vs_k.png", "bit_exact_rates.png"):
@@ -121,6 +170,9 @@ def test_compare_report_and_default_report_write_what_they_name(cap: Path, tmp_p
     for png in ("format_grids.png", "scaling_snr.png", "error_vs_k.png", "attention_leak.png"):
         assert f"({png})" in text and (out / png).stat().st_size > 5000
     assert "ops bit-exact" in text and (out / "captures" / "cpu" / "report.md").exists()
+    assert "torch CPU kernel **fallback** (amx_int8 " in text  # which torch CPU kernel recorded it
+    assert "torch CPU `_scaled_mm` kernel: **fallback**" in (out / "captures" / "cpu" / "report.md").read_text()
+    assert "ml_dtypes " in text and "follow its rule `ml_dtypes_0_" in text  # the oracle's version and rule
 
 
 def test_the_main_job_writes_outside_the_tracked_files() -> None:

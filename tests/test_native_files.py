@@ -27,9 +27,9 @@ from fp8sim.native.suite import input_set
 def _doc() -> tuple[dict, dict]:
     cast = {"name": "cast/e4m3/f16_all", "kind": "cast", "format": "e4m3", "inputs": "f16_all", "seed": 0}
     gemm = {
-        "name": "scaled_mm/e4m3xe4m3/tensorwise/fast/float32/4x4x32",
+        "name": "scaled_mm/e4m3xe4m3/tensorwise/fast/float32/4x16x32",
         "kind": "scaled_mm",
-        **dict(m=4, n=4, k=32, a_format="e4m3", b_format="e4m3", layout="tensorwise", fast_accum=True),
+        **dict(m=4, n=16, k=32, a_format="e4m3", b_format="e4m3", layout="tensorwise", fast_accum=True),
         **dict(out_dtype="float32", seed=100),
     }
     ao = {"name": "torchao/e4m3/axiswise/pow2=False", "kind": "torchao_float8"}
@@ -37,7 +37,7 @@ def _doc() -> tuple[dict, dict]:
     meta = {"device": "cpu", "torch": "2.13.0+cpu", "compute_capability": None, "device_name": "x86_64"}
     arrays = {
         cast["name"]: np.zeros(input_set("f16_all").shape, np.uint8),
-        gemm["name"]: np.zeros((4, 4), np.int32),
+        gemm["name"]: np.zeros((4, 16), np.int32),
         ao["name"] + "/codes": np.zeros((64, 128), np.uint8),
         ao["name"] + "/scale": np.ones((64, 1), np.float32),
     }
@@ -88,6 +88,12 @@ DAMAGE = {
     "seed a string": (_set(("ops", 0, "seed"), "0"), "seed must be an integer"),
     "m a bool": (_set(("ops", 1, "m"), True), "m must be an integer"),
     "k zero": (_set(("ops", 1, "k"), 0), "k is 0; allowed"),
+    # issue 29.10: a GEMM torch._scaled_mm refuses cannot have been captured; compare would raise its RuntimeError
+    "n not a multiple of 16": (_set(("ops", 1, "n"), 20), r"ops\[1\].n is 20; torch._scaled_mm takes multiples of 16"),
+    "e5m2 x e5m2": (
+        lambda h: _set(("ops", 1, "b_format"), "e5m2")(_set(("ops", 1, "a_format"), "e5m2")(h)),
+        "both e5m2",
+    ),
     "layout unknown": (_set(("ops", 1, "layout"), "colwise"), "layout is 'colwise'"),
     "pow2 a string": (_set(("ops", 2, "pow2"), "no"), "pow2 must be a boolean"),
     "duplicate op": (lambda h: h | {"ops": h["ops"] + h["ops"][:1]}, "appears twice"),
@@ -122,7 +128,7 @@ def test_hand_edited_header_is_refused_naming_the_field(good: Path, tmp_path: Pa
     [
         ("cast/e4m3/f16_all", np.zeros(1000, np.uint8)),  # wrong length
         ("cast/e4m3/f16_all", np.zeros(input_set("f16_all").shape, np.int16)),  # wrong dtype
-        ("scaled_mm/e4m3xe4m3/tensorwise/fast/float32/4x4x32", np.zeros((4, 5), np.int32)),
+        ("scaled_mm/e4m3xe4m3/tensorwise/fast/float32/4x16x32", np.zeros((4, 5), np.int32)),  # 4x16 expected
         ("torchao/e4m3/axiswise/pow2=False/scale", np.ones(3, np.float32)),
     ],
 )
@@ -319,6 +325,78 @@ def test_sigterm_during_a_write_leaves_nothing_behind(tmp_path: Path, folder: bo
     assert os.listdir(tmp_path) == (["report"] if folder else [])
     if folder:
         assert os.listdir(target) == ["README.md"] and (target / "README.md").read_text() == "old"
+
+
+_SIGTERM_AT_EVERY_STEP = """
+import importlib.util, os, signal, sys
+spec = importlib.util.spec_from_file_location("atomic", {module!r})  # alone: forks stay cheap without numpy
+_atomic = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(_atomic)
+assert _atomic.install_signal_cleanup()
+target, folder = {target!r}, {folder!r}
+STEPS = {{"atomic_file", "atomic_dir", "_create", "_register", "_forget", "_put_back", "publish_file"}}
+
+
+def write(n):
+    count = [0]
+
+    def step(frame, event, arg):
+        if event == "line":
+            count[0] += 1
+            if count[0] == n:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return step
+
+    def tracer(frame, event, arg):
+        if frame.f_code.co_filename != _atomic.__file__ or frame.f_code.co_name not in STEPS:
+            return None
+        return step(frame, event, arg)
+
+    signal.alarm(5)  # a handler that deadlocks is killed by SIGALRM (and reported as such)
+    sys.settrace(tracer)
+    if folder:
+        with _atomic.atomic_dir(target, replace=True) as d:
+            (d / "README.md").write_text("new")
+    else:
+        with _atomic.atomic_file(target) as f:
+            f.write(b"new")
+    sys.settrace(None)
+    os._exit(0)
+
+
+for n in range(1, 10_000):
+    pid = os.fork()
+    if pid == 0:
+        write(n)
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    left = sorted(os.listdir(os.path.dirname(target)))
+    if status == -signal.SIGALRM:
+        print(f"step {{n}}: hung in the SIGTERM handler", flush=True)
+        sys.exit(1)
+    if left != [os.path.basename(target)] and (left or folder):
+        print(f"step {{n}} (exit {{status}}): left {{left}}", flush=True)
+        sys.exit(1)
+    if status == 0:
+        print(f"ok {{n}}")
+        break
+    if not folder and left:
+        os.unlink(target)
+"""
+
+
+@pytest.mark.parametrize("folder", [False, True], ids=["file", "report folder"])
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_sigterm_at_every_step_of_a_write_leaves_nothing_behind(tmp_path: Path, folder: bool) -> None:
+    """SIGTERM delivered at each line of a write in turn: no temporary survives, the handler
+    never deadlocks on its own lock, and an old report folder is never lost (issue 29.1: the
+    temporary was created before it was registered for cleanup)."""
+    target = tmp_path / ("report" if folder else "out.fp8cap")
+    if folder:
+        target.mkdir()
+        (target / "README.md").write_text("old")
+    script = _SIGTERM_AT_EVERY_STEP.format(module=_atomic.__file__, target=str(target), folder=folder)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr[-2000:]
 
 
 def test_temporaries_of_dead_writers_are_swept_by_the_next_write(tmp_path: Path) -> None:

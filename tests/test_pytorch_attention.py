@@ -13,7 +13,9 @@ import itertools
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 from fp8sim.pytorch.attention import DotProductAttention  # noqa: E402
 

@@ -20,7 +20,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import _gemm_reference as gref  # noqa: E402
 

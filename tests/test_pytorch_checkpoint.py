@@ -14,12 +14,15 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
 
-import fp8sim.pytorch as te
-from fp8sim.pytorch import distributed as te_dist
-from fp8sim.pytorch.quantization import FP8GlobalStateManager, current_state
-from fp8sim.recipe import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+
+import fp8sim.pytorch as te  # noqa: E402
+from fp8sim.pytorch import distributed as te_dist  # noqa: E402
+from fp8sim.pytorch.quantization import FP8GlobalStateManager, current_state  # noqa: E402
+from fp8sim.recipe import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 _F32 = {"params_dtype": torch.float32}

@@ -16,8 +16,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+dist = require("torch.distributed")
 
 import fp8sim.pytorch as te  # noqa: E402
 from fp8sim.pytorch import distributed as ted  # noqa: E402

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-import fp8sim.pytorch as te
-from fp8sim.gemm import scaled_mm
-from fp8sim.pytorch.cpp_extensions import general_gemm
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+
+import fp8sim.pytorch as te  # noqa: E402
+from fp8sim.gemm import scaled_mm  # noqa: E402
+from fp8sim.pytorch.cpp_extensions import general_gemm  # noqa: E402
 
 _E4M3, _E5M2 = te.DType.kFloat8E4M3, te.DType.kFloat8E5M2
 

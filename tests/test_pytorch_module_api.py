@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import torch.nn.functional as F  # noqa: E402
 
@@ -401,3 +403,192 @@ def test_save_original_input_and_checkpoint_are_accepted_with_unchanged_numerics
             mod(x).backward(g)
     assert a.save_original_input and torch.equal(a.weight.grad, b.weight.grad)
     assert te.LayerNormMLP(16, 16, checkpoint=True).checkpoint
+
+
+_META_MODULES = {
+    "Linear": lambda d: te.Linear(64, 32, device=d),
+    "LayerNorm": lambda d: te.LayerNorm(64, device=d),
+    "RMSNorm": lambda d: te.RMSNorm(64, device=d),
+    "LayerNormLinear": lambda d: te.LayerNormLinear(64, 32, device=d),
+    "LayerNormMLP": lambda d: te.LayerNormMLP(64, 128, device=d),
+    "GroupedLinear": lambda d: te.GroupedLinear(2, 64, 32, device=d),
+}
+
+
+@pytest.mark.parametrize("name", list(_META_MODULES))
+def test_reset_parameters_materialises_meta_parameters(name: str) -> None:
+    """TE module/base.py reset_parameters (and ops/basic/layer_norm.py for the norms): a parameter on
+    meta is replaced by one on the device, then initialised (TE's tests/pytorch/test_deferred_init.py
+    test_reset_parameters); fp8sim left them on meta.  Reference: the same module built on the CPU
+    with the same seed has the same values (init runs in the same order)."""
+    torch.manual_seed(5)
+    meta = _META_MODULES[name]("meta")
+    assert all(p.device.type == "meta" for p in meta.parameters())
+    torch.manual_seed(5)
+    with torch.no_grad():
+        meta.reset_parameters()
+    torch.manual_seed(5)
+    cpu = _META_MODULES[name]("cpu")
+    cpu_params = dict(cpu.named_parameters())
+    for pname, p in meta.named_parameters():
+        assert isinstance(p, torch.nn.Parameter) and p.device.type == "cpu" and p.requires_grad
+        assert torch.equal(p, cpu_params[pname]), pname
+# -- issue 29.2: every set_extra_state path names the missing or malformed key ------------------------
+def _te_blob(**over: object) -> torch.Tensor:
+    import pickle
+
+    state = {
+        "recipe": DelayedScaling(amax_history_len=2),
+        "scale_fwd": torch.tensor([2.0, 4.0, 1.0]),
+        "amax_history_fwd": torch.zeros(2, 3),
+        "scale_bwd": torch.tensor([8.0, 1.0]),
+        "amax_history_bwd": torch.zeros(2, 2),
+        "extra_fp8_variables": {"num_gemms": 1, "fp8_checkpoint": True},
+    }
+    state.update(over)
+    state = {k: v for k, v in state.items() if v is not ...}
+    return torch.frombuffer(bytearray(pickle.dumps(state)), dtype=torch.uint8)
+
+
+def _loaded_linear() -> te.Linear:
+    lin = te.Linear(16, 16)
+    lin.set_extra_state(_te_blob())
+    return lin
+
+
+@pytest.mark.parametrize(
+    ("state", "names"),
+    [
+        (lambda: _te_blob(amax_history_fwd=...), "amax_history_fwd"),
+        (lambda: _te_blob(scale_bwd=[8.0, 1.0]), "'scale_bwd'"),
+        (lambda: _te_blob(amax_history_bwd=torch.zeros(2)), "'amax_history_bwd'"),
+        (lambda: _te_blob(amax_history_bwd=torch.zeros(2, 3)), "'amax_history_bwd'"),
+        (lambda: _te_blob(amax_history_bwd=torch.zeros(3, 2)), "amax_history_bwd"),
+        (lambda: _te_blob(recipe=3), "'recipe'"),
+        (lambda: _te_blob(extra_fp8_variables=[1]), "'extra_fp8_variables'"),
+        (
+            lambda: {
+                "gemm": {
+                    "fwd_scale": {"input": 1.0},
+                    "fwd_amax_history": torch.zeros(2, 3),
+                    "bwd_scale": torch.ones(2),
+                    "bwd_amax_history": torch.zeros(2, 2),
+                }
+            },
+            "'scale'",
+        ),
+        (
+            lambda: {
+                "gemm": {
+                    "fwd_scale": torch.ones(3),
+                    "fwd_amax_history": "zeros",
+                    "bwd_scale": torch.ones(2),
+                    "bwd_amax_history": torch.zeros(2, 2),
+                }
+            },
+            "fwd_amax_history",
+        ),
+        (
+            lambda: {
+                "gemm": {
+                    "fwd_scale": torch.ones(3),
+                    "fwd_amax_history": torch.zeros(2, 3),
+                    "bwd_scale": torch.ones(4),
+                    "bwd_amax_history": torch.zeros(2, 2),
+                }
+            },
+            "'scale'",
+        ),
+    ],
+    ids=[
+        "missing fwd history",
+        "scale a list",
+        "1-d history",
+        "history columns",
+        "history rows",
+        "recipe an int",
+        "extra vars a list",
+        "fp8sim dict scale a dict",
+        "fp8sim dict history a str",
+        "fp8sim dict bwd shape",
+    ],
+)
+def test_set_extra_state_names_the_missing_or_malformed_key(state, names, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1")
+    lin = _loaded_linear()
+    with pytest.raises((RuntimeError, ValueError)) as info:
+        lin.set_extra_state(state())
+    assert names in str(info.value) and not isinstance(info.value, KeyError)
+    g = lin.fp8_gemms["gemm"]
+    assert g.fwd.scale.tolist() == [2.0, 4.0, 1.0] and g.bwd.scale.tolist() == [8.0, 1.0]  # nothing half-loaded
+    sd = _loaded_linear().state_dict()
+    sd["_extra_state"] = state()
+    with pytest.raises((RuntimeError, ValueError)) as info:
+        te.Linear(16, 16).load_state_dict(sd)
+    assert names in str(info.value)
+
+
+def test_dot_product_attention_set_extra_state_names_a_missing_key() -> None:
+    dpa = te.DotProductAttention(2, 8)
+    state = {"fwd_scale": torch.ones(9), "fwd_amax_history": torch.zeros(4, 9), "bwd_scale": torch.ones(6)}
+    with pytest.raises(RuntimeError, match="expected .*'bwd_amax_history'"):
+        dpa.set_extra_state(state)
+    with pytest.raises(RuntimeError, match="'bwd_amax_history'"):
+        dpa.set_extra_state({**state, "bwd_amax_history": [0.0] * 6})
+    with pytest.raises(RuntimeError, match=r"state\['amax_history'\] has shape \(3, 6\)"):
+        dpa.set_extra_state({**state, "bwd_amax_history": torch.zeros(3, 6)})
+
+
+# -- issue 29.8: a deep copy under delayed scaling, as TE (module/base.py, quantization.py) --------------
+def _steps(models: list, n: int = 6) -> None:
+    recipe = DelayedScaling(amax_history_len=4)
+    g = torch.Generator().manual_seed(2)
+    for step in range(n):
+        x = torch.randn(8, 16, generator=g) * 4.0**step  # growing inputs: the scales must fall
+        with te.autocast(recipe=recipe):
+            ys = [m(x) for m in models]
+        sum(y.sum() for y in ys).backward()
+
+
+def test_deepcopy_of_a_registered_linear_keeps_its_scales_as_te_and_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TE: ``copy.deepcopy`` copies ``fp8_meta`` with its ``buffer_index_and_autocast_key`` entry, so the
+    copy's ``add_fp8_tensors_to_global_buffer`` returns early (quantization.py 528-530) and
+    ``reduce_and_update_fp8_tensors`` never updates it: its scales stay those it was copied with."""
+    import copy
+    import warnings
+
+    from fp8sim._util.upstream_quirk import UpstreamQuirkWarning
+
+    torch.manual_seed(0)
+    orig = te.Linear(16, 16)
+    _steps([orig], 1)
+    frozen = orig.fp8_gemms["gemm"].fwd.scale.copy(), orig.fp8_gemms["gemm"].bwd.scale.copy()
+    twin = copy.deepcopy(orig)  # a second copy, trained alone: what the original does
+    dup = copy.deepcopy(orig)
+    with pytest.warns(UpstreamQuirkWarning, match="te-deepcopy-stale-scales") as record:
+        _steps([orig, dup], 6)
+    assert len([w for w in record if issubclass(w.category, UpstreamQuirkWarning)]) == 1  # once per copy
+    g, d = orig.fp8_gemms["gemm"], dup.fp8_gemms["gemm"]
+    assert d.fwd.scale.tolist() == frozen[0].tolist() and d.bwd.scale.tolist() == frozen[1].tolist()
+    assert (g.fwd.scale[0] < frozen[0][0] / 100).all()  # the original's input scale followed the inputs
+    assert d.fwd.amax_history[0, 0] > 100 * d.fwd.amax_history[1:, 0].max()  # the copy's amax only accumulates
+    monkeypatch.setenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UpstreamQuirkWarning)
+        fresh = te.Linear(16, 16)
+        fresh.load_state_dict(twin.state_dict())  # the remedy the warning names: a new module and its state
+        _steps([fresh], 6)
+    assert fresh.fp8_gemms["gemm"].fwd.scale.tolist() == g.fwd.scale.tolist()
+
+
+def test_deepcopy_before_the_first_fp8_step_registers_the_copy_as_te() -> None:
+    import copy
+    import warnings
+
+    torch.manual_seed(0)
+    orig = te.Linear(16, 16)
+    dup = copy.deepcopy(orig)  # no FP8 step yet: no buffer key to copy
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _steps([orig, dup], 3)
+    assert orig.fp8_gemms["gemm"].fwd.scale.tolist() == dup.fp8_gemms["gemm"].fwd.scale.tolist() != [1.0] * 3

@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import torch.nn.functional as F  # noqa: E402
 
@@ -505,3 +507,31 @@ def test_nvte_backward_override_env_sets_the_recipe_default_and_the_module_honou
     env = {**os.environ, "NVTE_BACKWARD_OVERRIDE": "high_precision", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_plain_linear_gemms_round_once_as_cublas(dtype: torch.dtype) -> None:
+    """Without FP8, TE's Linear runs each GEMM as one cuBLAS call with CUBLAS_COMPUTE_32F for bf16/fp16
+    operands (common/gemm/cublaslt_gemm.cu 445-449): exact products, float32 sums, the bias added in the
+    epilogue, one rounding to the output dtype; so the plain backward equals backward_override=
+    "high_precision" bit for bit (TE tests/pytorch/test_backward_override.py 1116-1136, rtol=0 atol=0).
+    fp8sim ran torch's CPU low-precision matmul, which rounds differently (1 ulp in some elements)."""
+    torch.manual_seed(11)
+    plain = te.Linear(96, 80, params_dtype=dtype)
+    hp = te.Linear(96, 80, params_dtype=dtype)
+    hp.load_state_dict(plain.state_dict())
+    x = torch.randn(48, 96, dtype=dtype) * 4
+    dy = torch.randn(48, 80, dtype=dtype)
+    xp, xh = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y = plain(xp)
+    y.backward(dy)
+    with te.autocast(recipe=Float8CurrentScaling(backward_override="high_precision")):
+        yh = hp(xh)
+    yh.backward(dy)
+    assert torch.equal(xp.grad, xh.grad) and torch.equal(plain.weight.grad, hp.weight.grad)
+    assert torch.equal(plain.bias.grad, hp.bias.grad)
+    w, b = plain.weight.detach(), plain.bias.detach()
+    # the cuBLAS model: float32 sums of the upcast operands (products of bf16/fp16 values are exact)
+    assert torch.equal(y, (x.float() @ w.float().t() + b.float()).to(dtype))
+    assert torch.equal(xp.grad, (dy.float() @ w.float()).to(dtype))
+    assert torch.equal(plain.weight.grad, (dy.float().t() @ x.float()).to(dtype))

@@ -8,7 +8,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import fp8sim.pytorch as te  # noqa: E402
 from fp8sim.recipe import (  # noqa: E402
@@ -337,7 +339,7 @@ def _module_worker(rank: int, world: int, init: str, out_dir: str) -> None:
 
 
 def test_amax_reduction_group_makes_both_ranks_share_scales(tmp_path) -> None:  # noqa: ANN001
-    mp = pytest.importorskip("torch.multiprocessing")
+    mp = require("torch.multiprocessing")
     mp.spawn(_module_worker, args=(2, f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs=2, join=True)
     r0, r1 = np.load(tmp_path / "rank0.npy"), np.load(tmp_path / "rank1.npy")
     assert np.array_equal(r0, r1)

@@ -18,10 +18,13 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-import torch
 
-import fp8sim.pytorch as te
-from fp8sim.recipe import NVFP4BlockScaling
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+
+import fp8sim.pytorch as te  # noqa: E402
+from fp8sim.recipe import NVFP4BlockScaling  # noqa: E402
 
 F = np.float32
 FMAX = np.finfo(np.float32).max

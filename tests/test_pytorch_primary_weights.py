@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402

@@ -12,7 +12,9 @@ import warnings
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import fp8sim.pytorch as te  # noqa: E402
 from fp8sim.pytorch import quantization, utils  # noqa: E402
@@ -245,6 +247,33 @@ def test_extra_state_policy_helpers() -> None:
         xs.should_load_extra_state_pickle(blob, "Linear")
 
 
+def _qfactory(role: object) -> None:  # a module-level factory, so a CustomRecipe pickles
+    del role
+
+
+_STATELESS_NAMES = ["Float8CurrentScaling", "MXFP8BlockScaling", "Float8BlockScaling", "NVFP4BlockScaling"]
+
+
+@pytest.mark.parametrize("name", _STATELESS_NAMES)
+def test_stateless_recipe_pickled_by_plain_pickle_is_ignored(name: str) -> None:
+    """_extra_state.py:54-61 and 121-183: a stateless recipe's payload is IGNORE whatever pickled it; under
+    fp8sim the recipe's class path is fp8sim.recipe (TE's classes there), which was refused as unknown."""
+    import pickle
+
+    from fp8sim import recipe
+    from fp8sim.pytorch import _extra_state_te as xs
+
+    payload = pickle.dumps({"recipe": getattr(recipe, name)(), "extra_fp8_variables": {}})
+    assert xs.should_load_extra_state_pickle(payload, "test") is False
+    custom = pickle.dumps({"recipe": recipe.CustomRecipe(qfactory=_qfactory), "extra_fp8_variables": {}})
+    assert xs.should_load_extra_state_pickle(custom, "test") is False  # DYNAMIC without delayed-scaling keys
+    stateful = pickle.dumps({"recipe": DelayedScaling(), "scale_fwd": torch.ones(1), "extra_fp8_variables": {}})
+    with pytest.raises(RuntimeError, match=xs.UNSAFE_PICKLE_EXTRA_STATE_ENV):
+        xs.should_load_extra_state_pickle(stateful, "test")
+    # TE's map covers every recipe class, keyed by TE's module path
+    assert ("transformer_engine.common.recipe", name) in xs._RECIPE_POLICIES
+
+
 @pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="a real TE is installed")
 def test_fp8sim_run_resolves_issue_13_names() -> None:
     """`fp8sim run`: TE's recompute, GEMM, state-manager and extra-state names resolve; te.ops is named
@@ -273,9 +302,9 @@ def test_fp8sim_run_resolves_issue_13_names() -> None:
         assert is_fp8_activation_recompute_enabled is distributed.is_fp8_activation_recompute_enabled
         assert FP8GlobalStateManager.get_meta_tensor_key() == "scaling_fwd"
         te_mod = importlib.import_module("transformer_engine.pytorch")
-        with pytest.raises(NotImplementedError, match=r"transformer_engine\.pytorch\.ops is not emulated"):
-            te_mod.ops  # noqa: B018
-        with pytest.raises(NotImplementedError, match=r"transformer_engine\.pytorch\.ops is not emulated"):
-            importlib.import_module("transformer_engine.pytorch.ops")
+        import fp8sim.pytorch.ops as fp8sim_ops  # issue 27: te.ops is emulated (it raised NotImplementedError before)
+
+        assert te_mod.ops is fp8sim_ops
+        assert importlib.import_module("transformer_engine.pytorch.ops").Sequential is fp8sim_ops.Sequential
     finally:
         shim.uninstall()

@@ -21,7 +21,9 @@ import math
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 from fp8sim.pytorch.constants import DType  # noqa: E402
 from fp8sim.pytorch.tensor import (  # noqa: E402

@@ -22,9 +22,11 @@ from typing import Any, NamedTuple
 
 import pytest
 
-pydantic = pytest.importorskip("pydantic")
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
+pydantic = require("pydantic")
+
+torch = require("torch")
 
 from fp8sim import recipe as fr  # noqa: E402
 from fp8sim.pytorch import _extra_state_te as es  # noqa: E402

@@ -17,7 +17,9 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 from fp8sim.pytorch import constants as C  # noqa: E402
 from fp8sim.pytorch.tensor import (  # noqa: E402
@@ -108,6 +110,21 @@ def test_dequantize_is_tes_cpu_path(dtype: torch.dtype) -> None:
     want = (t._data.view(torch.float8_e5m2).float() * t._scale_inv).to(dtype)
     assert torch.equal(t.dequantize(dtype=dtype), want)
     assert t.dequantize().dtype == torch.float32
+
+
+@pytest.mark.parametrize("current", [True, False], ids=["current", "delayed"])
+def test_zero_dim_tensor_dequantizes_to_zero_dim(current: bool) -> None:
+    """TE on its device: ``tex.dequantize`` (csrc/extensions/cast.cpp 588-606) allocates the output with
+    the input's shape, so a 0-d tensor stays 0-d (only TE's CPU fallback, float8_tensor_storage.py 36-41,
+    broadcasts it against the [1] scale_inv; TE's tests run on CUDA)."""
+    if current:
+        q = Float8CurrentScalingQuantizer(C.DType.kFloat8E4M3)
+    else:
+        q = Float8Quantizer(torch.full([1], 2.0), torch.zeros(1), C.DType.kFloat8E4M3)
+    t = q(torch.tensor(3.0))
+    assert t.shape == () and t.dequantize().shape == () and t.float().shape == ()
+    want = (t._data.view(torch.float8_e4m3fn).float() * t._scale_inv).reshape(())
+    assert torch.equal(t.dequantize(), want)
 
 
 def test_columnwise_only_and_usages() -> None:

@@ -26,7 +26,9 @@ import warnings
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import fp8sim.pytorch as te  # noqa: E402
 from fp8sim.pytorch.constants import DType  # noqa: E402
@@ -332,3 +334,52 @@ def test_quantize_master_weights_nvfp4_2d_casts_the_shard_per_16x16_tile() -> No
     assert np.array_equal(nib[start : start + n], codes)
     assert np.array_equal(nib[:start], old_nib[:start]) and np.array_equal(nib[start + n :], old_nib[start + n :])
     assert w._columnwise_data is None  # dropped until the next all-gather makes it again
+
+
+def test_base_quantized_tensor_refuses_views_with_tes_message() -> None:
+    """quantized_tensor.py:929-931 (TE's test_quantized_tensor.py:822-828): the base class refuses aten.view."""
+    from fp8sim.pytorch.tensor import QuantizedTensor
+
+    qt = QuantizedTensor((128, 128), torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="^QuantizedTensor class does not support tensor views$"):
+        qt.view(-1)
+
+
+_DATA_SETTERS = {  # TE: tensor/<class file>.py _set_data, and the buffer that takes over the other's
+    "Float8Tensor": (lambda: te.Float8CurrentScalingQuantizer(DType.kFloat8E4M3), "_data"),
+    "MXFP8Tensor": (lambda: te.MXFP8Quantizer(DType.kFloat8E4M3), "_rowwise_data"),
+    "NVFP4Tensor": (lambda: te.NVFP4Quantizer(), "_rowwise_data"),
+    "Float8BlockwiseQTensor": (
+        lambda: te.Float8BlockQuantizer(DType.kFloat8E4M3, rowwise=True, columnwise=True),
+        "_rowwise_data",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(_DATA_SETTERS))
+def test_assigning_data_quantizes_into_the_tensor(name: str) -> None:
+    """TE's ``data = property(_get_data, _set_data)`` (float8_tensor.py, mxfp8_tensor.py, nvfp4_tensor.py,
+    float8_blockwise_tensor.py 528-579): ``.data`` is the tensor; assigning a high-precision tensor casts
+    it with the tensor's quantizer; assigning a tensor of the same class takes its buffers.  fp8sim
+    ignored the assignment silently."""
+    make, buf = _DATA_SETTERS[name]
+    torch.manual_seed(0)
+    t = make()(torch.randn(64, 64))
+    assert type(t).__name__ == name and t.data is t
+    y = torch.randn(64, 64) * 3
+    t.data = y
+    assert torch.equal(t.dequantize(), make()(y).dequantize())
+    other = make()(torch.randn(64, 64))
+    t.data = other
+    assert getattr(t, buf) is getattr(other, buf)
+
+
+def test_blockwise_data_setter_refuses_another_shape() -> None:
+    """float8_blockwise_tensor.py 551-557: size, stride and layout must match (no re-wrap, unlike Float8Tensor)."""
+    q = te.Float8BlockQuantizer(DType.kFloat8E4M3, rowwise=True, columnwise=True)
+    t = q(torch.randn(64, 64))
+    with pytest.raises(ValueError, match="^Invalid tensor for updating Float8BlockwiseQTensor data$"):
+        t.data = torch.randn(32, 64)
+    f8 = te.Float8CurrentScalingQuantizer(DType.kFloat8E4M3)(torch.randn(64, 64))
+    f8.data = f8q = te.Float8CurrentScalingQuantizer(DType.kFloat8E4M3)(torch.randn(32, 64))
+    assert f8.shape == (32, 64) and torch.equal(f8.dequantize(), f8q.dequantize())  # float8_tensor.py re-wraps

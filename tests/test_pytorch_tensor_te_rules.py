@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 from fp8sim.pytorch.constants import DType  # noqa: E402
 from fp8sim.pytorch.tensor import (  # noqa: E402

@@ -13,7 +13,9 @@ import io
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import fp8sim.pytorch as te  # noqa: E402
 from fp8sim.recipe import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling  # noqa: E402
@@ -220,6 +222,83 @@ def test_transformer_layer_equals_a_reference_written_from_its_parameters(post, 
     out = _tanh_gelu(ln2 @ mlp.fc1_weight.t() + mlp.fc1_bias) @ mlp.fc2_weight.t() + mlp.fc2_bias
     ref = (ln2 if post else h1) + out
     torch.testing.assert_close(layer(x), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_parallel_attention_mlp_adds_both_blocks_of_the_input():
+    """TE transformer.py 868-944 (parallel_attention_mlp): self attention and layernorm_mlp both read the
+    layer's input (return_bias=False), and the output is x + dropout(attn(x) + mlp(x))."""
+    torch.manual_seed(4)
+    layer = te.TransformerLayer(
+        32, 64, 2, hidden_dropout=0.0, attention_dropout=0.0, params_dtype=torch.float64, parallel_attention_mlp=True
+    )
+    x = torch.randn(6, 2, 32, dtype=torch.float64)
+    ref = x + (layer.self_attention(x) + layer.layernorm_mlp(x))
+    torch.testing.assert_close(layer(x), ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"layer_type": "decoder"}, "parallel_attention requires layer_type='encoder', but got layer_type='decoder'"),
+        (
+            {"apply_residual_connection_post_layernorm": True},
+            "parallel_attention and apply_residual_connection_post_layernorm are not supported simultaneously.",
+        ),
+        ({"output_layernorm": True}, "parallel_attention and output_layernorm are not supported simultaneously."),
+    ],
+)
+def test_parallel_attention_mlp_refusals_are_tes(kwargs, message):
+    """TE transformer.py 376-389."""
+    with pytest.raises(ValueError, match=f"^{message}$".replace("(", r"\(").replace(")", r"\)")):
+        te.TransformerLayer(32, 64, 2, parallel_attention_mlp=True, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("fp8", [False, True])
+def test_transformer_layer_follows_torch_autocast(dtype, fp8):
+    """TE transformer.py 864-866: under AMP the layer casts its input to the autocast dtype, so the
+    residuals and the output are in that dtype; the same as feeding the cast input outside autocast
+    with modules whose activation dtype is the autocast dtype (fp8sim kept float32)."""
+    from contextlib import nullcontext
+
+    torch.manual_seed(6)
+    layer = te.TransformerLayer(32, 64, 2, hidden_dropout=0.0, attention_dropout=0.0, params_dtype=torch.float32)
+    x = torch.randn(16, 2, 32)
+    fp8_ctx = (lambda: te.autocast(recipe=Float8CurrentScaling())) if fp8 else nullcontext
+    with torch.autocast("cpu", dtype=dtype), fp8_ctx():
+        y = layer(x)
+    assert y.dtype == dtype
+    with torch.autocast("cpu", dtype=dtype), fp8_ctx():
+        attn = layer.self_attention(x.to(dtype))
+        h = x.to(dtype) + attn
+        ref = h + layer.layernorm_mlp(h)
+    assert ref.dtype == dtype and torch.equal(y, ref)
+
+
+def test_transformer_layer_fuse_wgrad_accumulation_writes_main_grad():
+    """TE transformer.py 432-445 and 505-512 hand fuse_wgrad_accumulation to MultiheadAttention (its
+    GEMMs) and LayerNormMLP: each GEMM weight's gradient is added into main_grad, as plain Linear does
+    (fp8sim dropped the flag).  Reference: the weight gradients of the same layer without fusion."""
+    torch.manual_seed(7)
+    kw = dict(hidden_dropout=0.0, attention_dropout=0.0, fuse_qkv_params=True)
+    fused = te.TransformerLayer(32, 64, 2, fuse_wgrad_accumulation=True, **kw)
+    plain = te.TransformerLayer(32, 64, 2, **kw)
+    plain.load_state_dict(fused.state_dict())
+    gemm_weights = [
+        n for n, _ in fused.named_parameters() if n.endswith(("qkv.weight", "proj.weight", "fc1_weight", "fc2_weight"))
+    ]
+    assert len(gemm_weights) == 4
+    start = {}
+    for n, p in fused.named_parameters():
+        p.main_grad = torch.randn_like(p)
+        start[n] = p.main_grad.clone()
+    x = torch.randn(8, 2, 32)
+    fused(x).sum().backward()
+    plain(x).sum().backward()
+    plain_params = dict(plain.named_parameters())
+    for n in gemm_weights:
+        p = dict(fused.named_parameters())[n]
+        assert torch.equal(p.main_grad, start[n] + plain_params[n].grad), n
 
 
 def test_decoder_and_output_layernorm():

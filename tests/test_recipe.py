@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from fp8sim import recipe as r
+from fp8sim.testing.oracles import require
 
 
 def test_format_maxima() -> None:
@@ -124,8 +125,22 @@ def test_nvfp4_validation_messages(kwargs: dict, message: str) -> None:
     assert str(info.value) == message
 
 
+def test_amax_history_len_zero_is_accepted_as_te_accepts_it() -> None:
+    """TE's DelayedScaling (common/recipe/__init__.py 255-270) has no check on amax_history_len; its
+    state allocates torch.zeros(0, n) and building the quantizers reads amax_history[0][i]
+    (pytorch/quantization.py 1436-1451): IndexError on the first FP8 step, not at construction."""
+    d = r.DelayedScaling(amax_history_len=0)
+    assert d.amax_history_len == 0 and "amax_history_len=0" in repr(d)
+    from fp8sim.scaling.delayed import DelayedScaler
+
+    with pytest.raises(IndexError, match="index 0 is out of bounds for dimension 0 with size 0"):
+        DelayedScaler(d, n=3)
+    with pytest.raises(IndexError, match="index 0 is out of bounds"):
+        DelayedScaler(r.DelayedScaling(), n=3).set_recipe(d)
+
+
 def test_bad_delayed_scaling_fields_name_the_argument() -> None:
-    with pytest.raises(ValueError, match="amax_history_len must be >= 1, got -1"):
+    with pytest.raises(ValueError, match="amax_history_len must be >= 0, got -1"):
         r.DelayedScaling(amax_history_len=-1)
     with pytest.raises(r.RecipeValidationError, match=r"amax_compute_algo\n  Input should be 'max' or 'most_recent'"):
         r.DelayedScaling(amax_compute_algo="mean")
@@ -149,6 +164,7 @@ def test_margin_out_of_range_is_refused_at_construction(margin: int) -> None:
 RECIPES = [r.DelayedScaling, r.Float8CurrentScaling, r.MXFP8BlockScaling, r.Float8BlockScaling, r.NVFP4BlockScaling]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("cls", RECIPES)
 @pytest.mark.parametrize("legacy", [{"interval": 2}, {"override_linear_precision": (True, False, False)}])
 def test_legacy_fields_are_accepted_and_ignored_by_every_recipe(cls: type, legacy: dict) -> None:
@@ -166,7 +182,7 @@ def test_override_linear_precision_no_longer_changes_numerics() -> None:
     """TE 2.x runs wgrad in FP8 whatever ``override_linear_precision`` says (it is not a field): the
     same Linear steps with and without it give identical bits (fp8sim before this change ran wgrad
     in high precision for (False, False, True))."""
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     import fp8sim.pytorch as te
 
     torch.set_num_threads(1)
@@ -187,6 +203,7 @@ def test_override_linear_precision_no_longer_changes_numerics() -> None:
         assert torch.equal(a, b)
 
 
+@pytest.mark.torch
 def test_accelerate_fp8_override_env_neither_crashes_nor_changes_the_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     """``ACCELERATE_FP8_OVERRIDE_FPROP=1`` made accelerate pass ``override_linear_precision=(True, ...)``,
     which fp8sim refused ("Only wgrad GEMM override"); TE 2.x ignores it."""

@@ -20,9 +20,10 @@ from typing import Any, Literal, Optional, Union
 import pytest
 
 from fp8sim import recipe as r
+from fp8sim.testing.oracles import require
 
-pydantic = pytest.importorskip("pydantic")
-hypothesis = pytest.importorskip("hypothesis")
+pydantic = require("pydantic")
+hypothesis = require("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from pydantic.dataclasses import dataclass as pyd_dataclass  # noqa: E402
@@ -225,7 +226,7 @@ class TeQParams:  # TE's QParams fields (recipe/__init__.py lines 86-90)
 
 
 def _numpy(name: str, *args: Any) -> Any:
-    np = pytest.importorskip("numpy")
+    np = require("numpy")
     return getattr(np, name)(*args)
 
 

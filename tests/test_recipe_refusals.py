@@ -17,9 +17,16 @@ from fp8sim.scaling.block import MAX_BLOCK_SIZE
 X = np.linspace(-3, 3, 256, dtype=np.float32).reshape(2, 128)
 
 
-@pytest.mark.parametrize("block_size", [2**40, MAX_BLOCK_SIZE + 1, 0, -128, 1.5, True, "128"])
+@pytest.mark.parametrize("block_size", [2**40, MAX_BLOCK_SIZE + 1, 0, -128])
 def test_block_size_out_of_range_is_refused_with_the_range(block_size: object) -> None:
     with pytest.raises(ValueError, match=rf"block_size must be an int in \[1, {MAX_BLOCK_SIZE}\]"):
+        quantize_block_scaling(X, block_size=block_size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("block_size", [1.5, 128.0, True, "128", None])
+def test_block_size_of_another_type_is_a_type_error(block_size: object) -> None:
+    """Issue 29.4: bools and floats are refused as every int argument refuses them."""
+    with pytest.raises(TypeError, match="block_size must be an int, got"):
         quantize_block_scaling(X, block_size=block_size)  # type: ignore[arg-type]
 
 
@@ -54,3 +61,32 @@ def test_float8_block_scaling_none_mmparams_is_a_validation_error(gemm: str) -> 
 def test_delayed_scaling_huge_margin_is_refused_before_any_step(margin: int) -> None:
     with pytest.raises(ValueError, match=r"margin must be an int in \[-127, 63\]"):
         r.DelayedScaling(margin=margin)
+
+
+# -- issue 29.3: absurd sizes are refused against the input and a stated bound, before allocating ---------
+def test_absurd_block_sizes_and_histories_are_value_errors_naming_the_argument() -> None:
+    from fp8sim.recipe import DelayedScaling
+    from fp8sim.scaling import DelayedScaler, quantize_mx
+    from fp8sim.scaling.delayed import MAX_AMAX_HISTORY_LEN, MAX_QUANTIZERS
+    from fp8sim.scaling.quantized import MAX_PADDED_ELEMENTS
+
+    x = np.ones((4, 64), np.float32)
+    for kw in (dict(pad=True), dict(flavor="te", scale_rule="rceil"), {}):
+        with pytest.raises(ValueError, match=rf"block_size must be an int in \[1, {MAX_BLOCK_SIZE}\].*got {2**40}"):
+            quantize_mx(x, "e4m3", block_size=2**40, **kw)
+    tall = np.ones((1 << 20, 1), np.float32)  # a block of 1024 on a width-1 dim would pad to 2^30 elements
+    with pytest.raises(ValueError, match=rf"block_size 1024 is larger than dimension 1.*up to {MAX_PADDED_ELEMENTS}"):
+        quantize_mx(tall, block_size=1024, pad=True)
+    with pytest.raises(ValueError, match="block_size 1024 is larger than dimension 1"):
+        quantize_block_scaling(tall, block_size=1024)
+    small = quantize_mx(x[:, :20], block_size=32, pad=True)  # a small block larger than its dim still pads
+    assert small.padded_shape == (4, 32) and quantize_block_scaling(x[:, :20]).padded_shape == (4, 128)
+    with pytest.raises(ValueError, match=rf"amax_history_len must be at most {MAX_AMAX_HISTORY_LEN}.*got {10**12}"):
+        DelayedScaler(DelayedScaling(amax_history_len=10**12), n=2)
+    with pytest.raises(ValueError, match=rf"n \(number of quantizers\) must be at most {MAX_QUANTIZERS}"):
+        DelayedScaler(DelayedScaling(amax_history_len=4), n=10**12)
+    s = DelayedScaler(DelayedScaling(amax_history_len=4), n=2)
+    with pytest.raises(ValueError, match="amax_history_len must be at most"):
+        s.set_recipe(DelayedScaling(amax_history_len=10**12))
+    assert s.amax_history.shape == (4, 2)
+    assert DelayedScaler(DelayedScaling(amax_history_len=MAX_AMAX_HISTORY_LEN), n=1).amax_history.shape[0] == 1 << 16

@@ -16,6 +16,7 @@ from fp8sim.scaling.current import (
     quantize_torchao,
     torchao_amax_to_scale,
 )
+from fp8sim.testing.oracles import require
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -40,7 +41,7 @@ def test_compute_scale_from_amax_spec_cases(amax: float, pow2: bool, eps: float,
 
 
 def test_compute_scale_from_amax_is_ieee_float32_division() -> None:
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     rng = np.random.default_rng(3)
     amax = np.abs(rng.standard_normal(100_000) * np.exp2(rng.integers(-60, 60, 100_000))).astype(np.float32)
     want = (torch.tensor(448.0, dtype=torch.float32) / torch.from_numpy(amax)).numpy()
@@ -78,8 +79,8 @@ def _inputs():  # noqa: ANN202
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("pow2", [False, True])
 def test_torchao_tensorwise_and_rowwise_match_torchao(fmt: str, pow2: bool) -> None:
-    torch = pytest.importorskip("torch")
-    fu = pytest.importorskip("torchao.float8.float8_utils")
+    torch = require("torch")
+    fu = require("torchao.float8.float8_utils")
     from torchao.float8.config import ScalingGranularity
 
     dt = fp8sim.get_format(fmt).torch_dtype
@@ -174,7 +175,7 @@ def test_block_scaling_matches_reference(kw: dict, bm: int, bn: int, pow2: bool)
 
 
 def test_block_scaling_value_for_inf_is_the_input_dtype_max() -> None:
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     x = torch.full((1, 128), 1e-38, dtype=torch.bfloat16)  # 448/1e-38 overflows float32
     q = quantize_block_scaling(x, pow2=False)
     bf16_max = float(torch.finfo(torch.bfloat16).max)

@@ -16,6 +16,7 @@ import pytest
 
 from fp8sim.recipe import DelayedScaling, Format
 from fp8sim.scaling.delayed import FLT_MAX, DelayedScaler
+from fp8sim.testing.oracles import require
 
 INF, NAN = math.inf, math.nan
 
@@ -101,6 +102,7 @@ def test_scale_inv_is_the_correctly_rounded_reciprocal() -> None:
     assert s.scale_inv[0] == want
 
 
+@pytest.mark.torch
 def test_unfused_callable_sees_pre_roll_history_and_always_rolls() -> None:
     seen: list[list[float]] = []
 
@@ -168,7 +170,7 @@ def test_bad_arguments() -> None:
     s = DelayedScaler(DelayedScaling(), n=2)
     with pytest.raises(IndexError, match="quantizer index 2 out of range for n=2"):
         s.record(2, np.ones(3, np.float32))
-    with pytest.raises(ValueError, match="scale must be finite and positive"):
+    with pytest.raises(ValueError, match=r"state\[.scale.\] must be finite and positive"):
         s.load_state_dict({"scale": np.array([np.nan, 1.0]), "amax_history": np.zeros((1024, 2))})
     with pytest.raises(TypeError, match="floating"):
         s.record(0, np.arange(3))
@@ -189,7 +191,7 @@ def _gloo_worker(rank: int, world: int, init: str, out_dir: str) -> None:
 
 
 def test_reduce_amax_all_reduces_max_across_two_gloo_processes(tmp_path) -> None:  # noqa: ANN001
-    mp = pytest.importorskip("torch.multiprocessing")
+    mp = require("torch.multiprocessing")
     init = f"file://{tmp_path / 'store'}"
     mp.spawn(_gloo_worker, args=(2, init, str(tmp_path)), nprocs=2, join=True)
     for rank in (0, 1):
@@ -260,6 +262,7 @@ def _hard_amaxes() -> np.ndarray:
     return np.concatenate([vals[np.isfinite(vals)], special])
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("margin", [0, 3, -3, -20, 63, -127])
 @pytest.mark.parametrize("forward", [True, False])
 def test_unfused_update_is_tes_eager_torch_code_bit_for_bit(margin: int, forward: bool) -> None:
@@ -290,6 +293,7 @@ def test_unfused_amax_3_is_the_reciprocal_multiply_value() -> None:
     assert s.scale[0] == np.float32(149.33334351) != np.float32(448) / np.float32(3)
 
 
+@pytest.mark.torch
 def test_callables_get_the_live_history_and_fp8_max_as_a_python_number() -> None:
     """TE hands ``amax_compute_algo`` the history tensor itself and rolls it afterwards, so a callable
     returning a view of row 0 sees zeros by the time the scale is computed (the scale is kept);
@@ -322,6 +326,7 @@ def test_callables_get_the_live_history_and_fp8_max_as_a_python_number() -> None
     assert seen == [(int, 57344, [2.0])]
 
 
+@pytest.mark.torch
 def test_update_is_in_place_so_views_stay_live() -> None:
     """Issue 13 point 14: TE's fp8_meta ``scale``/``amax_history`` are updated in place."""
     import torch
@@ -354,6 +359,7 @@ def test_reduce_and_update_rolls_every_registered_unfused_module_not_only_those_
         assert ran.scale[0] == 224.0
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(("old_len", "new_len"), [(4, 2), (2, 5), (3, 3)])
 def test_changing_amax_history_len_keeps_the_scale_and_cuts_or_pads_as_te(old_len: int, new_len: int) -> None:
     """Issue 13 point 9: TE ``module/base.py`` ``adjust_amax_history_length`` (lines 1049-1080):
@@ -371,3 +377,38 @@ def test_changing_amax_history_len_keeps_the_scale_and_cuts_or_pads_as_te(old_le
     assert np.array_equal(s.amax_history, ref.numpy()) and s.scale.tolist() == [3.0, 5.0]
     s.update()  # the new recipe's margin applies from now on
     assert s.scale[0] == np.float32(448 / 2) / np.float32(ref[:, 0].max().item())
+
+
+# -- issue 29.2: a bad state names the missing or malformed key -----------------------------------
+_GOOD = {"scale": np.array([2.0, 4.0], np.float32), "amax_history": np.ones((4, 2), np.float32)}
+
+
+@pytest.mark.parametrize(
+    ("state", "exc", "names"),
+    [
+        ({}, ValueError, "'scale'"),
+        ({"scale": _GOOD["scale"]}, ValueError, "'amax_history'"),
+        ({**_GOOD, "scale_inv": np.ones(2)}, ValueError, "'scale_inv'"),
+        ({**_GOOD, "scale": "two"}, ValueError, "state['scale']"),
+        ({**_GOOD, "scale": None}, ValueError, "state['scale']"),
+        ({**_GOOD, "amax_history": np.ones((3, 2))}, ValueError, r"state['amax_history'] has shape (3, 2)"),
+        ({**_GOOD, "amax_history": [[1, 2], [3]]}, ValueError, "state['amax_history']"),
+        ({**_GOOD, "scale": np.array([1 + 1j, 2])}, ValueError, "state['scale']"),
+        ([("scale", 1.0)], TypeError, "state must be a dict"),
+    ],
+    ids=["empty", "no history", "extra key", "string", "None", "wrong shape", "ragged", "complex", "not a dict"],
+)
+def test_load_state_dict_names_the_missing_or_malformed_key(state, exc, names) -> None:  # noqa: ANN001
+    s = DelayedScaler(DelayedScaling(amax_history_len=4), n=2)
+    s.load_state_dict(_GOOD)
+    with pytest.raises(exc) as info:
+        s.load_state_dict(state)
+    assert names in str(info.value)
+    assert s.scale.tolist() == [2.0, 4.0] and s.amax_history.tolist() == np.ones((4, 2)).tolist()  # untouched
+
+
+def test_load_state_dict_takes_torch_tensors_of_any_float_dtype() -> None:
+    torch = pytest.importorskip("torch")
+    s = DelayedScaler(DelayedScaling(amax_history_len=4), n=2)
+    s.load_state_dict({"scale": torch.tensor([2.0, 4.0], dtype=torch.bfloat16), "amax_history": torch.ones(4, 2)})
+    assert s.scale.tolist() == [2.0, 4.0]

@@ -33,6 +33,7 @@ from fp8sim.scaling.mx import (
     quantize_mx,
     quantize_mx_rowwise_columnwise,
 )
+from fp8sim.testing.oracles import require
 
 ELEMS = tuple(f.name for f in MX_ELEM_FORMATS)  # e4m3, e5m2, e2m3, e3m2, e2m1
 TORCHAO_RULES = ("floor", "ceil", "rceil", "even")
@@ -125,8 +126,8 @@ def mx_inputs() -> dict[str, np.ndarray]:
 
 def torchao_to_mx(x: np.ndarray, elem: str, rule: str, torch_dtype: str = "float32") -> tuple[np.ndarray, np.ndarray]:
     """(scale codes, unpacked element codes) from torchao ``to_mx``."""
-    torch = pytest.importorskip("torch")
-    mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
+    torch = require("torch")
+    mx_tensor = require("torchao.prototype.mx_formats.mx_tensor")
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
 
     elem_dtype = {
@@ -146,8 +147,8 @@ def torchao_to_mx(x: np.ndarray, elem: str, rule: str, torch_dtype: str = "float
 
 
 def test_torchao_to_mx_signature_is_the_one_emulated() -> None:
-    pytest.importorskip("torch")
-    mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
+    require("torch")
+    mx_tensor = require("torchao.prototype.mx_formats.mx_tensor")
     import inspect
 
     params = list(inspect.signature(mx_tensor.to_mx).parameters)
@@ -240,7 +241,7 @@ def ref_scale_code(amax: float, elem: str, rule: str) -> int:
         k = math.frexp(d)[1] - 1
         return min(k + 127 + (Fraction(d) != Fraction(2) ** k), 254)
     # nearest: torch's own E8M0 cast of fl32(amax / max)
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     d = float(np.float32(a / mx))
     return int(torch.tensor(d, dtype=torch.float32).to(torch.float8_e8m0fnu).view(torch.uint8))
 
@@ -491,7 +492,7 @@ def test_input_kinds_convert_exactly() -> None:
         q = quantize_mx(arr, "e3m2", scale_rule="even")
         ref = quantize_mx(arr.astype(np.float32), "e3m2", scale_rule="even")
         assert q.dtype == name and np.array_equal(q.codes, ref.codes) and np.array_equal(q.scales, ref.scales)
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     for arr, dt in ((xb, torch.bfloat16), (x, torch.float32), (xh, torch.float16)):
         t = torch.from_numpy(arr.astype(np.float32)).to(dt)
         q = quantize_mx(t, "e4m3")
@@ -505,10 +506,10 @@ BAD_CALLS = [
     (dict(flavor="cuda"), ValueError, "unknown flavor 'cuda'; known: torchao, te"),
     (dict(elem_format="e4m4"), ValueError, "unknown format 'e4m4'"),
     (dict(elem_format="e4m3fnuz"), ValueError, "not an MX element format; MX element formats: e4m3, e5m2"),
-    (dict(block_size=0), ValueError, "block_size must be a positive int"),
-    (dict(block_size=-32), ValueError, "block_size must be a positive int"),
-    (dict(block_size=32.0), TypeError, "block_size must be a positive int"),
-    (dict(block_size=True), TypeError, "block_size must be a positive int"),
+    (dict(block_size=0), ValueError, r"block_size must be an int in \[1, 65536\] \(MX uses 32\), got 0"),
+    (dict(block_size=-32), ValueError, r"block_size must be an int in \[1, 65536\]"),
+    (dict(block_size=32.0), TypeError, "block_size must be an int, got float"),
+    (dict(block_size=True), TypeError, "block_size must be an int, got True"),
     (dict(axis=2), ValueError, r"axis 2 is out of range for a 2-d input; allowed: -2..1"),
     (dict(axis=-3), ValueError, "out of range"),
     (dict(axis=0.0), TypeError, "axis must be an int"),
@@ -546,7 +547,7 @@ def test_bad_inputs_are_refused() -> None:
         e8m0_scale_codes(np.float32(1.0), "e4m3", "floor", flavor="nv")
     with pytest.raises(ValueError, match="mxfma_dtype must be None or one of bfloat16, float16"):
         e8m0_scale_codes(np.float32(1.0), "e4m3", "rceil", flavor="te", mxfma_dtype="float32")
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     with pytest.raises(TypeError, match="got torch.int32"):
         quantize_mx(torch.zeros(2, 32, dtype=torch.int32))
 

@@ -32,8 +32,9 @@ from fp8sim.scaling.nvfp4 import (
     quantize_nvfp4_role,
     rht_matrix,
 )
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 F32 = torch.float32
 FLT_MAX = torch.tensor(torch.finfo(torch.float32).max)
@@ -298,7 +299,7 @@ def test_te_dequantize_follows_dequantize_kernel(out):
 
 @pytest.fixture(scope="module")
 def torchao_nvfp4():
-    pytest.importorskip("torchao")
+    require("torchao")
     from torchao.prototype.mx_formats import nvfp4_tensor
 
     return nvfp4_tensor
@@ -556,7 +557,7 @@ def test_te_dequantize_uses_the_recorded_global_amax() -> None:
 
 
 def test_torchao_flavor_nan_elements_get_torchaos_codes() -> None:
-    nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+    nv = require("torchao.prototype.mx_formats.nvfp4_tensor")
     for seed in range(12):
         rng = np.random.default_rng(seed)
         x = rng.standard_normal((2, 32)).astype(np.float32)

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from fp8sim.scaling.packing import pack_fp4, pack_fp6, unpack_fp4, unpack_fp6
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 
 def all_fp4_pairs() -> np.ndarray:
@@ -58,7 +59,7 @@ def test_pack_fp4_torch_in_torch_out_and_float4_x2_view():
 
 
 def test_pack_fp4_matches_torchao_pack_uint4():
-    pytest.importorskip("torchao")
+    require("torchao")
     from torchao.prototype.mx_formats.kernels import pack_uint4, unpack_uint4
 
     rng = np.random.default_rng(1)
@@ -103,7 +104,7 @@ def test_pack_fp6_torch_matches_numpy():
 def test_torchao_has_no_fp6_packing_helper():
     """The FP6 layout is fp8sim's own because torchao 0.18 has none to match; if this fails,
     torchao gained one and fp8sim should be checked against it."""
-    pytest.importorskip("torchao")
+    require("torchao")
     from torchao.prototype.mx_formats import kernels
 
     assert not hasattr(kernels, "pack_uint6")

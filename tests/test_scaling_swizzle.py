@@ -15,9 +15,10 @@ from fp8sim.gemm import scaled_mm
 from fp8sim.scaling.mx import quantize_mx
 from fp8sim.scaling.nvfp4 import quantize_nvfp4
 from fp8sim.scaling.swizzle import blocked_size, from_blocked, to_blocked
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
-ao_utils = pytest.importorskip("torchao.prototype.mx_formats.utils")
+torch = require("torch")
+ao_utils = require("torchao.prototype.mx_formats.utils")
 
 SHAPES = [(1, 1), (128, 4), (130, 7), (256, 8), (5, 33), (0, 3)]
 
@@ -71,7 +72,7 @@ def test_quantize_mx_swizzle_equals_torchao_mxtensor(shape):
 
 @pytest.mark.parametrize("single_level", [True, False], ids=["single", "two_level"])
 def test_quantize_nvfp4_swizzle_equals_torchao_nvfp4tensor(single_level):
-    nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+    nv = require("torchao.prototype.mx_formats.nvfp4_tensor")
     x = torch.randn(130, 64, generator=torch.Generator().manual_seed(2))
     pts = None if single_level else nv.per_tensor_amax_to_scale(torch.max(torch.abs(x)))
     t = nv.NVFP4Tensor.to_nvfp4(x, per_tensor_scale=pts, is_swizzled_scales=True)

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import fp8sim.run.shim as shim  # noqa: E402
 
@@ -86,7 +88,7 @@ def test_te_only_script_runs_unchanged_and_equals_fp8sim_pytorch() -> None:
 
 
 def test_accelerate_te_script_runs_unchanged_with_upstream_quirks() -> None:
-    pytest.importorskip("accelerate")
+    require("accelerate")
     proc = _run("accelerate_te_script.py")
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)

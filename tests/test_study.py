@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
+from fp8sim.testing.oracles import require
 
-pytest.importorskip("torch")
+require("torch")
 
 from fp8sim import cli  # noqa: E402
 from fp8sim.report.training_study import run_study, write_study  # noqa: E402
@@ -24,14 +24,14 @@ def test_sound_recipes_track_fp32_and_the_unsound_one_does_not(tmp_path) -> None
     unsound = res.final("unsound_e4m3_grads_unscaled")
     assert unsound >= 1.05 * ref, f"unsound {unsound:.4f} vs fp32 {ref:.4f}"
     assert res.stats["unsound_e4m3_grads_unscaled"]["underflow"] > 10 * res.stats["delayed_hybrid"]["underflow"]
-    pytest.importorskip("matplotlib")
+    require("matplotlib")
     md = write_study(res, tmp_path)
     assert "| delayed_hybrid |" in md.read_text()
     assert (tmp_path / "losses.png").stat().st_size > 10_000 and (tmp_path / "losses.csv").exists()
 
 
 def test_study_cli_and_bad_recipe(tmp_path, capsys) -> None:  # noqa: ANN001
-    pytest.importorskip("matplotlib")
+    require("matplotlib")
     assert (
         cli.main(["study", "--out", str(tmp_path), "--steps", "5", "--recipes", "fp32,current", "--no-progress"]) == 0
     )

@@ -13,11 +13,13 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import ml_dtype
 
 import fp8sim
 from fp8sim.testing import HISTOGRAM_BUCKETS, assert_bit_exact, assert_within_ulp, compare
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 
 def _f32(bits: list[int]) -> np.ndarray:
@@ -134,7 +136,7 @@ def _rank_table(values: np.ndarray) -> np.ndarray:
 def test_ulp_distance_is_the_rank_difference_for_every_code_pair(name: str) -> None:
     fmt = fp8sim.get_format(name)
     codes = np.arange(fmt.num_codes, dtype=np.uint8)
-    rank = _rank_table(codes.view(fmt.ml_dtype).astype(np.float32))
+    rank = _rank_table(codes.view(ml_dtype(fmt)).astype(np.float32))
     ok = codes[rank >= 0]
     a, b = np.repeat(ok, ok.size), np.tile(ok, ok.size)
     r = compare(a, b, name)
@@ -254,7 +256,7 @@ def test_table_is_markdown() -> None:
 
 
 def test_plot_writes_a_png(tmp_path) -> None:  # noqa: ANN001
-    pytest.importorskip("matplotlib")
+    require("matplotlib")
     from matplotlib.figure import Figure
 
     x, e, a = _classified_e4m3()

@@ -23,8 +23,9 @@ from fp8sim.recipe import (
     NVFP4BlockScaling,
 )
 from fp8sim.testing import assert_matches_emulator, emulate
+from fp8sim.testing.oracles import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 F32 = np.float32
 ALL_F16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16)

@@ -108,6 +108,7 @@ def test_readme_section_shows_the_example_file() -> None:
     assert "(docs/testing_in_ci.md)" in readme  # the README points to the section (one copy, in docs/)
 
 
+@pytest.mark.torch
 def test_readme_example_runs_as_a_test(tmp_path: Path, load: list[str]) -> None:
     (tmp_path / "test_fp8.py").write_text(EXAMPLE.read_text())
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}

@@ -15,7 +15,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-hypothesis = pytest.importorskip("hypothesis")
+from fp8sim.testing.oracles import require
+
+hypothesis = require("hypothesis")
+from conftest import ml_dtype  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -45,7 +48,7 @@ RUN = settings(database=None, derandomize=True, deadline=None, suppress_health_c
 def _ml_values(name: str) -> np.ndarray:
     fmt = fp8sim.get_format(name)
     with np.errstate(invalid="ignore"):
-        return np.arange(fmt.num_codes, dtype=np.uint8).view(fmt.ml_dtype).astype(np.float64)
+        return np.arange(fmt.num_codes, dtype=np.uint8).view(ml_dtype(fmt)).astype(np.float64)
 
 
 def _key(v: float) -> str:
@@ -156,6 +159,7 @@ def test_recipes_are_valid_and_cover_every_kind() -> None:
         recipes(int)
 
 
+@pytest.mark.torch
 @settings(RUN, max_examples=30)
 @given(recipe=recipes(emulated_only=True))
 def test_emulated_only_recipes_all_emulate(recipe: object) -> None:

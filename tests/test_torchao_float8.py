@@ -22,10 +22,13 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-ao = pytest.importorskip("torchao.float8")
-ao_config = pytest.importorskip("torchao.float8.config")
-ao_linear = pytest.importorskip("torchao.float8.float8_linear")
+from fp8sim.gemm.torch_cpu import fallback_kernel
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+ao = require("torchao.float8")
+ao_config = require("torchao.float8.config")
+ao_linear = require("torchao.float8.float8_linear")
 
 from torch import nn  # noqa: E402
 
@@ -370,7 +373,8 @@ def test_dequantized_fp32_accumulator_equals_torchao_cpu_scaled_mm(
     x = _heavy_tailed(shape, dtype, seed=3)
     grad = _heavy_tailed((*shape[:-1], 24), dtype, seed=4)
     ao_cfg = dataclasses.replace(_ao_config(recipe, False), pad_inner_dim=pad)
-    want = _run(ao.convert_to_float8_training(copy.deepcopy(base), config=ao_cfg), x, grad)
+    with fallback_kernel():  # the kernel dequantized_fp32 models; AMX hosts run oneDNN (fp8sim.gemm.torch_cpu)
+        want = _run(ao.convert_to_float8_training(copy.deepcopy(base), config=ao_cfg), x, grad)
     cfg = dataclasses.replace(fs.Float8LinearConfig.from_recipe_name(recipe), pad_inner_dim=pad)
     ours = fs.convert_to_float8_training(copy.deepcopy(base), config=cfg, accumulator="dequantized_fp32")
     _assert_runs_equal(_run(ours, x, grad), want)
@@ -477,3 +481,50 @@ def test_autocast_dtype_is_read_per_device_type(monkeypatch: pytest.MonkeyPatch)
                 warnings.simplefilter("ignore")  # torch 2.4+ deprecates the old functions
                 assert linear._autocast_dtype("cpu") is torch.float16
                 assert linear._autocast_dtype("cuda") is None
+
+
+# -- issue 29.7: double backward (create_graph=True) as torchao 0.18 does it -------------------------------
+def _double_backward(convert: Callable, recipe: str, wrt: str) -> dict:
+    """First gradients with create_graph=True, then a second backward; what happened, and the grads."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32))
+    convert(model, recipe)
+    x = torch.randn(16, 32, requires_grad=True)
+    w = model[0].weight
+    inputs = {"x": (x,), "w": (w,), "both": (x, w)}[wrt]
+    gs = torch.autograd.grad(model(x).square().sum(), inputs, create_graph=True)
+    out: dict = {"requires_grad": [g.requires_grad for g in gs], "first": [g.detach() for g in gs]}
+    try:
+        sum(g.square().sum() for g in gs).backward()
+    except Exception as e:  # noqa: BLE001 - torchao's exception is the oracle
+        out["error"] = (type(e), str(e))
+    else:
+        out["second"] = (x.grad, w.grad)
+    return out
+
+
+@pytest.mark.parametrize("emulate", [True, False], ids=["emulate", "scaled_mm"])
+@pytest.mark.parametrize("wrt", ["x", "w", "both"])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_double_backward_builds_torchaos_graph_then_raises_its_error(recipe: str, wrt: str, emulate: bool) -> None:
+    """torchao 0.18 records its backward float8 ``mm`` (the gradient has a graph); the second backward then
+    asserts in ``float8_mm``.  A high-precision GEMM (``rowwise_with_gw_hp``'s wgrad) differentiates twice.
+    The values are compared with torchao's emulate=True arithmetic (fp8sim's default); emulate=False (its
+    CPU ``torch._scaled_mm``) only for what happens."""
+
+    def theirs(m: nn.Module, r: str) -> None:
+        ao.convert_to_float8_training(m, config=_ao_config(r, emulate))
+
+    def ours(m: nn.Module, r: str) -> None:
+        fs.convert_to_float8_training(m, config=fs.Float8LinearConfig.from_recipe_name(r))
+
+    want, got = _double_backward(theirs, recipe, wrt), _double_backward(ours, recipe, wrt)
+    assert got["requires_grad"] == want["requires_grad"] == [True] * len(want["first"])
+    assert ("error" in got) == ("error" in want)
+    if "error" in want:
+        assert got["error"] == want["error"]
+    if emulate:
+        for g, w in zip(got["first"], want["first"], strict=True):
+            assert_bit_exact(g, w)
+        for g, w in zip(got.get("second", ()), want.get("second", ()), strict=True):
+            assert_bit_exact(g, w)

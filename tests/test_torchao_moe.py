@@ -14,9 +14,11 @@ import copy
 
 import pytest
 
-torch = pytest.importorskip("torch")
-ao_mx_gmm = pytest.importorskip("torchao.prototype.moe_training.mxfp8_grouped_mm")
-ao_cfg = pytest.importorskip("torchao.prototype.moe_training.config")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+ao_mx_gmm = require("torchao.prototype.moe_training.mxfp8_grouped_mm")
+ao_cfg = require("torchao.prototype.moe_training.config")
 
 from torch import nn  # noqa: E402
 from torchao.quantization.quantize_.common.kernel_preference import KernelPreference as AoKP  # noqa: E402
@@ -501,3 +503,16 @@ def test_routed_moe_trains_under_mxfp8_auto_with_padded_token_groups():
     losses, grads = _train(model, x, target, steps=4)
     assert losses[-1] < losses[0]
     assert all(torch.isfinite(g).all() for step in grads for g in step.values())
+
+
+def test_create_graph_through_the_grouped_gemms_is_refused_at_the_first_backward() -> None:
+    """torchao 0.18's emulated MXFP8 grouped GEMM differentiates twice; fp8sim's cannot, so it refuses
+    (issue 29.7: never a silently constant gradient)."""
+    model, x, _ = _moe_data()
+    cfg = fs.MXFP8TrainingOpConfig.from_recipe("mxfp8_emulated_rceil")
+    convert_to_moe_training(model, config=cfg, module_filter_fn=lambda m, fqn: fqn == "experts")
+    x = x.clone().requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="create_graph=True .* MXFP8 grouped GEMMs"):
+        torch.autograd.grad(model(x).float().square().sum(), x, create_graph=True)
+    (g,) = torch.autograd.grad(model(x).float().square().sum(), x)  # a plain backward still runs
+    assert not g.requires_grad

@@ -12,9 +12,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-ao_mx = pytest.importorskip("torchao.prototype.moe_training.mxfp8_linear")
-ao_cfg = pytest.importorskip("torchao.prototype.moe_training.config")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+ao_mx = require("torchao.prototype.moe_training.mxfp8_linear")
+ao_cfg = require("torchao.prototype.moe_training.config")
 
 from torch import nn  # noqa: E402
 from torchao.prototype.mx_formats.config import ScaleCalculationMode as AoMode  # noqa: E402
@@ -188,3 +190,23 @@ def test_bf16_dequantize_in_torch_ops_equals_the_float32_product_rounded_once() 
         ref = (vals.reshape(6, 8, 32) * sc.astype(np.float32)[:, :, None]).reshape(6, 256)
     want = torch.from_numpy(ref).to(torch.bfloat16)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+# -- issue 29.7: double backward through MX GEMMs is graphless in torchao 0.18: reproduced, with a warning ---
+@pytest.mark.parametrize("wgrad_with_hp", [False, True], ids=["wgrad_mx", "wgrad_hp"])
+def test_create_graph_gives_torchaos_graphless_gradients_and_warns(wgrad_with_hp: bool) -> None:
+    from fp8sim._util.upstream_quirk import UpstreamQuirkWarning
+
+    ours, theirs = _pair(torch.bfloat16, wgrad_with_hp, "rceil", bias=False)
+    x = _heavy((32, 64), torch.bfloat16, 3).requires_grad_(True)
+    for model in (theirs, ours):
+        model.zero_grad()
+    got, want = [], []
+    for model, sink in ((theirs, want), (ours, got)):
+        gs = torch.autograd.grad(model(x).float().square().sum(), (x, model.weight), create_graph=True)
+        sink.append([(g.requires_grad, g.detach()) for g in gs])
+    assert [r for r, _ in got[0]] == [r for r, _ in want[0]] == [False, wgrad_with_hp]
+    for (_, g), (_, w) in zip(got[0], want[0], strict=True):
+        assert_bit_exact(g, w)
+    with pytest.warns(UpstreamQuirkWarning, match="torchao-double-backward-graphless"):
+        torch.autograd.grad(ours(x).float().square().sum(), x, create_graph=True)

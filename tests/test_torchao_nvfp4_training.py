@@ -19,10 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-torch = pytest.importorskip("torch")
-ao_train = pytest.importorskip("torchao.prototype.moe_training.nvfp4_training.nvfp4_training")
-ao_had = pytest.importorskip("torchao.prototype.moe_training.nvfp4_training.hadamard_utils")
-ao_nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+ao_train = require("torchao.prototype.moe_training.nvfp4_training.nvfp4_training")
+ao_had = require("torchao.prototype.moe_training.nvfp4_training.hadamard_utils")
+ao_nv = require("torchao.prototype.mx_formats.nvfp4_tensor")
 
 from torch import nn  # noqa: E402
 
@@ -364,3 +366,17 @@ def test_rht_rounds_the_exact_sum_once_to_float32():
     col[:4, 0] = torch.tensor([4.0, 4 * 2.0**-8, 4 * 2.0**-24, 4 * 2.0**-80])
     out = _rht_t(col.to(torch.bfloat16).float().numpy(), (1,) * 16)
     assert out[0, 0] == 1 + 2.0**-7
+
+
+def test_create_graph_gives_constant_gemm_gradients_with_a_quirk_warning() -> None:
+    """torchao's nvfp4_mm_triton backward runs Triton casts and F.scaled_mm on FP4 codes (nvfp4_linear.py
+    backward): autograd records nothing, so grad_input and grad_weight are constants; the bias gradient
+    (``grad_output.sum``) keeps its graph (issue 29.7)."""
+    from fp8sim._util.upstream_quirk import UpstreamQuirkWarning
+
+    torch.manual_seed(0)
+    m = fs.NVFP4Linear(128, 128, bias=True, dtype=torch.bfloat16)
+    x = torch.randn(128, 128, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.warns(UpstreamQuirkWarning, match="torchao-double-backward-graphless"):
+        gx, gw, gb = torch.autograd.grad(m(x).float().square().sum(), (x, m.weight, m.bias), create_graph=True)
+    assert (gx.requires_grad, gw.requires_grad, gb.requires_grad) == (False, False, True)

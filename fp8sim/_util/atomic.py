@@ -12,7 +12,9 @@ file, ``.NAME.PID.RANDOM.tmpdir`` for a folder) and published in one step:
   first and deletes it only after the new one is in place.
 
 Temporary files of this process are deleted when it gets SIGTERM (:func:`install_signal_cleanup`)
-or an exception; those of dead processes (kill -9) are swept by the next write to the same target.
+or an exception: each is registered before it is created, so no instant leaves one unknown to the
+handler, and a folder moved aside is put back.  Those of dead processes (kill -9) are swept by the
+next write to the same target.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import contextlib
 import errno
 import os
 import re
+import secrets
 import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -34,7 +36,9 @@ __all__ = ["atomic_file", "atomic_dir", "publish_file", "install_signal_cleanup"
 
 _STARTED = time.time()
 _live: set[str] = set()  # temporaries of this process, deleted on SIGTERM
-_lock = threading.Lock()
+_aside: dict[str, Path] = {}  # old folders moved aside -> their target, put back on SIGTERM if the new one is not in
+# reentrant: the SIGTERM handler runs in the main thread, possibly while that thread holds the lock
+_lock = threading.RLock()
 # errors of os.link that mean "this file system has no hard links" rather than "the name is taken"
 _NO_LINKS = {errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EACCES}
 
@@ -95,6 +99,27 @@ def _forget(path: str) -> None:
         _live.discard(path)
 
 
+def _create(target: Path, suffix: str, folder: bool) -> str:
+    """Create a fresh temporary next to ``target``, registered for SIGTERM cleanup before it exists,
+    so that no instant has the file on disk but unknown to the handler."""
+    for _ in range(100):
+        path = os.path.join(target.parent, f"{_prefix(target)}{secrets.token_hex(6)}{suffix}")
+        _register(path)
+        try:
+            if folder:
+                os.mkdir(path, 0o700)
+            else:
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600))
+            return path
+        except FileExistsError:
+            _forget(path)  # another writer's name: never ours to delete
+        except BaseException:
+            _remove(path)  # e.g. Ctrl-C just after the create
+            _forget(path)
+            raise
+    raise FileExistsError(f"no free temporary name next to {target}")
+
+
 def _remove(path: str) -> None:
     with contextlib.suppress(OSError):
         if os.path.isdir(path) and not os.path.islink(path):
@@ -103,12 +128,26 @@ def _remove(path: str) -> None:
             os.unlink(path)
 
 
+def _put_back(old: str, target: Path) -> None:
+    """Resolve a folder moved aside: back to ``target`` if the new folder never arrived, else deleted."""
+    with contextlib.suppress(OSError):
+        if os.path.lexists(old):
+            if not os.path.lexists(target):
+                os.rename(old, target)
+            else:
+                _remove(old)
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
     with _lock:
         paths = list(_live)
         _live.clear()
+        aside = list(_aside.items())
+        _aside.clear()
     for p in paths:
         _remove(p)
+    for old, target in aside:
+        _put_back(old, target)
     # die of the signal, as an unhandled SIGTERM would (exit status 128 + 15 in a shell)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
@@ -163,12 +202,11 @@ def atomic_file(target: str | os.PathLike, *, force: bool = False) -> Iterator[I
         raise FileExistsError(f"{target} exists; pass --force (force=True) to overwrite it")
     target.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(target)
-    fd, tmp = tempfile.mkstemp(prefix=_prefix(target), suffix=".tmp", dir=target.parent)
-    _register(tmp)
+    tmp = _create(target, ".tmp", folder=False)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             yield f
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; a published file gets the usual mode
+        os.chmod(tmp, 0o666 & ~_umask())  # created 0600; a published file gets the usual mode
         publish_file(tmp, target, force=force)
     finally:
         _forget(tmp)
@@ -185,18 +223,18 @@ def atomic_dir(target: str | os.PathLike, *, replace: bool = False) -> Iterator[
         raise FileExistsError(f"{target} exists; pass --force to replace it")
     target.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(target)
-    tmp = tempfile.mkdtemp(prefix=_prefix(target), suffix=".tmpdir", dir=target.parent)
-    _register(tmp)
+    tmp = _create(target, ".tmpdir", folder=True)
     old = None
     try:
         yield Path(tmp)
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
+        os.chmod(tmp, 0o777 & ~_umask())  # created 0700
         if os.path.lexists(target):
             if not target.is_dir() or target.is_symlink():
                 raise FileExistsError(f"{target} exists and is not a folder; refusing to replace it")
-            # not registered for SIGTERM cleanup: until the new folder is in place this is the report
-            old = tempfile.mkdtemp(prefix=_prefix(target), suffix=".old", dir=target.parent)
-            os.rmdir(old)  # only the unique name is needed
+            # until the new folder is in place this is the report: SIGTERM puts it back, never deletes it
+            old = os.path.join(target.parent, f"{_prefix(target)}{secrets.token_hex(6)}.old")
+            with _lock:
+                _aside[old] = target
             os.rename(target, old)
         os.rename(tmp, target)
     finally:
@@ -204,11 +242,9 @@ def atomic_dir(target: str | os.PathLike, *, replace: bool = False) -> Iterator[
         if os.path.lexists(tmp):
             _remove(tmp)
         if old is not None:
-            if os.path.lexists(old):
-                if not os.path.lexists(target):
-                    os.rename(old, target)  # the new folder never arrived: put the old one back
-                else:
-                    _remove(old)
+            _put_back(old, target)  # the old one back if the new folder never arrived, else deleted
+            with _lock:
+                _aside.pop(old, None)
 
 
 def _umask() -> int:

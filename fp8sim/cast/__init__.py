@@ -9,9 +9,11 @@ grid with gradual underflow; then overflow is resolved:
   ``up``/``down`` away from their direction) still land on +-max, as IEEE 754 section 7.4 says.
 
 NaN stays NaN (FP4/FP6, which have no NaN, take ml_dtypes' code: the -0 code, sign-flipped by the
-input's sign).  E8M0 has no zero and no sign: nearest rounding is in the linear domain with ties
-going up (ml_dtypes), ``up``/``down`` round to the power of two above/below, values below 2^-127
-go to 2^-127, and zero or negative inputs give NaN, or 2^-127 (code 0x00) when saturating.
+input's sign).  E8M0 has no zero and no sign: nearest rounding is in the linear domain on the
+whole range, (2^-127, 2^-126) included, with ties going up (ml_dtypes 0.7), ``up``/``down`` round
+to the power of two above/below, values below 2^-127 go to 2^-127, and zero or negative inputs give
+NaN, or 2^-127 (code 0x00) when saturating.  Unsigned formats with zero (UE5M3) give NaN for
+negative inputs, or 0 when saturating; -0 is 0.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._util.args import as_array, is_complex_dtype, is_real_float_dtype
 from .._util.tensors import is_torch_tensor
 from ..formats import FloatFormat, get_format
 from . import numpy_backend
@@ -59,9 +62,11 @@ def _float_array(x: Any, arg: str = "x") -> np.ndarray:
             f"{arg} must be a float, a float array or a float tensor ({_FLOAT_DTYPES}); got {type(x).__name__}"
         )
     else:
-        arr = np.asarray(x)
+        arr = as_array(x, arg)
     dt = arr.dtype
-    if dt.type.__module__.startswith("ml_dtypes") and _is_ml_float(dt):
+    if is_complex_dtype(dt):  # numpy would drop the imaginary part with only a ComplexWarning
+        raise TypeError(f"{arg} must have a real floating dtype ({_FLOAT_DTYPES}); got complex {dt}")
+    if dt.type.__module__.startswith("ml_dtypes") and is_real_float_dtype(dt):
         # every ml_dtypes float (float8_e5m2 has kind "f", the others "V") widens exactly
         return arr.astype(np.float32)
     if dt.kind == "f" and not dt.isnative:
@@ -69,19 +74,7 @@ def _float_array(x: Any, arg: str = "x") -> np.ndarray:
         dt = arr.dtype
     if dt in (np.float16, np.float32, np.float64):
         return arr
-    if dt.kind == "V" and dt.type.__module__.startswith("ml_dtypes") and _is_ml_float(dt):
-        return arr.astype(np.float32)
     raise TypeError(f"{arg} must have a floating dtype ({_FLOAT_DTYPES}); got {dt}")
-
-
-def _is_ml_float(dt: np.dtype) -> bool:
-    import ml_dtypes
-
-    try:
-        ml_dtypes.finfo(dt)
-    except (ValueError, TypeError):
-        return False
-    return True
 
 
 def _torch_float(x: Any, arg: str = "x") -> Any:
@@ -148,7 +141,7 @@ def decode(codes: Any, fmt: str | FloatFormat) -> Any:
         return torch_backend.decode(codes, f)
     if isinstance(codes, bool) or not isinstance(codes, (int, np.integer, np.ndarray, list, tuple)):
         raise TypeError(f"codes must be integers (int, integer array or tensor); got {type(codes).__name__}")
-    arr = np.asarray(codes)
+    arr = as_array(codes, "codes")
     if arr.dtype.kind not in "iu":
         raise TypeError(f"codes must have an integer dtype; got {arr.dtype}")
     if arr.size:

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from .._util.args import as_int
+
 _M32 = 0xFFFFFFFF
 _C1 = 0x7FEB352D
 _C2 = 0x1B873593
@@ -21,9 +23,7 @@ _C3 = 0x2C1B3C6D
 
 def seed_keys(seed: int) -> tuple[int, int]:
     """Two 32-bit keys from a non-negative integer seed (up to 64 bits)."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    seed = int(seed)
+    seed = as_int(seed, "seed")
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed must be in [0, 2**64), got {seed}")
 

@@ -115,7 +115,7 @@ def round_codes(
         elif fmt.subnormals:
             odd = (n != 0) & (((e + fmt.bias) & 1) == 1)  # no mantissa: the exponent LSB is the code's
         else:
-            odd = n == n  # E8M0 (ml_dtypes): the implicit bit is the LSB, so ties go up
+            odd = n == n  # E8M0 (ml_dtypes >= 0.5.1): the implicit bit is the LSB, so ties go up
         up = (f > 0.5) | ((f == 0.5) & odd)
     elif rounding == "nearest_away":
         up = f >= 0.5
@@ -134,10 +134,6 @@ def round_codes(
         up = fb + rbits >= 2**SR_BITS
     else:
         raise ValueError(f"unknown rounding {rounding!r}; known: {', '.join(ROUNDING_MODES)}")
-    if not fmt.subnormals and rounding in ("nearest_even", "nearest_away"):
-        # E8M0: ml_dtypes, torch and TE all round any excess in the lowest binade up
-        # ((2^-127, 2^-126) -> 2^-126), spec section 2.4
-        up = up | ((e == fmt.emin) & (f > 0))
     n = n + _i64(xp, up)
     if not fmt.has_zero:
         n = _clip(xp, n, lo=1)  # nothing below the smallest value: it is the floor

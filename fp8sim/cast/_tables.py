@@ -60,9 +60,9 @@ def f32_stochastic_tables(fmt: FloatFormat, saturate: bool) -> tuple[np.ndarray,
 
     Returns ``shift`` (uint8, indexed by ``bits >> 23``): the right shift for r, 32 where x can never
     round away (noise 0), or SR_EXACT where the exact path is needed (Inf/NaN inputs, the format's
-    subnormal range); and ``lo`` (uint8, indexed by ``bits >> 16``): the code toward zero, with
-    nearest rounding's overflow rule (exponent 0xFF entries are reached only by a carry, i.e. they
-    are overflow).
+    subnormal range, negative float32 subnormals for non-saturating UE5M3); and ``lo`` (uint8, indexed by
+    ``bits >> 16``): the code toward zero, with nearest rounding's overflow rule (exponent 0xFF entries
+    are reached only by a carry, i.e. they are overflow).
     """
     ef = np.arange(512) & 0xFF
     e_in = np.maximum(ef, 1) - 127
@@ -71,6 +71,10 @@ def f32_stochastic_tables(fmt: FloatFormat, saturate: bool) -> tuple[np.ndarray,
     shift[(ef >= 1) & (e_in >= fmt.emin)] = 9 + fmt.mbits
     shift[e_in + 1 <= qe - 32] = 32  # |x| < 2^(qe-32): floor(f * 2^32) == 0, never rounds away
     shift[ef == 0xFF] = SR_EXACT
+    if not fmt.signed and fmt.has_zero and not saturate:
+        # -0 and a negative float32 subnormal share the upper 16 bits 0x8000, but a non-saturating
+        # unsigned format with zero (UE5M3) gives them 0 and NaN: that class takes the exact path
+        shift[0x100] = SR_EXACT
     hi = np.arange(1 << 16, dtype=np.uint32)
     exp_ff = (hi >> 7) & 0xFF == 0xFF
     hi = np.where(exp_ff, (hi & 0x8000) | 0x7F80, hi)  # carried past float32 max: treat as Inf

@@ -5,11 +5,17 @@ uses, plus the few places where it departs from the core rules (NaN code, E8M0 z
 float64 narrowed through float32).  ``CONVENTIONS[name].encode(x, fmt)`` reproduces that
 implementation's codes bit for bit; each preset is tested against the real library where it is
 installed.  Spec section 2.3 and 2.4.
+
+``CONVENTIONS["ml_dtypes"]`` is the rule of the *installed* ml_dtypes release (detected at import);
+``ml_dtypes_0_5_0``, ``ml_dtypes_0_5``, ``ml_dtypes_0_6`` and ``ml_dtypes_0_7`` name each release's
+rule so results made with another ml_dtypes can be reproduced (:data:`ML_DTYPES_RULES`,
+``docs/versions.md``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -18,7 +24,14 @@ import numpy as np
 from ..formats import FloatFormat, get_format
 from . import decode, encode
 
-__all__ = ["Convention", "CONVENTIONS", "get_convention"]
+__all__ = [
+    "Convention",
+    "CONVENTIONS",
+    "get_convention",
+    "MlDtypesRule",
+    "ML_DTYPES_RULES",
+    "ml_dtypes_rule",
+]
 
 
 @dataclass(frozen=True)
@@ -31,7 +44,8 @@ class Convention:
     ``nan_codes`` maps a format name to the code a positive NaN gets (a negative NaN also gets the
     sign bit).  ``unsigned_zero`` / ``unsigned_negative``: what a format without zero and sign (E8M0)
     does with zeros (``"core"``: NaN, or 0x00 when saturating; ``"min"``: 0x00) and with negative
-    inputs (``"core"``; ``"abs"``: the sign is ignored).
+    inputs (``"core"``; ``"abs"``: the sign is ignored).  ``e8m0_ties`` / ``e8m0_sliver``: the E8M0
+    nearest-rounding rule (:func:`fp8sim.cast.e8m0.encode_e8m0`); the core is ``"up"`` / ``"nearest"``.
     """
 
     name: str
@@ -45,7 +59,8 @@ class Convention:
     unsigned_zero: Literal["core", "min"] = "core"
     unsigned_negative: Literal["core", "abs"] = "core"
     source: str = ""
-    e8m0_ties: Literal["up", "even"] = "up"  # exact E8M0 ties (1.5 * 2^k): ml_dtypes 0.6.0 rounds them up
+    e8m0_ties: Literal["up", "even"] = "up"  # exact E8M0 ties (1.5 * 2^k): ml_dtypes >= 0.5.1 rounds them up
+    e8m0_sliver: Literal["nearest", "up"] = "nearest"  # (2^-127, 2^-126): "up" -> 0x01 (ml_dtypes < 0.7, torch)
 
     def options(self, fmt: str | FloatFormat) -> dict[str, Any]:
         """The core ``encode`` options this convention uses for ``fmt``."""
@@ -65,10 +80,11 @@ class Convention:
         x = self._narrow(x)
         if not f.signed and self.unsigned_negative == "abs":
             x = abs(x)
-        if f.name == "e8m0" and self.e8m0_ties == "even" and opts["rounding"] == "nearest_even":
+        e8m0_rule = (self.e8m0_ties, self.e8m0_sliver) != ("up", "nearest")
+        if f.name == "e8m0" and e8m0_rule and opts["rounding"] == "nearest_even":
             from .e8m0 import encode_e8m0
 
-            codes = encode_e8m0(x, ties="even", saturate=opts["saturate"])
+            codes = encode_e8m0(x, ties=self.e8m0_ties, sliver=self.e8m0_sliver, saturate=opts["saturate"])
         else:
             codes = encode(x, f, **opts)
         with np.errstate(invalid="ignore"):  # NaN comparisons on bfloat16 arrays warn
@@ -119,22 +135,141 @@ _TORCH_COMMON = dict(
     nan_codes=_TORCH_NAN,
     unsigned_zero="min",
     unsigned_negative="abs",
+    e8m0_sliver="up",  # fp8e8m0fnu_from_fp32_value: (2^-127, 2^-126) -> 0x01
 )
 
-_PRESETS = (
-    Convention(
-        "ml_dtypes",
-        "ml_dtypes astype / scalar constructor: nearest-even, non-saturating (E4M3 overflow -> NaN, "
-        "E5M2 -> Inf, fnuz -> NaN, FP4/FP6 -> max), float64 arrays narrowed through float32",
-        saturate=False,
-        float64="via_float32",
-        source="jax-ml/ml_dtypes:ml_dtypes/include/float8.h ConvertImpl; _src/floats.cc NPyCast",
+
+@dataclass(frozen=True)
+class MlDtypesRule:
+    """How a range of ml_dtypes releases casts, where releases differ (read from each tag's source).
+
+    ``first``: the first release with this rule (it holds until the next record's ``first``);
+    ``convention``: the preset that reproduces it; ``e8m0_ties``, ``e8m0_sliver``, ``float64``: as in
+    :class:`Convention`; ``source``: the file and lines it was read from."""
+
+    convention: str
+    first: tuple[int, int, int]
+    releases: str
+    e8m0_ties: Literal["up", "even"]
+    e8m0_sliver: Literal["nearest", "up"]
+    float64: Literal["exact", "via_float32"]
+    source: str
+
+    @property
+    def summary(self) -> str:
+        """One line: E8M0 ties, the lowest binade and float64 arrays."""
+        ties = "to the even code" if self.e8m0_ties == "even" else "up"
+        sliver = "-> 2^-126" if self.e8m0_sliver == "up" else "to nearest"
+        f64 = "through float32 (double rounding)" if self.float64 == "via_float32" else "rounded once"
+        return f"E8M0 ties {ties}, (2^-127, 2^-126) {sliver}; float64 arrays {f64}"
+
+
+ML_DTYPES_RULES: tuple[MlDtypesRule, ...] = (
+    MlDtypesRule(
+        "ml_dtypes_0_5_0",
+        (0, 5, 0),
+        "0.5.0",
+        "even",
+        "up",
+        "via_float32",
+        "ml_dtypes/include/float8.h@v0.5.0: RoundBitsToNearestEven (line 1295) on the float32 bits with the "
+        "exponent LSB as L (line 1535); float32 subnormals lines 1451-1480; _src/custom_float.h NPyCast line 629",
     ),
+    MlDtypesRule(
+        "ml_dtypes_0_5",
+        (0, 5, 1),
+        "0.5.1 - 0.5.4",
+        "up",
+        "up",
+        "via_float32",
+        "ml_dtypes/include/float8.h@v0.5.1: RoundBitsToNearestEven(..., use_implicit_bit) lines 1296-1308, "
+        "1488, 1544 (commit 82a0ca1); _src/custom_float.h NPyCast (CastToFloat)",
+    ),
+    MlDtypesRule(
+        "ml_dtypes_0_6",
+        (0, 6, 0),
+        "0.6.x",
+        "up",
+        "up",
+        "via_float32",
+        "ml_dtypes/include/float8.h@v0.6.0: ConvertImpl steps 4-6 (lines 1433-1514; line 1466 rounds with the "
+        "implicit bit as L, E8M0 exponent 0 taken as a subnormal); _src/custom_float.h NPyCast line 640",
+    ),
+    MlDtypesRule(
+        "ml_dtypes_0_7",
+        (0, 7, 0),
+        "0.7.x",
+        "up",
+        "nearest",
+        "exact",
+        "ml_dtypes/include/float8.h@v0.7.0: kToEncodingBias and the kSmallest shift in ConvertImpl (lines 1550, "
+        "1652, 1709-1710; #434); RoundToOddFloat line 1806; _src/floats.h NarrowToFloat, _src/casts.cc line 230 (#401)",
+    ),
+)
+ML_DTYPES_VERIFIED = "0.7.0"
+"""The newest ml_dtypes release whose source was read; a newer one is given its predecessor's rule."""
+
+
+def _version_tuple(version: str) -> tuple[int, int, int]:
+    nums = [int(n) for n in re.findall(r"\d+", version.split("+")[0])[:3]]
+    return tuple(nums + [0] * (3 - len(nums)))  # type: ignore[return-value]
+
+
+def ml_dtypes_rule(version: str | None = None) -> MlDtypesRule:
+    """The :class:`MlDtypesRule` of ml_dtypes ``version`` (default: the installed one)."""
+    if version is None:
+        import ml_dtypes
+
+        version = ml_dtypes.__version__
+    v = _version_tuple(version)
+    found = ML_DTYPES_RULES[0]
+    for rule in ML_DTYPES_RULES:
+        if v >= rule.first:
+            found = rule
+    return found
+
+
+_ML_DTYPES_DESCRIPTION = (
+    "ml_dtypes {releases} astype / scalar constructor: nearest-even, non-saturating (E4M3 overflow -> NaN, "
+    "E5M2 -> Inf, fnuz -> NaN, FP4/FP6 -> max); {summary}"
+)
+
+
+def _ml_dtypes_preset(rule: MlDtypesRule) -> Convention:
+    return Convention(
+        rule.convention,
+        _ML_DTYPES_DESCRIPTION.format(releases=rule.releases, summary=rule.summary),
+        saturate=False,
+        float64=rule.float64,
+        e8m0_ties=rule.e8m0_ties,
+        e8m0_sliver=rule.e8m0_sliver,
+        source="jax-ml/ml_dtypes:" + rule.source,
+    )
+
+
+def _installed_ml_dtypes() -> Convention:
+    import ml_dtypes
+
+    rule = ml_dtypes_rule(ml_dtypes.__version__)
+    newer = _version_tuple(ml_dtypes.__version__) > _version_tuple(ML_DTYPES_VERIFIED)
+    note = f" (newer than {ML_DTYPES_VERIFIED}, the last release checked: assumed unchanged)" if newer else ""
+    return replace(
+        _ml_dtypes_preset(rule),
+        name="ml_dtypes",
+        description=f"the installed ml_dtypes {ml_dtypes.__version__}: rule {rule.convention}{note}; "
+        + _ML_DTYPES_DESCRIPTION.format(releases=rule.releases, summary=rule.summary),
+    )
+
+
+_PRESETS = (
+    _installed_ml_dtypes(),
     Convention(
         "satfinite",
         "CUDA __nv_cvt_*_to_fp8 with __NV_SATFINITE / PTX cvt.rn.satfinite, as TransformerEngine casts: "
-        "nearest-even, +-Inf and finite overflow -> +-max; E8M0 rounds up (cvt.rp.satfinite.ue8m0x2)",
+        "nearest-even, +-Inf and finite overflow -> +-max; E8M0 rounds up (cvt.rp.satfinite.ue8m0x2); "
+        "not UE5M3, whose CUDA conversion (__nv_fp8_ue5m3) has not been read",
         saturate=True,
+        formats=("e4m3", "e5m2", "e8m0", "e4m3fnuz", "e5m2fnuz", "e2m1", "e2m3", "e3m2"),
         overrides=MappingProxyType({"e8m0": {"rounding": "up", "saturate": True}}),
         source="CUDA cuda_fp8.hpp; NVIDIA/TransformerEngine common/util/ptx.cuh, ptx_arch_spec.cuh float_to_e8m0",
     ),
@@ -142,7 +277,7 @@ _PRESETS = (
         "torch_eager",
         "torch eager .to(float8) on the CPU since pytorch#178817 (measured on torch 2.13.0+cpu): E4M3 "
         "overflow and +-Inf -> +-448, E5M2 overflow -> Inf with NaN code 0x7F, fnuz -> NaN, E8M0: "
-        "0 -> 2^-127 and the sign ignored; float64 narrowed through float32",
+        "0 -> 2^-127, the sign ignored and (2^-127, 2^-126) -> 2^-126; float64 narrowed through float32",
         overrides=MappingProxyType({f: {"saturate": False} for f in _TORCH_FORMATS if f != "e4m3"}),
         source="pytorch/pytorch:torch/headeronly/util/Float8_*.h, aten/src/ATen/cpu/vec/vec512/vec512_float8.h",
         **_TORCH_COMMON,
@@ -168,13 +303,13 @@ _PRESETS = (
     ),
     Convention(
         "ml_dtypes_ties_even",
-        "the ml_dtypes convention with exact E8M0 ties rounded to the even code (the open ml_dtypes change; "
-        "ml_dtypes 0.6.0 rounds them up)",
+        "the ml_dtypes 0.7 convention with exact E8M0 ties rounded to the even code (gfloat TiesToEven; "
+        "ml_dtypes >= 0.5.1 rounds them up)",
         saturate=False,
-        float64="via_float32",
         e8m0_ties="even",
-        source="jax-ml/ml_dtypes:ml_dtypes/include/mxfloat.h (float8_e8m0fnu rounding); fp8sim.cast.e8m0",
+        source="graphcore-research/gfloat:src/gfloat/round.py (TiesToEven); fp8sim.cast.e8m0",
     ),
+    *(_ml_dtypes_preset(rule) for rule in ML_DTYPES_RULES),
 )
 
 CONVENTIONS: MappingProxyType = MappingProxyType({c.name: c for c in _PRESETS})
@@ -185,7 +320,7 @@ def get_convention(name: str | Convention) -> Convention:
     """A preset by name (aliases: cuda, te -> satfinite); a Convention passes through."""
     if isinstance(name, Convention):
         return name
-    key = _ALIASES.get(name, name) if isinstance(name, str) else name
+    key = _ALIASES.get(name, name) if isinstance(name, str) else None
     if key in CONVENTIONS:
         return CONVENTIONS[key]
     raise ValueError(f"unknown convention {name!r}; known: {', '.join([*CONVENTIONS, *_ALIASES])}")

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["PHILOX_M", "PHILOX_W", "philox4x32", "te_philox_words"]
+from .._util.args import as_int
+
+__all__ = ["MAX_ROUNDS", "PHILOX_M", "PHILOX_W", "philox4x32", "te_philox_words"]
 
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
 PHILOX_W = (0x9E3779B9, 0xBB67AE85)
 _MASK = np.uint64(0xFFFFFFFF)
+MAX_ROUNDS = 64  # Random123 defines 7 to 10; a round count is never a size, so keep it small
 
 
 def _u32(x: object, name: str, shape_tail: int) -> np.ndarray:
@@ -39,8 +42,7 @@ def _u32(x: object, name: str, shape_tail: int) -> np.ndarray:
 def philox4x32(counter: object, key: object, rounds: int = 10) -> np.ndarray:
     """Philox4x32-``rounds`` of ``counter`` (``(..., 4)`` uint32 words, c0 first) under ``key`` (``(..., 2)``,
     broadcast against the counters); returns ``(..., 4)`` uint32."""
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
+    rounds = as_int(rounds, "rounds", lo=1, hi=MAX_ROUNDS, what="Philox4x32-10 has 10")
     c = _u32(counter, "counter", 4)
     k = _u32(key, "key", 2)
     c0, c1, c2, c3 = (c[..., i] for i in range(4))
@@ -58,11 +60,9 @@ def philox4x32(counter: object, key: object, rounds: int = 10) -> np.ndarray:
 def te_philox_words(seed: int, offset: int, count: int, *, subsequence: int = 0, rounds: int = 10) -> np.ndarray:
     """The first ``count`` uint32 words a TE ``philox4x32_native_state`` initialised with
     ``init(seed, subsequence, offset)`` hands out through ``generate4()`` (module docstring)."""
-    for name, v, hi in (("seed", seed, 2**64), ("offset", offset, 2**64), ("subsequence", subsequence, 2**64)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < hi:
-            raise ValueError(f"{name} must be an int in [0, 2^64), got {v!r}")
-    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
-        raise ValueError(f"count must be an int >= 0, got {count!r}")
+    for name, v in (("seed", seed), ("offset", offset), ("subsequence", subsequence)):
+        as_int(v, name, lo=0, hi=2**64 - 1)
+    as_int(count, "count", lo=0)
     blocks = -(-int(count) // 4)
     start = int(subsequence) * 2**64 + int(offset)
     ctr = [(start + i) % 2**128 for i in range(blocks)] if blocks < 4096 else None

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._util.args import as_int
 from .philox import philox4x32
 
 __all__ = [
@@ -106,9 +107,7 @@ def te_philox_block_words(seed: int, block: int, n_threads: int, *, rounds: int 
 
 
 def _check(name: str, v: object, lo: int, hi: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= int(v) < hi:
-        raise ValueError(f"{name} must be an int in [{lo}, {hi}), got {v!r}")
-    return int(v)
+    return as_int(v, name, lo=lo, hi=hi - 1)
 
 
 def _tuned_1d_words(

@@ -132,7 +132,9 @@ _SR_BLOCK = 1 << 16
 
 def _sr_classes(shift_table: np.ndarray) -> tuple[int, int, int] | None:
     """``(a, b, S)`` with the shift table, per sign, equal to: 32 (no noise) for exponent fields below
-    ``a``, SR_EXACT for ``[a, b)`` and 255, ``S`` for ``[b, 255)``; None where it has another shape."""
+    ``a``, SR_EXACT for ``[a, b)`` and 255, ``S`` for ``[b, 255)``; None where it has another shape
+    (non-saturating UE5M3: its negative-subnormal class takes the exact path, so the halves differ and
+    it runs the numpy pass, the same bits)."""
     half = shift_table[:256]
     main = [int(v) for v in np.unique(half) if v not in (32, SR_EXACT)]
     if len(main) != 1 or not np.array_equal(half, shift_table[256:]):

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .._util.args import as_int
+
 __all__ = ["PRESETS", "ParallelLayout", "group_ranks", "new_group"]
 
 PRESETS: dict[str, tuple[str, ...]] = {
@@ -46,9 +48,7 @@ class ParallelLayout:
 
     def __post_init__(self) -> None:
         for name in _ORDER:
-            size = getattr(self, name)
-            if not isinstance(size, int) or size < 1:
-                raise ValueError(f"{name} must be a positive int, got {size!r}")
+            object.__setattr__(self, name, as_int(getattr(self, name), name, lo=1))
 
     @property
     def world_size(self) -> int:

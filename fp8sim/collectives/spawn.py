@@ -23,6 +23,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from .._util.args import as_int
+
 __all__ = ["RankFailure", "run_ranks"]
 
 _POLL_S = 0.02
@@ -88,8 +90,7 @@ def run_ranks(
 
     import torch
 
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    world_size = as_int(world_size, "world_size", lo=1)
     if not timeout > 0:
         raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
     if start_method not in ("spawn", "forkserver"):

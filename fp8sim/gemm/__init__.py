@@ -4,8 +4,9 @@
 from .accumulators import ACCUMULATORS, Accumulator, get_accumulator
 from .emulate import emulate_scaled_mm
 from .instructions import INSTRUCTION_MODELS, InstructionModel, dot_add, get_instruction_model
-from .profiles import PROFILES, DeviceProfile, SplitKUnknownError, get_profile
+from .profiles import PROFILES, DeviceProfile, SplitChoice, SplitKUnknownError, get_profile, is_profile
 from .scaled_mm import scaled_mm
+from .torch_cpu import torch_cpu_kernel
 
 __all__ = [
     "ACCUMULATORS",
@@ -18,7 +19,10 @@ __all__ = [
     "scaled_mm",
     "DeviceProfile",
     "PROFILES",
+    "SplitChoice",
     "SplitKUnknownError",
     "get_profile",
+    "is_profile",
     "emulate_scaled_mm",
+    "torch_cpu_kernel",
 ]

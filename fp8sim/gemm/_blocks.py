@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ._exact import round_sum_to_f32, two_sum
+from ._exact import fma_f32 as _fma_f32
 
 __all__ = ["BLOCK_ORDERS", "torch_tiling", "resolve_tiling", "expand_block_scales", "blockwise"]
 
@@ -123,15 +123,6 @@ def expand_block_scales(s: np.ndarray, rows: int, cols: int, tiling: tuple[int, 
     if side == "a":
         return np.repeat(np.repeat(v, bm, axis=0), bk, axis=1)[:rows, :cols]
     return np.repeat(np.repeat(v, bk, axis=0), bn, axis=1)[:rows, :cols]
-
-
-def _fma_f32(x: np.ndarray, s: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """float32 fma(x, s, y): the exact x*s + y rounded once (float32 inputs)."""
-    p = x.astype(np.float64) * s.astype(np.float64)  # exact: 24 x 24 bits
-    hi, lo = two_sum(p, y.astype(np.float64))
-    with np.errstate(invalid="ignore"):
-        special = ~np.isfinite(hi)
-    return np.where(special, hi.astype(np.float32), round_sum_to_f32(np.where(special, 0.0, hi), lo))
 
 
 def blockwise(

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-__all__ = ["exact_matmul_f32", "round_sum_to_f32", "two_sum"]
+__all__ = ["exact_matmul_f32", "fma_f32", "round_sum_to_f32", "two_sum"]
 
 
 def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -82,8 +82,9 @@ def _bands(v: np.ndarray, mbits: int, width: int) -> list[np.ndarray]:
 
 
 def exact_matmul_f32(va: np.ndarray, vb: np.ndarray, mbits_a: int, mbits_b: int) -> np.ndarray:
-    """float32 nearest-even of the exact ``va @ vb`` for finite float64 matrices whose entries have
-    at most ``mbits + 1`` significant bits (decoded narrow floats, possibly times powers of two)."""
+    """float32 nearest-even of the exact ``va @ vb`` plus +0 for finite float64 matrices whose entries
+    have at most ``mbits + 1`` significant bits (decoded narrow floats, possibly times powers of two).
+    A zero result is +0, as the instruction ``D = A.B + C`` with ``C = +0`` gives it."""
     k = max(va.shape[-1], 1)
     # band-pair matmul exact when log2(k) + (Wa + Wb) + ma + mb + 2 <= 53
     budget = 53 - math.ceil(math.log2(k)) - mbits_a - mbits_b - 2
@@ -94,6 +95,18 @@ def exact_matmul_f32(va: np.ndarray, vb: np.ndarray, mbits_a: int, mbits_b: int)
     parts = [np.matmul(pa, pb) for pa in _bands(va, mbits_a, wa) for pb in _bands(vb, mbits_b, wb)]
     if len(parts) == 1:
         with np.errstate(over="ignore"):
-            return parts[0].astype(np.float32)  # exact float64, one rounding
-    hi, rem = _distill(parts)
-    return round_sum_to_f32(hi, rem)
+            out = parts[0].astype(np.float32)  # exact float64, one rounding
+    else:
+        hi, rem = _distill(parts)
+        out = round_sum_to_f32(hi, rem)
+    # D = A.B + C with C = +0: a zero sum is +0, whatever sign the BLAS's summation order gave it
+    return out + np.float32(0)
+
+
+def fma_f32(x: np.ndarray, s: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """float32 fma(x, s, y): the exact x*s + y rounded once (float32 inputs)."""
+    p = x.astype(np.float64) * s.astype(np.float64)  # exact: 24 x 24 bits
+    hi, lo = two_sum(p, y.astype(np.float64))
+    with np.errstate(invalid="ignore"):
+        special = ~np.isfinite(hi)
+    return np.where(special, hi.astype(np.float32), round_sum_to_f32(np.where(special, 0.0, hi), lo))

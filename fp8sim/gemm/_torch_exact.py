@@ -78,10 +78,10 @@ def _bands(v: Any, width: int) -> list:
 
 
 def exact_matmul_f32(va: Any, vb: Any, mbits_a: int, mbits_b: int) -> Any:
-    """float32 nearest-even of the exact ``va @ vb`` (float64 tensors of decoded narrow floats, NaN/Inf
-    as IEEE matmul gives them).  Band-pair float64 matmuls are exact in any summation order (every
-    partial sum fits 53 bits), so the device's BLAS cannot change the result; NaN payloads are the
-    device's."""
+    """float32 nearest-even of the exact ``va @ vb`` plus +0 (float64 tensors of decoded narrow floats,
+    NaN/Inf as IEEE matmul gives them; a zero result is +0, as ``D = A.B + C`` with ``C = +0`` gives it).
+    Band-pair float64 matmuls are exact in any summation order (every partial sum fits 53 bits), so the
+    device's BLAS cannot change the result; NaN payloads are the device's."""
     import math
 
     import torch
@@ -96,6 +96,7 @@ def exact_matmul_f32(va: Any, vb: Any, mbits_a: int, mbits_b: int) -> Any:
     wb = max(1, budget - wa)
     parts = [pa @ pb for pa in _bands(a0, wa) for pb in _bands(b0, wb)]
     out = parts[0].to(torch.float32) if len(parts) == 1 else rn_sum_f32(torch.stack(parts, -1))
+    out = out + 0.0  # D = A.B + C with C = +0: a zero sum is +0, whatever sign the BLAS's order gave it
     if not (bool(fin_a.all()) and bool(fin_b.all())):
         special = va @ vb
         out = torch.where(torch.isfinite(special), out, special.to(torch.float32))

@@ -2,8 +2,11 @@
 
 - ``exact``: the exact sum, rounded once to float32 (nearest even).
 - ``dequantized_fp32``: dequantize each operand with its scales to float32, then one float32
-  matmul (BLAS order): torchao ``emulate=True``, torch's CPU ``_scaled_mm`` and most fake-quant
-  tools.
+  matmul (BLAS order): torchao ``emulate=True``, torch's CPU ``_scaled_mm`` fallback kernel
+  (``cpu_reference``) and most fake-quant tools.
+- ``fp32_matmul``: the unscaled products summed by one float32 matmul, the scales applied after
+  (``fl32(fl32(sa * sb) * acc)``): torch's CPU ``_scaled_mm`` on oneDNN (``cpu_onednn``), whose own
+  summation order fp8sim does not reproduce (:mod:`fp8sim.gemm.torch_cpu`).
 - tensor-core chains (spec 9.2): instructions of the named model run along K, each feeding its
   result to the next as ``c``; ``promote_every`` K elements (split accumulation) the chain's result
   is added with float32 round-to-nearest into a register accumulator and the chain restarts from 0.
@@ -26,21 +29,24 @@ from .instructions import INSTRUCTION_MODELS
 __all__ = ["Accumulator", "ACCUMULATORS", "F16_ACCUMULATE", "get_accumulator"]
 
 
+_KINDS = ("exact", "dequantized_fp32", "fp32_matmul", "tensor_core")
+
+
 @dataclass(frozen=True)
 class Accumulator:
     """How a GEMM sums its products; ``instruction`` names an :data:`INSTRUCTION_MODELS` entry
     for ``kind="tensor_core"`` (block-scaled layouts switch to the Blackwell block-scale kinds)."""
 
     name: str
-    kind: Literal["exact", "dequantized_fp32", "tensor_core"]
+    kind: Literal["exact", "dequantized_fp32", "fp32_matmul", "tensor_core"]
     instruction: str | None = None
     promote_every: int | None = None
     description: str = ""
     accumulate: Literal["float32", "float16"] = "float32"
 
     def __post_init__(self) -> None:
-        if self.kind not in ("exact", "dequantized_fp32", "tensor_core"):
-            raise ValueError(f"kind must be 'exact', 'dequantized_fp32' or 'tensor_core'; got {self.kind!r}")
+        if self.kind not in _KINDS:
+            raise ValueError(f"kind must be one of {', '.join(map(repr, _KINDS))}; got {self.kind!r}")
         if self.kind == "tensor_core":
             if self.instruction not in INSTRUCTION_MODELS:
                 raise ValueError(
@@ -74,7 +80,14 @@ ACCUMULATORS: dict[str, Accumulator] = {
         Accumulator(
             "cpu_reference",
             "dequantized_fp32",
-            description="torch's CPU _scaled_mm: dequantized_fp32, FP8 output / scale_result",
+            description="torch's CPU _scaled_mm fallback kernel: dequantized_fp32, FP8 output * (1 / scale_result) "
+            "then torch's .to()",
+        ),
+        Accumulator(
+            "cpu_onednn",
+            "fp32_matmul",
+            description="torch's CPU _scaled_mm on oneDNN (AMX hosts): unscaled float32 sum in BLAS order "
+            "(oneDNN's own order is not reproduced), * fl32(sa * sb), + bias, / scale_result, non-saturating FP8",
         ),
         Accumulator("hopper_fast", "tensor_core", "hopper_wgmma", None, "Hopper wgmma chained over all K"),
         Accumulator("hopper_split", "tensor_core", "hopper_wgmma", 128, "Hopper, promoted to fp32 every 128 K"),
@@ -96,6 +109,7 @@ ACCUMULATORS: dict[str, Accumulator] = {
 _ALIASES = {
     "exact_fp32": "exact",
     "torchao_emulate": "dequantized_fp32",
+    "cpu_fallback": "cpu_reference",
     "hopper_split128": "hopper_split",
     "ada": "ada_fast",
     "ada_split128": "ada_split",
@@ -109,7 +123,7 @@ _ALIASES = {
 def get_accumulator(acc: str | Accumulator) -> Accumulator:
     if isinstance(acc, Accumulator):
         return acc
-    name = _ALIASES.get(acc, acc)
+    name = _ALIASES.get(acc, acc) if isinstance(acc, str) else None
     if name in ACCUMULATORS:
         return ACCUMULATORS[name]
     raise ValueError(f"unknown accumulator {acc!r}; known: {', '.join([*ACCUMULATORS, *_ALIASES])}")

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from .._util.args import as_array
 from .._util.tensors import is_torch_tensor, numpy_view
 from ..cast._tables import code_values
 from ..formats import FloatFormat, get_format
@@ -132,7 +133,7 @@ INSTRUCTION_MODELS: dict[str, InstructionModel] = {
 def get_instruction_model(model: str | InstructionModel) -> InstructionModel:
     if isinstance(model, InstructionModel):
         return model
-    if model in INSTRUCTION_MODELS:
+    if isinstance(model, str) and model in INSTRUCTION_MODELS:
         return INSTRUCTION_MODELS[model]
     raise ValueError(f"unknown instruction model {model!r}; known: {', '.join(INSTRUCTION_MODELS)}")
 
@@ -151,7 +152,7 @@ def _decoded(fmt: FloatFormat, zero_exp: int = _ZERO_EXP) -> tuple[np.ndarray, n
 
 
 def _codes(x: Any, arg: str, fmt: FloatFormat) -> np.ndarray:
-    arr = numpy_view(x) if is_torch_tensor(x) else np.asarray(x)  # .numpy() pins the storage (FSDP2)
+    arr = numpy_view(x) if is_torch_tensor(x) else as_array(x, arg)  # .numpy() pins the storage (FSDP2)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{arg} must hold integer codes of {fmt.name}, got dtype {arr.dtype}")
     if arr.size and (arr.min() < 0 or arr.max() >= fmt.num_codes):
@@ -176,14 +177,19 @@ def dot_add(
     ``out_dtype="float16"``), block-scale codes ``[..., K / scale_block]`` for block-scaled models.
     Returns float32 (or float16) values of shape ``[...]``."""
     m = get_instruction_model(model)
-    fa, fb = get_format(a_format), get_format(b_format)
+    fa, fb = get_format(a_format, arg="a_format"), get_format(b_format, arg="b_format")
     ac, bc = _codes(a, "a", fa), _codes(b, "b", fb)
     if ac.shape != bc.shape or ac.shape[-1:] != (m.k,):
         raise ValueError(f"a and b must have the same shape [..., {m.k}] for {m.name}; got {ac.shape} and {bc.shape}")
     if out_dtype not in ("float32", "float16"):
         raise ValueError(f"out_dtype must be 'float32' or 'float16', got {out_dtype!r}")
-    c = np.asarray(numpy_view(c) if is_torch_tensor(c) else c)
-    c = np.broadcast_to(c.astype(np.float16 if out_dtype == "float16" else np.float32), ac.shape[:-1])
+    c = numpy_view(c) if is_torch_tensor(c) else as_array(c, "c")
+    if c.dtype.kind not in "iuf":
+        raise TypeError(f"c must hold real numbers (float32, or float16 values), got dtype {c.dtype}")
+    try:
+        c = np.broadcast_to(c.astype(np.float16 if out_dtype == "float16" else np.float32), ac.shape[:-1])
+    except ValueError:
+        raise ValueError(f"c has shape {c.shape}; it must broadcast to the outputs' shape {ac.shape[:-1]}") from None
     sa = sb = None
     if m.scale_format is not None:
         if scale_a is None or scale_b is None:

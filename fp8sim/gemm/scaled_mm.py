@@ -27,6 +27,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .._util.args import as_bool
 from .._util.tensors import is_torch_tensor, numpy_view
 from ..cast import decode, encode
 from ..formats import FloatFormat, get_format
@@ -72,13 +73,34 @@ def _operand(x: Any, fmt: str | FloatFormat | None, name: str, host: bool = True
         return numpy_view(x.detach().contiguous().view(__import__("torch").uint8).cpu()), get_format(_TORCH_FMT[dt])
     if fmt is None:
         raise ValueError(f"{name} is a code array: pass {'a' if name == 'mat1' else 'b'}_format= (e.g. 'e4m3')")
-    f = get_format(fmt)
+    f = get_format(fmt, arg="a_format" if name == "mat1" else "b_format")
     arr = np.asarray(x)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integer codes of {f.name}, got dtype {arr.dtype}")
     if arr.size and (arr.min() < 0 or arr.max() >= f.num_codes):
         raise ValueError(f"{name} holds codes outside [0, {f.num_codes - 1}] for {f.name}")
     return arr.astype(np.uint8, copy=False), f
+
+
+def _as_input(x: Any, name: str, number: bool = False) -> Any:
+    """One normalisation before every check: torch tensors and numpy arrays as given, nested lists
+    and tuples (and, for scales and the bias, Python numbers, which become float32 as
+    ``torch.tensor`` makes them) as numpy arrays; anything else a TypeError naming the argument."""
+    if x is None or is_torch_tensor(x) or isinstance(x, np.ndarray):
+        return x
+    ok = (list, tuple, np.generic) + ((int, float) if number else ())
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, ok):
+        what = "a torch tensor, a numpy array or a nested list" + (" or a number" if number else "")
+        raise TypeError(f"{name} must be {what}; got {type(x).__name__}")
+    if isinstance(x, np.generic):
+        return np.asarray(x)
+    try:
+        arr = np.asarray(x)
+    except ValueError as exc:  # ragged nesting
+        raise ValueError(f"{name} is not a rectangular array: {exc}") from None
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must hold numbers; got {arr.dtype} from a {type(x).__name__}")
+    return arr.astype(np.float32) if number else arr  # Python numbers: float32, as torch.tensor makes them
 
 
 def _scale(x: Any) -> np.ndarray:
@@ -167,9 +189,19 @@ def scaled_mm(
     ``"scale_b_first"`` ``fma(fl32(P*sb), sa, y)`` or ``"scale_product"`` ``fma(P, fl32(sa*sb), y)``;
     None: TE's cuBLAS rule (``scale_b_first`` for 2D A with 1D B, else ``scale_a_first``).
     """
+    a, b = _as_input(a, "mat1"), _as_input(b, "mat2")
+    scale_a, scale_b = _as_input(scale_a, "scale_a", True), _as_input(scale_b, "scale_b", True)
+    bias, scale_result = _as_input(bias, "bias", True), _as_input(scale_result, "scale_result", True)
     check_arguments(a, b, scale_a, scale_b)
-    if backend not in (None, "numpy", "torch"):
-        raise ValueError(f"backend must be None, 'numpy' or 'torch'; got {backend!r}")
+    if backend is not None and (not isinstance(backend, str) or backend not in ("numpy", "torch")):
+        raise ValueError(f"backend must be None, 'numpy' or 'torch'; got {backend!r:.60}")
+    use_fast_accum, strict = as_bool(use_fast_accum, "use_fast_accum"), as_bool(strict, "strict")
+    if scale_result is not None and (
+        np.size(_scale(scale_result)) != 1 or _scale(scale_result).dtype.kind not in "iuf"
+    ):
+        raise ValueError(
+            f"scale_result must be None or one real number (a 1-element tensor or array), got {scale_result!r:.60}"
+        )
     torch_in = is_torch_tensor(a)
     host = not _keep_on_device(a, b, backend)
     ac, fa = _operand(a, a_format, "mat1", host)
@@ -181,26 +213,33 @@ def scaled_mm(
         raise RuntimeError(f"mat_a and mat_b shapes cannot be multiplied ({m}x{k} and {bc.shape[0]}x{bc.shape[1]})")
     n = bc.shape[1]
     out = out_dtype_name(out_dtype, fa)
-    if epilogue not in ("alpha", "sequential"):
-        raise ValueError(f"epilogue must be 'alpha' or 'sequential', got {epilogue!r}")
+    if not isinstance(epilogue, str) or epilogue not in ("alpha", "sequential"):
+        raise ValueError(f"epilogue must be 'alpha' or 'sequential', got {epilogue!r:.60}")
     if bias is not None:
         check_bias(bias, n)
-    if strict:
-        check_torch_rules(a, b, fa, fb, bias, out)
-        check_scale_dtypes(scale_a, scale_b, m, k, n)
+    prof = None
     if profile is not None:
         from .profiles import get_profile
 
         prof = get_profile(profile)
         accumulator = prof.accumulator_for(use_fast_accum) if accumulator is None else accumulator
-        split_k = prof.split_for(m, n, k, out, use_fast_accum, fa.name, fb.name) if split_k is None else split_k
         epilogue = prof.epilogue
-    split = check_split_k(split_k)
     acc = _pick_accumulator(accumulator, use_fast_accum, device)
+    onednn = acc.kind == "fp32_matmul"  # torch's oneDNN CPU kernel: item<float>() takes any float scale
+    if strict:
+        check_torch_rules(a, b, fa, fb, bias, out)
+        if not onednn:
+            check_scale_dtypes(scale_a, scale_b, m, k, n)
     sa, sb = _scale(scale_a), _scale(scale_b)
+    if onednn:
+        _check_onednn_call(sa, sb, scale_result, out_dtype)
+        sa, sb = np.asarray(sa, np.float32), np.asarray(sb, np.float32)  # float64 rounds to nearest, as C++
     # MX/NVFP4 scales may come flat in the 128x4 blocked layout, as torch._scaled_mm takes them (issue 17)
     sa, sb = unswizzle_mm_scales(scale_a, scale_b, sa, sb, m, k, n, fa.name == "e2m1")
     layout, tiling = _block_layout(sa, sb, m, k, n, fa, block_shape, block_order, strict)
+    if prof is not None and split_k is None:
+        split_k = _profile_split(prof, layout, m, n, k, out, use_fast_accum, fa.name, fb.name)
+    split = check_split_k(split_k)
     if split is not None and layout not in ("tensorwise", "rowwise"):
         raise ValueError(f"split_k applies to tensorwise and rowwise scales; these scales are {layout}")
     on_torch = _torch_backend(backend, acc, layout, host)
@@ -228,10 +267,42 @@ def scaled_mm(
     if bias is not None:
         bvals = _scale(bias).astype(np.float32).reshape(1, -1)
         d = (d + bvals).astype(np.float32)
-    cpu = acc.name == "cpu_reference"
-    if cpu and out_dtype is None:
-        scale_result = None  # torch's CPU kernel ignores scale_result unless out_dtype is given (torch 2.13)
-    return _finish(d, out, scale_result, torch_in, a, divide_scale_result=cpu)
+    kernel = "fallback" if acc.name == "cpu_reference" else "onednn" if onednn else None
+    if kernel == "fallback" and out_dtype is None:
+        scale_result = None  # torch's CPU fallback ignores scale_result unless out_dtype is given (torch 2.13)
+    return _finish(d, out, scale_result, torch_in, a, cpu_kernel=kernel)
+
+
+def _check_onednn_call(sa: np.ndarray, sb: np.ndarray, scale_result: Any, out_dtype: Any) -> None:
+    """What torch's oneDNN kernel takes (``aten/src/ATen/native/mkldnn/Linear.cpp`` ``mkldnn_scaled_mm``)."""
+    if sa.dtype.kind != "f" or sb.dtype.kind != "f" or sa.size != 1 or sb.size != 1:
+        raise ValueError(
+            "accumulator 'cpu_onednn' is torch's oneDNN CPU kernel, which takes one float scale per operand "
+            "(Blas.cpp sends other scale layouts to the fallback kernel: accumulator 'cpu_reference'); "
+            f"got scales of shapes {list(sa.shape)} and {list(sb.shape)}, dtypes {sa.dtype} and {sb.dtype}"
+        )
+    if scale_result is not None and out_dtype is None:
+        raise ValueError(
+            "torch's oneDNN CPU kernel reads out_dtype without checking it is set when scale_result is given "
+            "(undefined behaviour in mkldnn_scaled_mm): pass out_dtype with scale_result"
+        )
+
+
+def _profile_split(prof: Any, layout: str, m: int, n: int, k: int, out: str, fast: bool, fa: str, fb: str) -> tuple:
+    """The profile's split for this call: its recorded decision for tensorwise scales (the only cuBLASLt calls
+    recorded: rowwise runs other kernels, CUTLASS on sm_89/sm_90), else a split given with ``with_splits``."""
+    if layout == "tensorwise":
+        return prof.split_for(m, n, k, out, fast, fa, fb)
+    for key in ((m, n, k, out, bool(fast)), (m, n, k)):
+        if key in prof.splits:
+            return prof.splits[key]
+    from .profiles import SplitKUnknownError
+
+    raise SplitKUnknownError(
+        f"profile {prof.name!r} records the split-K of tensorwise-scaled calls only; this call has {layout} scales "
+        f"(M={m} N={n} K={k}, {fa} x {fb} -> {out}, use_fast_accum={fast}); pass split_k=(S, scheme) or "
+        f"profile.with_splits({{({m}, {n}, {k}): (S, scheme)}}) with the split your GPU used ((1, 'none'): unsplit)"
+    )
 
 
 def _block_layout(sa, sb, m, k, n, fa, block_shape, block_order, strict) -> tuple[str, Any]:  # noqa: ANN001
@@ -258,8 +329,8 @@ def _block_layout(sa, sb, m, k, n, fa, block_shape, block_order, strict) -> tupl
 def _pick_accumulator(acc: Any, fast: bool, device: str) -> Accumulator:
     if acc is not None:
         return get_accumulator(acc)
-    if device not in ("hopper", "ada", "blackwell"):
-        raise ValueError(f"device must be 'hopper', 'ada' or 'blackwell', got {device!r}")
+    if not isinstance(device, str) or device not in ("hopper", "ada", "blackwell"):
+        raise ValueError(f"device must be 'hopper', 'ada' or 'blackwell', got {device!r:.60}")
     if device == "blackwell":
         return get_accumulator("blackwell" if fast else "blackwell_split")
     return get_accumulator(f"{device}_{'fast' if fast else 'split'}")
@@ -455,9 +526,23 @@ def _block_scaled_in_instruction(ac, bc, fa, fb, acc, sa, sb, layout) -> np.ndar
     return _exact_with_specials(va, vb, fa, fb)
 
 
-def _finish(
-    d: np.ndarray, out: str, scale_result: Any, torch_in: bool, a: Any, divide_scale_result: bool = False
-) -> Any:
+def _torch_eager_cast(d: np.ndarray, out: str) -> np.ndarray:
+    """torch's ``.to(float8)`` of float32 values: the convention of the installed torch (torch_eager from
+    2.13, torch_eager_legacy before; torch_eager without torch)."""
+    from ..cast.conventions import CONVENTIONS
+
+    try:
+        import torch
+
+        version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    except ImportError:
+        version = (2, 13)
+    return CONVENTIONS["torch_eager" if version >= (2, 13) else "torch_eager_legacy"].encode(d, out)
+
+
+def _finish(d: np.ndarray, out: str, scale_result: Any, torch_in: bool, a: Any, cpu_kernel: str | None = None) -> Any:
+    """Output rounding; ``cpu_kernel`` ("fallback" / "onednn") applies that torch CPU kernel's FP8 epilogue
+    (:mod:`fp8sim.gemm.torch_cpu`), None the cuBLAS one (``satfinite(RN(d * scale_result))``)."""
     if out == "float32":
         res = d.astype(np.float32)
     elif out == "bfloat16":
@@ -467,10 +552,13 @@ def _finish(
             res = d.astype(np.float16)
     else:
         sr = np.float32(1.0) if scale_result is None else np.asarray(_scale(scale_result), np.float32).reshape(())
-        if divide_scale_result:  # torch's CPU kernel multiplies by 1/scale_result (spec 8.3)
-            sr = np.float32(1) / sr
-        with np.errstate(invalid="ignore", over="ignore"):
-            res = encode((d * sr).astype(np.float32), out, saturate=True)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            if cpu_kernel == "fallback":  # at::mul(out, 1 / output_scale), then .to(): torch's eager cast
+                res = _torch_eager_cast((d * (np.float32(1) / sr)).astype(np.float32), out)
+            elif cpu_kernel == "onednn":  # oneDNN divides by the dst scale, then converts without saturating
+                res = encode((d / sr).astype(np.float32), out, saturate=False)
+            else:
+                res = encode((d * sr).astype(np.float32), out, saturate=True)
     if not torch_in:
         return res
     import torch

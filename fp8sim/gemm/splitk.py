@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from .._util.args import as_int
+
 __all__ = ["SCHEMES", "TILE_K", "check_split_k", "split_indices", "combine_partials", "split_accumulate"]
 
 SCHEMES = ("contiguous", "serial", "pairwise")
@@ -41,8 +43,7 @@ def check_split_k(split_k: Any) -> tuple[int, str] | None:
             f"split_k must be None or (S, scheme) with scheme one of {', '.join(SCHEMES)}; got {split_k!r}"
         )
     s, scheme = split_k
-    if isinstance(s, bool) or not isinstance(s, int | np.integer) or s < 1:
-        raise ValueError(f"split_k's S must be a positive int; got {s!r}")
+    s = as_int(s, "split_k's S", lo=1)
     if scheme not in SCHEMES and not (s == 1 and scheme == "none"):
         raise ValueError(f"split_k's scheme must be one of {', '.join(SCHEMES)}; got {scheme!r}")
     return None if s == 1 else (int(s), scheme)

@@ -4,6 +4,7 @@ what produced them."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib.metadata
 import platform
@@ -77,11 +78,27 @@ def _to_torch(torch: Any, x: np.ndarray, device: str) -> Any:
     return torch.from_numpy(np.ascontiguousarray(x)).to(device)
 
 
+TORCH_CPU_KERNELS = ("auto", "fallback")
+
+
 def capture(
-    out: str | Path, *, device: str = "cpu", suite: str = "quick", force: bool = False, progress: bool = True
+    out: str | Path,
+    *,
+    device: str = "cpu",
+    suite: str = "quick",
+    force: bool = False,
+    progress: bool = True,
+    torch_cpu_kernel: str = "auto",
 ) -> Path:
     """Record the suite on ``device`` ("cpu" or "cuda[:i]") into ``out`` (atomic; refuses to
-    overwrite unless ``force``).  Returns the path."""
+    overwrite unless ``force``).  Returns the path.
+
+    A CPU capture records what decides torch's CPU ``_scaled_mm`` kernel (:mod:`fp8sim.gemm.torch_cpu`):
+    the CPU flags, whether oneDNN is enabled, its version and the kernel taken.  ``torch_cpu_kernel``:
+    ``"auto"`` (the host's kernel) or ``"fallback"`` (oneDNN off while the GEMMs run, so that an
+    AVX-512-FP16/AMX host records the fallback, which fp8sim reproduces bit for bit)."""
+    if torch_cpu_kernel not in TORCH_CPU_KERNELS:
+        raise ValueError(f"torch_cpu_kernel must be one of {', '.join(TORCH_CPU_KERNELS)}; got {torch_cpu_kernel!r}")
     torch = _torch()
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"--device {device}: CUDA is not available on this machine")
@@ -108,17 +125,23 @@ def capture(
             arrays[key] = x.to(getattr(torch, name)).view(torch.int16).cpu().numpy().view(np.uint16)
             ops.append({"name": key, "kind": "cast_float", "format": name, "inputs": set_name, "seed": 0})
             bar.step(key)
-    for case in cases:
-        op = {"name": case.name, "kind": "scaled_mm", **case.to_dict()}
-        try:
-            arrays[case.name] = _run_scaled_mm(torch, case, device)
-        except (RuntimeError, NotImplementedError, ValueError) as exc:
-            op["skipped"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-        ops.append(op)
-        bar.step(case.name)
+    from ..gemm.torch_cpu import fallback_kernel, torch_cpu_kernel_meta
+
+    kernel_meta: dict[str, Any] = {}
+    with fallback_kernel() if torch_cpu_kernel == "fallback" else contextlib.nullcontext():
+        if device == "cpu":
+            kernel_meta = torch_cpu_kernel_meta()
+        for case in cases:
+            op = {"name": case.name, "kind": "scaled_mm", **case.to_dict()}
+            try:
+                arrays[case.name] = _run_scaled_mm(torch, case, device)
+            except (RuntimeError, NotImplementedError, ValueError) as exc:
+                op["skipped"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            ops.append(op)
+            bar.step(case.name)
     _capture_torchao(torch, device, arrays, ops)
     bar.step("torchao")
-    meta = device_metadata(torch, device)
+    meta = {**device_metadata(torch, device), **kernel_meta}
     doc = {"meta": meta, "ops": ops, "suite": suite, "suite_version": SUITE_VERSION}
     return write_bundle(out, arrays, doc, force=force)
 

@@ -3,9 +3,12 @@
 Emulator choices follow the captured device: casts under the named convention that describes the
 device's torch (``torch_eager`` for torch >= 2.13 on the CPU, ``torch_eager_legacy`` before; on a
 GPU the best of all conventions, each one's rate reported); ``scaled_mm`` with the accumulator of
-the device (CPU: ``dequantized_fp32``, the CPU kernel's arithmetic; sm_89: ``ada_*``; sm_90:
-``hopper_*``; sm_100/sm_120: ``blackwell*``; fast or split as captured); casts to bfloat16 and
-float16 with RN-even (ml_dtypes); torchao ops with ``fp8sim.scaling.current.quantize_torchao``.
+the device (CPU: the kernel the capture records, :mod:`fp8sim.gemm.torch_cpu`: the fallback's
+``dequantized_fp32`` arithmetic, or ``cpu_onednn``, whose summation order is not oneDNN's, so it is not
+claimed bit-exact; sm_89: ``ada_*``; sm_90: ``hopper_*``; sm_100/sm_120: ``blackwell*``; fast or split as
+captured); casts to bfloat16 and float16 with RN-even (ml_dtypes); torchao ops with
+``fp8sim.scaling.current.quantize_torchao``.  ``CompareResult.notes`` says where a CPU capture's kernel
+differs from this host's, or was not recorded.
 
 Rule inference (``infer``): which rounding rule, format and saturation explain each cast
 (:func:`fp8sim.native.infer_rounding.infer_rule`) and which accumulator preset or device profile each
@@ -29,6 +32,7 @@ from ..cast._tables import code_values
 from ..cast.conventions import CONVENTIONS
 from ..formats import FORMATS, FloatFormat
 from ..gemm import scaled_mm
+from ..gemm.torch_cpu import kernel_of_capture
 from .fileformat import read_bundle
 from .suite import GemmCase, gemm_operands, input_set
 
@@ -61,6 +65,7 @@ class CompareResult:
     path: str
     meta: dict[str, Any]
     ops: list[OpResult]
+    notes: list[str] = field(default_factory=list)
 
     def failing(self, patterns: list[str]) -> list[OpResult]:
         """Ops whose name matches one of the glob ``patterns`` and that are not bit-exact."""
@@ -100,10 +105,11 @@ def cast_convention_for(meta: dict[str, Any]) -> str | None:
     return "torch_eager" if version >= (2, 13) else "torch_eager_legacy"
 
 
-def accumulator_for(meta: dict[str, Any], fast: bool) -> str:
-    """The accumulator preset that models the captured device's ``_scaled_mm``."""
+def accumulator_for(meta: dict[str, Any], fast: bool, cpu_kernel: str | None = None) -> str:
+    """The accumulator preset that models the captured device's ``_scaled_mm`` (on the CPU: of the
+    ``cpu_kernel`` the call took, the fallback where unknown)."""
     if meta.get("device", "cpu") == "cpu":
-        return "dequantized_fp32"
+        return "cpu_onednn" if cpu_kernel == "onednn" else "dequantized_fp32"
     cc = tuple(meta.get("compute_capability") or (0, 0))
     if cc[0] == 9:
         return "hopper_fast" if fast else "hopper_split"
@@ -229,7 +235,8 @@ def _compare_gemm(op: dict, bits: np.ndarray, meta: dict, infer: str = "auto") -
     fields = {k: op[k] for k in GemmCase.__dataclass_fields__}
     case = GemmCase(**fields)
     a, b, sa, sb = gemm_operands(case)
-    acc = accumulator_for(meta, case.fast_accum)
+    kernel = kernel_of_capture(meta, case.a_format != case.b_format, case.layout == "tensorwise")
+    acc = accumulator_for(meta, case.fast_accum, kernel)
     kw = {"a_format": case.a_format, "b_format": case.b_format, "out_dtype": case.out_dtype}
     emu = scaled_mm(a, b, sa, sb, accumulator=acc, **kw)
     exact = scaled_mm(a, b, sa, sb, accumulator="exact", **kw)
@@ -238,10 +245,13 @@ def _compare_gemm(op: dict, bits: np.ndarray, meta: dict, infer: str = "auto") -
     got_k = _ordered_f(bits.view(view), width)
     emu_k = _ordered_f(np.ascontiguousarray(emu).view(view), width)
     ex_k = _ordered_f(np.ascontiguousarray(exact).view(view), width)
-    res = OpResult(op["name"], "scaled_mm", emulator=f"accumulator {acc}")
+    label = f"accumulator {acc}" + (" (oneDNN's summation order not reproduced)" if kernel == "onednn" else "")
+    res = OpResult(op["name"], "scaled_mm", emulator=label)
     ulp = np.abs(got_k - emu_k).astype(np.float64)
     _stats(res, ulp == 0, ulp)
-    if res.bit_exact < res.n:  # which split-K (if any) reproduces the kernel
+    if kernel is not None:
+        res.extra["torch_cpu_kernel"] = kernel
+    if res.bit_exact < res.n and kernel != "onednn":  # which split-K (if any) reproduces the kernel
         from .infer_split import infer_split
 
         res.extra["split_inference"] = infer_split(a, b, sa, sb, bits.view(view), accumulator=acc, **kw).to_dict()
@@ -299,6 +309,7 @@ def compare_capture(
     ops = [o for o in header["ops"] if selected is None or any(fnmatch.fnmatch(o["name"], p) for p in selected)]
     bar = Progress(len(ops), progress, prefix="compare ")
     out: list[OpResult] = []
+    notes = cpu_kernel_notes(meta) if any(o["kind"] == "scaled_mm" and "skipped" not in o for o in ops) else []
     for op in ops:
         if "skipped" in op:
             out.append(OpResult(op["name"], op["kind"], skipped=op["skipped"]))
@@ -313,4 +324,33 @@ def compare_capture(
         else:
             out.append(OpResult(op["name"], op["kind"], skipped=f"unknown op kind {op['kind']!r} (newer fp8sim?)"))
         bar.step(op["name"])
-    return CompareResult(str(path), meta, out)
+    return CompareResult(str(path), meta, out, notes)
+
+
+def cpu_kernel_notes(meta: dict[str, Any]) -> list[str]:
+    """What a CPU capture's ``_scaled_mm`` ops mean here: which torch CPU kernel recorded them, and how
+    that differs from this host's (:mod:`fp8sim.gemm.torch_cpu`)."""
+    from ..gemm.torch_cpu import torch_cpu_kernel
+
+    if meta.get("device", "cpu") != "cpu":
+        return []
+    if "torch_cpu_kernel" not in meta:
+        return [
+            "this CPU capture does not record which torch CPU _scaled_mm kernel produced it (fp8sim before "
+            "issue 24): the fallback is assumed; on an AVX-512-FP16/AMX host torch runs oneDNN instead"
+        ]
+    theirs, mixed = meta["torch_cpu_kernel"], meta.get("torch_cpu_kernel_mixed", meta["torch_cpu_kernel"])
+    host = "AMX-INT8" if meta.get("cpu_amx_int8") == "yes" else "no AMX-INT8"
+    where = f"captured where torch's CPU _scaled_mm runs {theirs} ({host}, oneDNN {meta.get('onednn') or '-'}"
+    where += f", oneDNN {'enabled' if meta.get('mkldnn_enabled') == 'yes' else 'disabled'})"
+    notes = []
+    if "onednn" in (theirs, mixed):
+        notes.append(
+            f"{where}: its tensorwise GEMMs are modelled by accumulator cpu_onednn, whose float32 summation order "
+            "is not oneDNN's (AMX tiles, K split per thread): low-bit mismatches are expected and not a fault; "
+            "`fp8sim capture --torch-cpu-kernel fallback` records the fallback, which fp8sim reproduces bit for bit"
+        )
+    ours = torch_cpu_kernel()
+    if ours != theirs:
+        notes.append(f"{where}; this host runs {ours}: the comparison follows the capture's kernel, not this host's")
+    return notes

@@ -11,6 +11,9 @@ A header is a JSON object::
                      kind "cast":           format (a format torch has), inputs (an input set), seed integer
                      kind "cast_float":     format (bfloat16 | float16), inputs (an input set), seed integer
                      kind "scaled_mm":      m, n, k positive integers, a_format, b_format (e4m3 | e5m2),
+                     kind "scaled_mm":      m, n, k positive integers (n, k multiples of 16, as
+                                            torch._scaled_mm takes them), a_format, b_format (e4m3 | e5m2,
+                                            not both e5m2),
                                             layout (tensorwise | rowwise), fast_accum boolean,
                                             out_dtype (float32 | bfloat16), seed integer
                      kind "torchao_float8": format (e4m3 | e5m2), granularity (tensorwise | axiswise), pow2 boolean
@@ -131,7 +134,7 @@ def validate_header(header: Any, format_name: str, format_version: int) -> None:
             raise ValueError(f"sha256[{k!r:.60}] must be 64 lowercase hex digits, got {_type_name(v)}")
     ops = _need(header, "ops", list, "header")
     names: set[str] = set()
-    cast_formats = tuple(n for n, f in FORMATS.items() if f.torch_dtype is not None)
+    cast_formats = tuple(n for n, f in FORMATS.items() if f.torch_name is not None)  # not: installed here
     for i, op in enumerate(ops):
         where = f"ops[{i}]"
         if not isinstance(op, dict):
@@ -160,6 +163,12 @@ def validate_header(header: Any, format_name: str, format_version: int) -> None:
             _one_of(op["b_format"], _GEMM_FORMATS, f"{where}.b_format")
             _one_of(op["layout"], ("tensorwise", "rowwise"), f"{where}.layout")
             _one_of(op["out_dtype"], ("float32", "bfloat16"), f"{where}.out_dtype")
+            # what torch._scaled_mm refuses cannot have been captured (compare would hit the refusal)
+            for key in ("k", "n"):
+                if op[key] % 16:
+                    raise ValueError(f"{where}.{key} is {op[key]}; torch._scaled_mm takes multiples of 16 only")
+            if op["a_format"] == op["b_format"] == "e5m2":
+                raise ValueError(f"{where}: a_format and b_format are both e5m2, which torch._scaled_mm refuses")
         elif kind == "torchao_float8":
             _one_of(op["format"], _GEMM_FORMATS, f"{where}.format")
             _one_of(op["granularity"], ("tensorwise", "axiswise"), f"{where}.granularity")

@@ -6,10 +6,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("fp8sim.pytorch needs torch: pip install 'fp8sim[torch]'") from exc
 
 from . import constants, utils
+from ._explain import explain, record_gemm_plans
 from .attention import DotProductAttention, MultiheadAttention, RotaryPositionEmbedding, apply_rotary_pos_emb
 from .constants import DType
 from .distributed import checkpoint
 from .module import (
+    Fp8Padding,
+    Fp8Unpadding,
     GroupedLinear,  # noqa: E402 - issue 17
     LayerNorm,
     LayerNormLinear,
@@ -58,6 +61,8 @@ from .transformer import TransformerLayer
 from .utils import get_device_compute_capability, is_bf16_available
 
 __all__ = [
+    "explain",
+    "record_gemm_plans",
     "autocast",
     "fp8_autocast",
     "is_fp8_enabled",
@@ -108,4 +113,6 @@ __all__ = [
     "Float8BlockwiseQTensorStorage",
     "NVFP4TensorStorage",
     "IdentityTensorStorage",
+    "Fp8Padding",
+    "Fp8Unpadding",
 ]

@@ -102,16 +102,22 @@ class CheckpointExtraStatePolicy(Enum):
     DYNAMIC = "dynamic"
 
 
+# TE's map of first-party recipes to their policy; fp8sim's recipe classes are TE's under ``fp8sim run``, so a
+# recipe pickled by plain ``pickle`` (class path ``fp8sim.recipe``) is classified as TE's
+_POLICY_BY_NAME = {
+    "DelayedScaling": CheckpointExtraStatePolicy.STATEFUL_FP8_DELAYED_SCALING,
+    **{n: CheckpointExtraStatePolicy.STATELESS for n in _STATELESS},
+    "CustomRecipe": CheckpointExtraStatePolicy.DYNAMIC,
+}
+_RECIPE_POLICIES: dict[tuple[str, str], CheckpointExtraStatePolicy] = {
+    (mod, n): p for mod in (_TE_RECIPE_MODULE, _recipe.__name__) for n, p in _POLICY_BY_NAME.items()
+}
+
+
 def recipe_extra_state_policy(recipe: _recipe.Recipe) -> CheckpointExtraStatePolicy | None:
     """TE: the policy of a first-party recipe (fp8sim's recipe classes stand for TE's), else None."""
     cls = type(recipe)
-    if cls.__module__ != _recipe.__name__:
-        return None
-    if cls.__name__ == "DelayedScaling":
-        return CheckpointExtraStatePolicy.STATEFUL_FP8_DELAYED_SCALING
-    if cls.__name__ in _STATELESS:
-        return CheckpointExtraStatePolicy.STATELESS
-    return CheckpointExtraStatePolicy.DYNAMIC if cls.__name__ == "CustomRecipe" else None
+    return _RECIPE_POLICIES.get((cls.__module__, cls.__name__))
 
 
 def is_stateless_recipe(recipe: _recipe.Recipe) -> bool:
@@ -220,7 +226,7 @@ def te_to_scalers(state: TEExtraState, fwd: list[Any], bwd: list[Any]) -> None:
         start = 0
         for s in scalers:
             part = {"scale": scale[start : start + s.n], "amax_history": hist[:, start : start + s.n]}
-            s.load_state_dict({k: v.numpy() for k, v in part.items()})
+            s.load_state_dict(part)
             start += s.n
         if start != scale.numel():
             raise ValueError(f"{key}: the state has {scale.numel()} quantizers, the module {start}")
@@ -283,9 +289,10 @@ def _needs_unsafe_opt_in(data: bytes) -> bool:
             else:
                 continue
             has_global = True
-            if len(ref) == 2 and ref[0] == _TE_RECIPE_MODULE and ref[1] in _RECIPE_NAMES[:6]:
+            policy = _RECIPE_POLICIES.get(ref) if len(ref) == 2 else None
+            if policy is not None:
                 recipes.add(ref[1])
-                stateful |= ref[1] == "DelayedScaling"
+                stateful |= policy is CheckpointExtraStatePolicy.STATEFUL_FP8_DELAYED_SCALING
     except Exception:  # noqa: BLE001 - unreadable: TE asks for the opt-in
         return True
     if not has_global and not has_ds:  # cannot construct anything: nothing to load
@@ -337,11 +344,46 @@ def decode_te_extra_state(
         raw["recipe"] = _recipe.DelayedScaling()
         raw.pop("scale_inv_fwd", None)
         raw.pop("scale_inv_bwd", None)
+    _check_state(raw, context)
     return TEExtraState(
         recipe=raw["recipe"],
         extra_fp8_variables=dict(raw["extra_fp8_variables"]),
         **{k: raw.get(k) for k in _DS_KEYS},
     )
+
+
+def _check_state(raw: dict[str, Any], context: str) -> None:
+    """The decoded dict's entries, each named when missing or malformed (ValueError)."""
+    bad = f"{context}: _extra_state"
+    if not isinstance(raw["recipe"], _recipe.Recipe):
+        raise ValueError(f"{bad}['recipe'] must be a TE recipe object, got {type(raw['recipe']).__name__}")
+    if not isinstance(raw["extra_fp8_variables"], dict):
+        kind = type(raw["extra_fp8_variables"]).__name__
+        raise ValueError(f"{bad}['extra_fp8_variables'] must be a dict, got {kind}")
+    given = [k for k in _DS_KEYS if raw.get(k) is not None]
+    if not given:
+        return
+    if len(given) != len(_DS_KEYS):
+        missing = [k for k in _DS_KEYS if k not in given]
+        raise ValueError(f"{bad} has {', '.join(given)} but is missing key(s) {', '.join(missing)}")
+    for k in _DS_KEYS:
+        t = raw[k]
+        want = 1 if k.startswith("scale") else 2
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != want:
+            got = f"a {t.dim()}-d {t.dtype} tensor" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{bad}[{k!r}] must be a {want}-d float32 tensor, got {got}")
+    for d in ("fwd", "bwd"):
+        scale, hist = raw[f"scale_{d}"], raw[f"amax_history_{d}"]
+        if hist.shape[1] != scale.shape[0]:
+            raise ValueError(
+                f"{bad}['amax_history_{d}'] has shape {list(hist.shape)}: one column per quantizer of "
+                f"'scale_{d}' (shape {list(scale.shape)}) expected"
+            )
+    if raw["amax_history_fwd"].shape[0] != raw["amax_history_bwd"].shape[0]:
+        raise ValueError(
+            f"{bad}['amax_history_fwd'] and ['amax_history_bwd'] have {raw['amax_history_fwd'].shape[0]} and "
+            f"{raw['amax_history_bwd'].shape[0]} rows; one amax_history_len expected"
+        )
 
 
 def _keys(raw: Any) -> str:

@@ -54,6 +54,7 @@ __all__ = [
     "is_nvfp4_available",
     "is_fp8_block_scaling_available",
     "reduce_and_update_fp8_tensors",
+    "get_align_size_for_quantization",
 ]
 
 
@@ -161,7 +162,8 @@ def add_fp8_tensors_to_global_buffer(fwd: Any, bwd: Any, recipe: Recipe, group: 
         refs[:] = [r for r in refs if r() is not fwd and r() is not bwd]
     ref = _strong_ref if _distributed() else weakref.ref
     for forward, scaler in ((True, fwd), (False, bwd)):
-        _STATE.buffers.setdefault((forward, key), []).append(ref(scaler))
+        if scaler is not None:  # a fusible op may hold state for one direction only
+            _STATE.buffers.setdefault((forward, key), []).append(ref(scaler))
 
 
 def reduce_and_update_fp8_tensors(forward: bool = True, token: Any = None) -> None:
@@ -202,11 +204,14 @@ def autocast(
     outermost region exits, if it was ``enabled``, not ``_graph`` and grad is enabled (TE).
     ``amax_reduction_group``: the ``torch.distributed`` group whose amaxes are MAX-reduced before
     delayed-scaling updates.  ``accumulator``: None for the fast fp32 path (exact products summed
-    in float32), or a device ("hopper", "ada", "blackwell": fast/split per GEMM as the recipe says)
-    or an fp8sim accumulator preset name for every GEMM.
+    in float32), a device ("hopper", "ada", "blackwell": fast/split per GEMM as the recipe says),
+    an fp8sim accumulator preset name for every GEMM, or a device profile (``fp8sim.gemm.PROFILES``,
+    e.g. "h100_pcie_cublaslt_12_8_te", or a ``DeviceProfile``): every GEMM as that GPU's cuBLASLt
+    computes it, split-K decided per GEMM shape (``module/_gemm.py``).
     """
     if recipe is not None and not isinstance(recipe, Recipe):
         raise TypeError(f"recipe must be an fp8sim.recipe recipe (DelayedScaling, ...), got {type(recipe).__name__}")
+    check_accumulator(accumulator)
     import torch
 
     saved = (_STATE.enabled, _STATE.calibrating, _STATE.recipe, _STATE.group, _STATE.accumulator)
@@ -235,6 +240,24 @@ def autocast(
                     if not getattr(m, "_te_global_buffer", False):
                         m._update_forward_scales()
             _STATE.modules, _STATE.first_module = [], None
+
+
+def check_accumulator(accumulator: Any) -> None:
+    """ValueError unless ``accumulator`` is None, a device, an accumulator preset or a device profile."""
+    from ..gemm import ACCUMULATORS, Accumulator, DeviceProfile, is_profile
+
+    if accumulator is None or isinstance(accumulator, (Accumulator, DeviceProfile)) or is_profile(accumulator):
+        return
+    if isinstance(accumulator, str) and (accumulator in ("hopper", "ada", "blackwell") or accumulator in ACCUMULATORS):
+        return
+    from ..gemm import PROFILES
+    from ..gemm.profiles import mmaemu_hint
+
+    raise ValueError(
+        f"accumulator must be None, a device (hopper, ada, blackwell), an accumulator preset "
+        f"({', '.join(ACCUMULATORS)}) or a device profile ({', '.join(PROFILES)}); got {accumulator!r}"
+        + mmaemu_hint(accumulator)
+    )
 
 
 def fp8_autocast(
@@ -431,6 +454,29 @@ def fp8_model_init(
 # TE defines the custom-recipe request classes in quantization.py; fp8sim's live in tensor/custom_recipe.py,
 # which imports this module, hence the lazy re-export
 _CUSTOM_RECIPE_NAMES = ("QuantizerRole", "QuantizerRequest", "DelayedScalingRequest")
+# TE's recipe-state classes live in _recipe_state.py (they build quantizers from tensor/, which imports this module)
+_RECIPE_STATE_NAMES = (
+    "RecipeState",
+    "DelayedScalingRecipeState",
+    "Float8CurrentScalingRecipeState",
+    "MXFP8BlockScalingRecipeState",
+    "Float8BlockScalingRecipeState",
+    "NVFP4BlockScalingRecipeState",
+    "CustomRecipeState",
+    "_default_sf_compute",
+)
+
+
+def get_align_size_for_quantization(recipe: Recipe) -> int:
+    """TE (quantization.py 262-278): the row alignment grouped quantized GEMMs pad to: the custom recipe's
+    ``quantization_alignment``, 32 for MXFP8, 128 for NVFP4, 16 for the other recipes."""
+    if recipe.custom():
+        return recipe.quantization_alignment
+    if recipe.mxfp8():
+        return 32
+    if recipe.nvfp4():
+        return 128
+    return 16
 
 
 def __getattr__(name: str) -> Any:
@@ -438,4 +484,8 @@ def __getattr__(name: str) -> Any:
         from .tensor import custom_recipe
 
         return getattr(custom_recipe, name)
+    if name in _RECIPE_STATE_NAMES:
+        from . import _recipe_state
+
+        return getattr(_recipe_state, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

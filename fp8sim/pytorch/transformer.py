@@ -25,7 +25,8 @@ from torch import nn
 
 from . import module as _module
 from .attention.dot_product_attention.utils import AttnMaskTypes
-from .attention.multi_head_attention import MultiheadAttention
+from .attention.multi_head_attention import MultiheadAttention, head_size
+from .module._params import size_arg
 
 __all__ = ["TransformerLayer"]
 
@@ -57,8 +58,10 @@ class TransformerLayer(nn.Module):
 
     ``forward(hidden_states, attention_mask=None, self_attn_mask_type=None, ..., encoder_output=None,
     enc_dec_attn_mask=None, is_first_microbatch=None, rotary_pos_emb=None, ...)``.  Tensor and sequence
-    parallelism as the module docstring says; context parallelism, ``parallel_attention_mlp`` and
-    userbuffers are not emulated.
+    parallelism as the module docstring says; ``parallel_attention_mlp`` runs attention and the MLP
+    on the same input and adds ``dropout(attention + mlp)`` to it (TE ``transformer.py`` 940-944); under
+    ``torch.autocast`` the input is cast to the autocast dtype first (TE 864-866); context parallelism
+    and userbuffers are not emulated.
     """
 
     def __init__(
@@ -117,13 +120,27 @@ class TransformerLayer(nn.Module):
         softmax_type: str = "vanilla",
     ) -> None:
         super().__init__()
+        if parallel_attention_mlp:  # TE transformer.py 376-389, checked before layer_type
+            if layer_type != "encoder":
+                raise ValueError(f"parallel_attention requires layer_type='encoder', but got layer_type={layer_type!r}")
+            if apply_residual_connection_post_layernorm:
+                raise ValueError(
+                    "parallel_attention and apply_residual_connection_post_layernorm are not supported simultaneously."
+                )
+            if output_layernorm:
+                raise ValueError("parallel_attention and output_layernorm are not supported simultaneously.")
+        self.parallel_attention_mlp = parallel_attention_mlp
+        hidden_size, ffn_hidden_size = (
+            size_arg(hidden_size, "hidden_size"),
+            size_arg(ffn_hidden_size, "ffn_hidden_size"),
+        )
+        num_attention_heads = size_arg(num_attention_heads, "num_attention_heads")
+        kv_channels = head_size(hidden_size, num_attention_heads, kv_channels)
         if layer_type not in LayerTypes:
             raise ValueError(
                 f"layer_type {layer_type!r} is not supported. "
                 f"Supported types are: {', '.join(repr(t) for t in LayerTypes)}"
             )
-        if parallel_attention_mlp:
-            raise NotImplementedError("fp8sim's TransformerLayer does not emulate parallel_attention_mlp")
         if tp_group is not None:  # TE: the group's size wins over tp_size
             from .module._tp import get_distributed_world_size
 
@@ -131,7 +148,8 @@ class TransformerLayer(nn.Module):
         self.tp_size, self.seq_length = tp_size, seq_length
         self.sequence_parallel = tp_size > 1 and sequence_parallel
         self.get_rng_state_tracker = get_rng_state_tracker
-        tp_kw = dict(  # TE hands the tracker to attention and the MLP alike (transformer.py 444, 508)
+        tp_kw = dict(  # TE hands these to attention and the MLP alike (transformer.py 432-445, 505-512)
+            fuse_wgrad_accumulation=fuse_wgrad_accumulation,
             tp_group=tp_group,
             tp_size=tp_size,
             sequence_parallel=self.sequence_parallel,
@@ -150,7 +168,7 @@ class TransformerLayer(nn.Module):
         self.enc_dec_attn_mask_type, self.enc_dec_window_size = enc_dec_attn_mask_type, enc_dec_window_size
         self.enc_dec_bottom_right_diagonal = enc_dec_bottom_right_diagonal
         self.hidden_dropout, self.attn_input_format = hidden_dropout, attn_input_format
-        self.kv_channels = kv_channels if kv_channels else hidden_size // num_attention_heads
+        self.kv_channels = kv_channels
         common = dict(
             kv_channels=self.kv_channels,
             attention_dropout=attention_dropout,
@@ -294,6 +312,9 @@ class TransformerLayer(nn.Module):
             if bad:
                 raise TypeError(f"{what} must be boolean tensor(s), but found non-bool dtypes at indices: {bad}")
         hidden_states = hidden_states.contiguous()
+        dev = hidden_states.device.type
+        if torch.is_autocast_enabled(dev):  # TE transformer.py 864-866: AMP casts the layer's input
+            hidden_states = hidden_states.to(torch.get_autocast_dtype(dev))
         if (
             self.sequence_parallel
             and self.seq_length is not None
@@ -332,6 +353,9 @@ class TransformerLayer(nn.Module):
             **bias_kw,
             **seq_kw,
         )
+        if self.parallel_attention_mlp:  # TE: both blocks read the input; one dropout-add of their sum
+            mlp = self.layernorm_mlp(hidden_states, is_first_microbatch=is_first_microbatch)
+            return self._dropout_add(attn + mlp, hidden_states, self.drop_path)
         if self.apply_residual_connection_post_layernorm and not self.output_layernorm:
             attn, residual = attn
         else:

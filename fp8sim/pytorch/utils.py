@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 __all__ = [
+    "resolve_grouped_linear_single_param_flags",
     "init_method_normal",
     "init_method_constant",
     "scaled_init_method_normal",
@@ -96,3 +98,30 @@ def attention_mask_func(attention_scores: torch.Tensor, attention_mask: torch.Te
     """TE ``utils.attention_mask_func``: fills the masked (True) scores with -10000.0, in place."""
     attention_scores.masked_fill_(attention_mask, -10000.0)
     return attention_scores
+
+
+def resolve_grouped_linear_single_param_flags(
+    single_grouped_weight: bool, single_grouped_bias: bool
+) -> tuple[bool, bool]:
+    """TE (utils.py 189-218): the flags pass only with ``NVTE_GROUPED_LINEAR_SINGLE_PARAM`` set (TE's
+    experimental warning); otherwise both fall back to False with TE's warning."""
+    if not (single_grouped_weight or single_grouped_bias):
+        return single_grouped_weight, single_grouped_bias
+    if int(os.environ.get("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "0")) <= 0:
+        warnings.warn(
+            f"GroupedLinear was constructed with single_grouped_weight={single_grouped_weight} "
+            f"and single_grouped_bias={single_grouped_bias}, but the "
+            "NVTE_GROUPED_LINEAR_SINGLE_PARAM environment variable is not set. "
+            "Disabling single grouped weight/bias and falling back to per-expert parameters.",
+            UserWarning,
+            stacklevel=3,
+        )
+        return False, False
+    warnings.warn(
+        "GroupedLinear is using single_grouped_weight/single_grouped_bias. "
+        "This feature is experimental, may change in future "
+        "releases, and is known to be non-deterministic in certain cases.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return single_grouped_weight, single_grouped_bias

@@ -12,7 +12,8 @@ cannot coerce raises :class:`RecipeValidationError` (a ``ValueError``, as pydant
 ignored, as pydantic ignores them, with an ``UpstreamQuirkWarning``: the legacy ``interval``
 (TE 1.8-2.1) and ``override_linear_precision`` (TE <= 1.13) are accepted by every recipe and have
 no effect (spec section 0, 4.8).  fp8sim refuses more than TE where TE would fail later: a
-``margin`` outside [-127, 63] and ``amax_history_len < 1``.
+``margin`` outside [-127, 63] and a negative ``amax_history_len`` (``0`` is accepted, as TE accepts
+it; a module then fails on its first FP8 step, as TE's does).
 """
 
 from __future__ import annotations
@@ -213,8 +214,8 @@ class DelayedScaling(Recipe):
             raise RecipeValidationError(
                 f"margin must be an int in [{lo}, {hi}] (TE's scale update fails outside it), got {self.margin}"
             )
-        if self.amax_history_len < 1:
-            raise RecipeValidationError(f"amax_history_len must be >= 1, got {self.amax_history_len}")
+        if self.amax_history_len < 0:  # TE fails later, allocating torch.zeros(amax_history_len, n)
+            raise RecipeValidationError(f"amax_history_len must be >= 0, got {self.amax_history_len}")
 
     def fp8_max(self, forward: bool) -> float:
         """FP8_MAX of the forward or backward tensors (448 or 57344)."""

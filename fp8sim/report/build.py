@@ -79,8 +79,22 @@ def _code(c: int | None) -> str:
     return "none" if c is None else f"0x{c:02x}"
 
 
+def ml_dtypes_note() -> str:
+    """Which ml_dtypes is installed and the rule the ``ml_dtypes`` convention (and the conformance
+    oracle) follows for it."""
+    import ml_dtypes
+
+    from ..cast.conventions import ml_dtypes_rule
+
+    rule = ml_dtypes_rule()
+    return (
+        f"ml_dtypes {ml_dtypes.__version__} is installed: the `ml_dtypes` convention and the conformance oracle "
+        f"follow its rule `{rule.convention}` ({rule.summary}); fp8sim's core cast is ml_dtypes 0.7's rule."
+    )
+
+
 def formats_table() -> str:
-    """The format table as Markdown."""
+    """The format table as Markdown, then :func:`ml_dtypes_note`."""
     head = (
         "| format | aliases | bits | s/e/m | bias | max | min normal | min subnormal | eps | Inf | NaN | -0 "
         "| ml_dtypes | torch |"
@@ -92,9 +106,16 @@ def formats_table() -> str:
             f"| {_fmt_float(f.max)} (0x{f.max_code:02x}) | {_fmt_float(f.min_normal)} | {_fmt_float(f.min_subnormal)} "
             f"| {_fmt_float(f.eps)} | {_code(f.inf_code)} "
             f"| {_code(f.nan_code)} | {'yes' if f.has_negative_zero else 'no'} "
-            f"| {f.ml_dtypes_name or '-'} | {f.torch_name or '-'} |"
+            f"| {_lib_name(f.ml_dtypes_name, f.ml_dtype)} | {_lib_name(f.torch_name, f.torch_dtype)} |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + ["", ml_dtypes_note()])
+
+
+def _lib_name(name: str | None, dtype: Any) -> str:
+    """A library dtype's name, marked where the installed release does not have it."""
+    if name is None:
+        return "-"
+    return name if dtype is not None else f"{name} (absent here)"
 
 
 # ---- capture comparison -------------------------------------------------------------------------
@@ -105,6 +126,18 @@ def _group(name: str) -> str:
     if parts[0] == "scaled_mm":
         return "/".join(parts[:5])  # formats, layout, accumulation, output
     return "/".join(parts[:2])
+
+
+def _cpu_kernel_text(meta: dict[str, Any]) -> str:
+    """Which torch CPU ``_scaled_mm`` kernel recorded a CPU capture, from its metadata."""
+    kernel = meta.get("torch_cpu_kernel")
+    if kernel is None:
+        return "not recorded (captured before fp8sim recorded it; the fallback is assumed)"
+    flags = ", ".join(f"{k} {meta.get('cpu_' + k, '-')}" for k in ("amx_int8", "amx_fp16"))
+    mixed = meta.get("torch_cpu_kernel_mixed", kernel)
+    both = kernel if mixed == kernel else f"{kernel} (mixed FP8 dtypes: {mixed})"
+    state = "enabled" if meta.get("mkldnn_enabled") == "yes" else "disabled"
+    return f"**{both}** ({flags}; oneDNN {meta.get('onednn') or '-'}, {state})"
 
 
 def write_compare_report(result: Any, out_dir: str | Path, title: str | None = None, *, force: bool = False) -> Path:
@@ -140,6 +173,8 @@ def _compare_report_into(result: Any, out: Path, title: str | None = None) -> Pa
         f"- compared with {_versions()}",
         "- casts: nearest-even; each row names the convention used (saturation, NaN codes, E8M0 rule are the"
         " convention's); GEMMs: the accumulator model named per row; ULP = distance on the output grid",
+        *([f"- torch CPU `_scaled_mm` kernel: {_cpu_kernel_text(meta)}"] if meta.get("device") == "cpu" else []),
+        *(f"- note: {n}" for n in getattr(result, "notes", [])),
         "",
         "## Summary",
         "",
@@ -342,8 +377,9 @@ def _default_report_into(out: Path, quick: bool, progress: bool, captures: Path)
     cases = run_conformance(formats=formats, progress=False)
     lines += ["", "## Conformance of the local backends", ""]
     lines += [
-        "Every format, rounding mode, saturation and backend against its oracle (ml_dtypes for nearest-even,",
-        "the exact float64 path for every mode, torch's own casts for the torch_eager convention):",
+        "Every format, rounding mode, saturation and backend against its oracle (the installed ml_dtypes for",
+        "nearest-even, through the `ml_dtypes` convention of its release; the exact float64 path for every mode;",
+        "torch's own casts for the torch_eager convention):",
         "",
     ]
     lines += ["| backend | oracle | cases | comparisons | mismatches |", "|---|---|---:|---:|---:|"]
@@ -377,10 +413,12 @@ def _default_report_into(out: Path, quick: bool, progress: bool, captures: Path)
         n_exact = sum(o.skipped is None and o.bit_exact == o.n for o in res.ops)
         n_ops = sum(o.skipped is None for o in res.ops)
         where = _known(("", res.meta.get("device")), ("torch", res.meta.get("torch")))
+        kernel = f"; torch CPU kernel {_cpu_kernel_text(res.meta)}" if res.meta.get("device") == "cpu" else ""
         lines.append(
             f"- [{name}](captures/{Path(f).stem}/report.md): {res.meta.get('device_name') or 'unknown device'} "
-            f"({where}): **{n_exact}/{n_ops} ops bit-exact**"
+            f"({where}{kernel}): **{n_exact}/{n_ops} ops bit-exact**"
         )
+        lines += [f"  - note: {n}" for n in res.notes]
         bar.step(name)
     from ..native.hardware import hardware_section  # published real-GPU measurements (issue 15)
 

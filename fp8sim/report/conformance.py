@@ -5,7 +5,9 @@ row: the number of inputs compared and how many codes differ (two NaN codes coun
 Oracles:
 
 - ``ml_dtypes``: ``astype`` (saturate=False) and clip-to-finfo-then-``astype`` (saturate=True),
-  nearest-even only.
+  nearest-even only, against the ``ml_dtypes`` convention: the rule of the installed release
+  (:func:`fp8sim.cast.conventions.ml_dtypes_rule`; from ml_dtypes 0.7 on it is the core cast itself).
+  Formats the installed ml_dtypes lacks (UE5M3 before 0.7) have no such rows.
 - ``torch``: the ``torch_eager`` convention against torch's own ``.to(float8)`` on the CPU.
 - ``exact``: the float64 rounding algorithm (for every mode), against which the table, stochastic
   and torch paths are checked.
@@ -14,7 +16,7 @@ Oracles:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ml_dtypes
 import numpy as np
@@ -23,10 +25,10 @@ from .._util.progress import Progress
 from ..cast import ROUNDING_MODES, encode
 from ..cast._rounding import round_codes
 from ..cast._tables import code_values
-from ..cast.conventions import CONVENTIONS
+from ..cast.conventions import CONVENTIONS, Convention, ml_dtypes_rule
 from ..formats import FORMATS, FloatFormat
 
-EXHAUSTIVE_FORMATS = ("e4m3", "e5m2", "e8m0")
+EXHAUSTIVE_FORMATS = ("e4m3", "e5m2", "e8m0", "ue5m3")
 _CHUNK = 1 << 24
 
 
@@ -52,11 +54,36 @@ def count_mismatches(got: np.ndarray, want: np.ndarray, fmt: FloatFormat) -> tup
 
 
 def _ml_dtypes_codes(x: np.ndarray, fmt: FloatFormat, saturate: bool) -> np.ndarray:
+    """ml_dtypes' codes: ``astype``, after clipping to finfo (in the input's float width) when saturating."""
     with np.errstate(invalid="ignore", over="ignore"):
         if saturate:
             fi = ml_dtypes.finfo(fmt.ml_dtype)
-            x = np.clip(x.astype(np.float32), np.float32(fi.min), np.float32(fi.max))
+            wide = np.float64 if x.dtype == np.float64 else np.float32
+            x = np.clip(x.astype(wide), wide(fi.min), wide(fi.max))
         return x.astype(fmt.ml_dtype).view(np.uint8)
+
+
+def ml_dtypes_oracle() -> str:
+    """The oracle's name in the rows: ``ml_dtypes <version> (<rule>)``."""
+    return f"ml_dtypes {ml_dtypes.__version__} ({ml_dtypes_rule().convention})"
+
+
+def _ml_convention(saturate: bool) -> Convention:
+    return replace(CONVENTIONS["ml_dtypes"], saturate=saturate)
+
+
+def _midpoints(fmt: FloatFormat) -> Iterator[np.ndarray]:
+    """Every midpoint between neighbouring codes (and the half step above max) and one ulp on either
+    side, signed: in float32, then in float64 (one float64 ulp off a midpoint: single rounding)."""
+    v = code_values(fmt)
+    fin = np.unique(np.abs(v[np.isfinite(v)]))
+    step = fin[-1] - fin[-2] if fin.size > 1 else fin[-1]
+    pts = np.concatenate([(fin[1:] + fin[:-1]) / 2, [fin[-1] + step / 2]])
+    m32 = pts.astype(np.float32)
+    x32 = np.concatenate([m32, np.nextafter(m32, np.float32(np.inf)), np.nextafter(m32, np.float32(0))])
+    x64 = np.concatenate([pts, np.nextafter(pts, np.inf), np.nextafter(pts, 0.0)])
+    yield np.concatenate([x32, -x32])
+    yield np.concatenate([x64, -x64])
 
 
 def _inputs(quick: bool) -> Iterator[tuple[str, Callable[[], Iterator[np.ndarray]]]]:
@@ -94,7 +121,7 @@ def run(
     progress: bool = True,
     backends: tuple[str, ...] = ("numpy", "torch"),
 ) -> list[Case]:
-    """Run the sweep; ``exhaustive`` adds all 2^32 float32 patterns for e4m3, e5m2 and e8m0."""
+    """Run the sweep; ``exhaustive`` adds all 2^32 float32 patterns for :data:`EXHAUSTIVE_FORMATS`."""
     torch = _torch() if "torch" in backends else None
     fmts = [FORMATS[n] for n in (formats or tuple(FORMATS))]
     sets = list(_inputs(quick=not exhaustive))
@@ -102,6 +129,7 @@ def run(
     for f in fmts:
         for label, gen in sets:
             jobs.append((f, label, gen, 1))
+        jobs.append((f, "code midpoints +-1 ulp (float32, float64)", lambda f=f: _midpoints(f), 1))
         if exhaustive and f.name in EXHAUSTIVE_FORMATS:
             jobs.append((f, "float32 (all 2^32)", _f32_exhaustive, (1 << 32) // _CHUNK))
     bar = Progress(sum(j[3] for j in jobs), progress)
@@ -132,15 +160,16 @@ def _record(
 def _check_chunk(
     x: np.ndarray, f: FloatFormat, label: str, torch: object | None, rows: dict, exhaustive: bool, offset: int
 ) -> None:
-    x32 = x.astype(np.float32) if x.dtype != np.float16 else x
-    for sat in (False, True):
+    x32 = x.astype(np.float32) if x.dtype not in (np.float16, np.float64) else x
+    oracle = ml_dtypes_oracle()
+    for sat in (False, True) if f.ml_dtype is not None else ():
         want = _ml_dtypes_codes(x, f, sat)
-        got = encode(x, f, saturate=sat)
-        _record(rows, ("nearest_even", sat, "numpy", "ml_dtypes", label), got, want, f, x, offset)
+        conv = _ml_convention(sat)
+        got = conv.encode(x, f)
+        _record(rows, ("nearest_even", sat, "numpy", oracle, label), got, want, f, x, offset)
         if torch is not None:
-            t = torch.from_numpy(x32)
-            got_t = encode(t, f, saturate=sat).numpy()
-            _record(rows, ("nearest_even", sat, "torch", "ml_dtypes", label), got_t, want, f, x, offset)
+            got_t = conv.encode(torch.from_numpy(x32), f).numpy()
+            _record(rows, ("nearest_even", sat, "torch", oracle, label), got_t, want, f, x, offset)
     if exhaustive:
         return  # the 2^32 sweep checks nearest-even against ml_dtypes only (see module docstring)
     with np.errstate(invalid="ignore"):

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._util.args import as_int
 from .._util.atomic import atomic_file
 
 __all__ = ["DistributedStudy", "run_distributed_study", "write_distributed_study"]
@@ -206,8 +207,7 @@ def run_distributed_study(world_size: int = 2, steps: int = 4, timeout: float = 
 
     if world_size not in (2, 3, 4):
         raise ValueError(f"world_size must be 2, 3 or 4, got {world_size!r}")
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    steps = as_int(steps, "steps", lo=1)
     r0 = run_ranks(_worker, (steps,), world_size=world_size, timeout=timeout)[0]
     wg = r0["wrong_group"]
     return DistributedStudy(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._util.args import as_int
 from .._util.progress import Progress
 
 __all__ = ["StudyResult", "run_study", "write_study", "plot_losses", "STUDY_RECIPES"]
@@ -133,10 +134,8 @@ def run_study(
     unknown = [r for r in recipes if r not in STUDY_RECIPES]
     if unknown:
         raise ValueError(f"unknown study recipes {unknown}; known: {', '.join(STUDY_RECIPES)}")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads must be None or a positive integer, got {threads!r}")
+    steps = as_int(steps, "steps", lo=1)
+    threads = None if threads is None else as_int(threads, "threads", lo=1)
     saved = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)

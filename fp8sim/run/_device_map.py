@@ -104,6 +104,11 @@ def _patch_cuda_queries() -> None:
 
     cuda.manual_seed = seed
     cuda.manual_seed_all = seed
+    # the one emulated device draws from the CPU generator, so its RNG state is the CPU one
+    cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    cuda.set_rng_state = lambda new_state, device="cuda": torch.set_rng_state(new_state)
+    cuda.get_rng_state_all = lambda: [torch.get_rng_state()]
+    cuda.set_rng_state_all = lambda new_states: torch.set_rng_state(list(new_states)[0])
     cuda.is_bf16_supported = lambda including_emulation=True: True
     cuda.get_device_capability = capability
     cuda.get_device_name = lambda device=None: "fp8sim emulated GPU (CPU)"
@@ -115,8 +120,14 @@ def _patch_autocast() -> None:
     base = torch.autocast
 
     class autocast(base):  # noqa: N801 - torch's name
-        def __init__(self, device_type: str, *args: Any, **kwargs: Any) -> None:
-            super().__init__("cpu" if _is_cuda(device_type) else device_type, *args, **kwargs)
+        def __init__(self, device_type: str, dtype: Any = None, *args: Any, **kwargs: Any) -> None:
+            # CUDA autocast takes float32; torch's CPU autocast refuses it with a warning and turns itself
+            # off, so the CPU one is entered with float32 set after its check (its casts accept it)
+            f32 = _is_cuda(device_type) and dtype == torch.float32
+            device = "cpu" if _is_cuda(device_type) else device_type
+            super().__init__(device, torch.bfloat16 if f32 else dtype, *args, **kwargs)
+            if f32:
+                self.fast_dtype = torch.float32
 
     torch.autocast = autocast
     torch.amp.autocast = autocast

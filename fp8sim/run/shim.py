@@ -3,9 +3,11 @@
 ``install()`` makes ``import transformer_engine`` and its submodules resolve to fp8sim's emulation:
 ``transformer_engine.pytorch[.X.Y]`` is ``fp8sim.pytorch[.X.Y]`` wherever fp8sim has that module
 (``module.linear``, ``quantization``, ``utils``, ``constants``, ``tensor.float8_tensor``, ...),
-``transformer_engine.pytorch.fp8`` is TE's legacy alias of ``quantization``, and
-``transformer_engine.common.recipe`` is ``fp8sim.recipe``.  It registers a ``transformer-engine``
-distribution so that libraries that look TE up (``importlib.util.find_spec``,
+``transformer_engine.pytorch.fp8`` is TE's legacy alias of ``quantization``,
+``transformer_engine.common.recipe`` is ``fp8sim.recipe``, and TE's C++ extension
+``transformer_engine_torch`` (``tex``) is ``fp8sim.pytorch._tex``.  It registers a
+``transformer-engine`` distribution (served by its import hook from memory: nothing is written to
+disk) so that libraries that look TE up (``importlib.util.find_spec``,
 ``importlib.metadata.version("transformer-engine")``, accelerate's ``is_transformer_engine_available``)
 see it as installed.  A TE name or submodule fp8sim does not emulate raises :class:`NotEmulatedError`
 or :class:`NotEmulatedModuleError` (``NotImplementedError`` subclasses that are also an
@@ -23,6 +25,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -35,6 +38,7 @@ __all__ = ["install", "uninstall", "is_installed", "EMULATED_TE_VERSION", "NotEm
 
 EMULATED_TE_VERSION = "2.20.0"  # TE main at d0067d0 (2.20.0.dev0) plus PR#3394 (recompute metadata)
 _ROOT = "transformer_engine"
+_TEX = "transformer_engine_torch"  # TE's C++ extension, imported by TE code as ``tex``
 # TE modules whose fp8sim counterpart has another name (TE's legacy aliases included)
 _ALIASES = {
     "transformer_engine.pytorch.fp8": "fp8sim.pytorch.quantization",
@@ -42,12 +46,13 @@ _ALIASES = {
     "transformer_engine.pytorch.float8_tensor": "fp8sim.pytorch.tensor.float8_tensor",
     "transformer_engine.pytorch.quantized_tensor": "fp8sim.pytorch.tensor.quantized_tensor",
     "transformer_engine.pytorch._extra_state": "fp8sim.pytorch._extra_state_te",
+    _TEX: "fp8sim.pytorch._tex",
 }
 _PACKAGES = ("transformer_engine", "transformer_engine.common")  # emulated namespaces without a counterpart
 # TE classes that libraries test with isinstance: a placeholder that refuses construction when fp8sim
 # has no emulation (accelerate's has_transformer_engine_layers reads te.TransformerLayer)
 _ISINSTANCE_TARGETS = ("TransformerLayer", "DotProductAttention", "MultiheadAttention", "GroupedLinear")
-_state: dict[str, Any] = {"finder": None, "dist_dir": None, "announced": False, "names": []}
+_state: dict[str, Any] = {"finder": None, "announced": False, "names": []}
 
 
 class NotEmulatedError(NotImplementedError, AttributeError):
@@ -73,6 +78,10 @@ def _target(name: str) -> str | None:
     if name == "transformer_engine.pytorch" or name.startswith("transformer_engine.pytorch."):
         return "fp8sim.pytorch" + name[len("transformer_engine.pytorch") :]
     return None
+
+
+def _emulated_name(name: str) -> bool:
+    return name in (_ROOT, _TEX) or name.startswith((_ROOT + ".", _TEX + "."))
 
 
 def _exists(modname: str) -> bool:
@@ -137,7 +146,7 @@ class _Loader(importlib.abc.Loader):
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _ROOT and not fullname.startswith(_ROOT + "."):
+        if not _emulated_name(fullname):
             return None
         tgt = _target(fullname)
         if fullname not in _PACKAGES and (tgt is None or not _exists(tgt)):
@@ -146,17 +155,34 @@ class _Finder(importlib.abc.MetaPathFinder):
         spec.submodule_search_locations = []
         return spec
 
+    def find_distributions(self, context: Any = None) -> list[importlib.metadata.Distribution]:
+        """``importlib.metadata``'s hook: the emulated ``transformer-engine`` distribution."""
+        name = getattr(context, "name", None)
+        if name is None or _normalized(name) == "transformer_engine":
+            return [_Distribution()]
+        return []
 
-def _dist_dir() -> str:
-    d = tempfile.mkdtemp(prefix="fp8sim-te-")
-    info = os.path.join(d, f"transformer_engine-{EMULATED_TE_VERSION}.dist-info")
-    os.makedirs(info)
-    with open(os.path.join(info, "METADATA"), "w") as f:
-        f.write(
+
+def _normalized(name: str) -> str:
+    return name.replace("-", "_").replace(".", "_").lower()
+
+
+class _Distribution(importlib.metadata.Distribution):
+    """The ``transformer-engine`` distribution, served from memory (no file on disk to clean up)."""
+
+    _FILES = {
+        "METADATA": (
             f"Metadata-Version: 2.1\nName: transformer-engine\nVersion: {EMULATED_TE_VERSION}\n"
             "Summary: TransformerEngine emulated by fp8sim (no CUDA needed)\n"
-        )
-    return d
+        ),
+        "top_level.txt": f"{_ROOT}\n{_TEX}\n",
+    }
+
+    def read_text(self, filename: str) -> str | None:
+        return self._FILES.get(filename)
+
+    def locate_file(self, path: Any) -> Any:
+        return None
 
 
 def is_installed() -> bool:
@@ -177,9 +203,7 @@ def install(quiet: bool = False) -> None:
         return
     finder = _Finder()
     sys.meta_path.insert(0, finder)
-    d = _dist_dir()
-    sys.path.append(d)
-    _state["finder"], _state["dist_dir"] = finder, d
+    _state["finder"] = finder
     importlib.invalidate_caches()
     device_map = os.getenv("FP8SIM_DEVICE_MAP")
     if device_map:
@@ -194,18 +218,15 @@ def install(quiet: bool = False) -> None:
 
 def uninstall() -> None:
     """Undo :func:`install`: remove the finder, the distribution and the emulated modules."""
-    finder, d = _state["finder"], _state["dist_dir"]
+    finder = _state["finder"]
     if finder is None:
         return
     if finder in sys.meta_path:
         sys.meta_path.remove(finder)
-    if d in sys.path:
-        sys.path.remove(d)
-    shutil.rmtree(d, ignore_errors=True)
     for name in list(sys.modules):
-        if name == _ROOT or name.startswith(_ROOT + "."):
+        if _emulated_name(name):
             sys.modules.pop(name, None)
-    _state["finder"] = _state["dist_dir"] = None
+    _state["finder"] = None
     _state["names"] = []
     importlib.invalidate_caches()
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from .._util.args import as_array, is_real_float_dtype
 from .._util.tensors import is_torch_tensor, numpy_view
 
 __all__ = ["as_float32", "dtype_name", "amax_nan_skipping", "amax_nan_skipping_tensor", "amax_nan_propagating"]
@@ -21,17 +22,21 @@ def as_float32(x: Any, arg: str = "x") -> np.ndarray:
         if not t.is_floating_point():
             raise TypeError(f"{arg} must be a floating tensor, got {t.dtype}")
         return numpy_view(t.to(torch.float32))  # not .numpy(): that pins a parameter's storage (FSDP2)
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "fV" or arr.dtype == object:
-        raise TypeError(f"{arg} must be a floating array or tensor, got {arr.dtype}")
+    arr = as_array(x, arg)
+    if not is_real_float_dtype(arr.dtype):
+        raise TypeError(f"{arg} must be a (real) floating array or tensor, got {arr.dtype}")
     with np.errstate(invalid="ignore", over="ignore"):
         return arr.astype(np.float32, copy=False)
 
 
 def dtype_name(x: Any) -> str:
     """The dtype of a numpy array or torch tensor as a plain name ("bfloat16", "float32", ...)."""
-    dt = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
-    return str(dt).replace("torch.", "")
+    if hasattr(x, "dtype"):
+        return str(x.dtype).replace("torch.", "")
+    try:
+        return str(np.asarray(x).dtype)
+    except (ValueError, TypeError):  # ragged nesting: the input check that follows names the argument
+        return "object"
 
 
 def amax_nan_skipping(x: np.ndarray, axis: Any = None, keepdims: bool = False) -> np.ndarray:

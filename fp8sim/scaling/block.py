@@ -19,16 +19,16 @@ from typing import Any
 
 import numpy as np
 
+from .._util.args import as_int, as_real
 from ..cast import encode
 from ..formats import FloatFormat, get_format
 from .amax import amax_nan_skipping, as_float32, dtype_name
 from .current import compute_scale_from_amax
-from .quantized import QuantizedData
+from .quantized import MAX_BLOCK_SIZE, QuantizedData, check_padding
 
 __all__ = ["quantize_block_scaling", "BLOCK_SIZE", "MAX_BLOCK_SIZE", "input_dtype_max"]
 
 BLOCK_SIZE = 128
-MAX_BLOCK_SIZE = 1 << 16  # codes are padded to whole blocks: a larger block would only allocate padding
 _DTYPE_MAX = {"float32": float(np.finfo(np.float32).max), "bfloat16": 3.3895313892515355e38, "float16": 65504.0}
 
 
@@ -55,10 +55,16 @@ def quantize_block_scaling(
     any rank; the columnwise and 2-D layouts need a 2-D tensor.  ``eps``: a block amax below it is
     raised to it before the scale (TE's ``amax_epsilon``, ``recipe_common.cuh``)."""
     f = get_format(fmt)
-    if isinstance(block_dim, bool) or block_dim not in (1, 2):
-        raise ValueError(f"block_dim must be 1 (1x{block_size}) or 2 ({block_size}x{block_size}); got {block_dim!r}")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= MAX_BLOCK_SIZE:
-        raise ValueError(f"block_size must be an int in [1, {MAX_BLOCK_SIZE}] (TE uses 128), got {block_size!r}")
+    if (
+        isinstance(block_dim, (bool, np.bool_))
+        or not isinstance(block_dim, (int, np.integer))
+        or block_dim not in (1, 2)
+    ):
+        raise ValueError(
+            f"block_dim must be 1 (1x{block_size}) or 2 ({block_size}x{block_size}); got {block_dim!r:.60}"
+        )
+    block_size = as_int(block_size, "block_size", lo=1, hi=MAX_BLOCK_SIZE, what="TE uses 128")
+    eps = as_real(eps, "eps", finite=True, lo=0.0)
     for name, flag in (("pow2", pow2), ("columnwise", columnwise)):
         if not isinstance(flag, bool | np.bool_):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
@@ -76,6 +82,7 @@ def quantize_block_scaling(
         block = (block_size, 1)
     else:
         block = (1,) * (x32.ndim - 1) + (block_size,)
+    check_padding(x32.shape, block)
     padded = np.zeros(tuple(-(-n // b) * b for n, b in zip(x32.shape, block, strict=True)), np.float32)
     padded[tuple(slice(0, n) for n in x32.shape)] = x32
     # one axis pair per dim: (blocks, within-block)

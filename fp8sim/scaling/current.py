@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .._util.args import as_array, as_bool, as_int, as_real, is_real_float_dtype
 from .._util.tensors import is_torch_tensor
 from ..cast import encode
 from ..cast.numpy_backend import encode_scaled_with_amax
@@ -47,7 +48,11 @@ def compute_scale_from_amax(
     value_for_inf: float = float(FLT_MAX),
 ) -> np.ndarray:
     """TE's ``compute_scale_from_amax`` (``common/recipe/recipe_common.cuh``), elementwise, float32."""
-    a = np.asarray(amax, np.float32)
+    fp8_max = as_real(fp8_max, "fp8_max", finite=True, lo=0.0)
+    pow2 = as_bool(pow2, "pow2")
+    eps = as_real(eps, "eps", finite=True, lo=0.0)
+    value_for_inf = as_real(value_for_inf, "value_for_inf", finite=True, lo=0.0)
+    a = _real(amax, "amax", np.float32)
     a = np.where(a < np.float32(eps), np.float32(eps), a)
     special = ~np.isfinite(a) | (a == 0)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
@@ -117,6 +122,18 @@ def quantize_with_scale(x: Any, scale: Any, fmt: str | FloatFormat = "e4m3") -> 
         return _pertensor(codes, np.float32(1) / s, f, x32.shape, dtype_name(x))
 
 
+def _real(x: Any, arg: str, dtype: Any) -> np.ndarray:
+    """``x`` (numbers, arrays, CPU tensors) as a real ``dtype`` array; complex, text or objects refused."""
+    if is_torch_tensor(x):
+        if x.is_complex() or x.dtype == __import__("torch").bool:
+            raise TypeError(f"{arg} must be real numbers (a float, an array or a tensor), got {x.dtype}")
+        x = x.detach().cpu().double()
+    arr = as_array(x, arg)
+    if arr.dtype.kind not in "iuf" and not is_real_float_dtype(arr.dtype):
+        raise TypeError(f"{arg} must be real numbers (a float, an array or a tensor), got {arr.dtype}")
+    return arr.astype(dtype)
+
+
 def quantize_current_scaling(
     x: Any, fmt: str | FloatFormat = "e4m3", *, pow2: bool = False, eps: float = 0.0
 ) -> QuantizedData:
@@ -134,7 +151,8 @@ def torchao_amax_to_scale(amax: Any, fmt: str | FloatFormat, round_scales_to_pow
     """torchao ``amax_to_scale``: float64 ``max / max(amax, EPS)`` rounded to float32; optional
     float32 ``exp2(floor(log2(scale)))``."""
     f = get_format(fmt)
-    a = np.asarray(amax, np.float64)
+    round_scales_to_power_of_2 = as_bool(round_scales_to_power_of_2, "round_scales_to_power_of_2")
+    a = _real(amax, "amax", np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         scale = (np.float64(f.max) / np.maximum(a, TORCHAO_EPS)).astype(np.float32)  # NaN propagates
         if round_scales_to_power_of_2:
@@ -155,8 +173,9 @@ def quantize_torchao(
     amax in the input dtype, NaN propagating; cast ``clamp(fl32(x) * scale, +-max)`` then RN.
     The result stores torchao's scale with ``scale_is_divisor=True`` (dequantize is ``data / scale``)."""
     f = get_format(fmt)
-    if granularity not in ("tensorwise", "axiswise"):
-        raise ValueError(f"granularity must be 'tensorwise' or 'axiswise', got {granularity!r}")
+    if not isinstance(granularity, str) or granularity not in ("tensorwise", "axiswise"):
+        raise ValueError(f"granularity must be 'tensorwise' or 'axiswise', got {granularity!r:.60}")
+    round_scales_to_power_of_2 = as_bool(round_scales_to_power_of_2, "round_scales_to_power_of_2")
     x32 = as_float32(x)
     if granularity == "tensorwise":
         amax = _amax_torchao(x, x32, None)
@@ -164,6 +183,7 @@ def quantize_torchao(
         scaled = _scaled(x, x32, scale)
         codes = _torch_nan_codes(encode(scaled, f, saturate=True), scaled, f)
         return _pertensor(codes, scale, f, x32.shape, dtype_name(x), scale_is_divisor=True)
+    axiswise_dim = as_int(axiswise_dim, "axiswise_dim")
     if x32.ndim == 0 or not -x32.ndim <= axiswise_dim < x32.ndim:
         raise ValueError(f"axiswise_dim {axiswise_dim} out of range for a tensor of shape {x32.shape}")
     dim = axiswise_dim % x32.ndim

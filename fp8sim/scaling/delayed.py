@@ -15,20 +15,40 @@ every module registered in its global amax buffer at once: :func:`reduce_and_upd
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from .._util.args import as_array, as_bool, as_int
 from .._util.tensors import is_torch_tensor
 from ..cast.numpy_backend import encode_scaled_with_amax
 from ..recipe import DelayedScaling, Format, tensor_format
 from .amax import amax_nan_skipping, as_float32, dtype_name
 from .quantized import QuantizedData
 
-__all__ = ["DelayedScaler", "FLT_MAX", "reduce_and_update"]
+__all__ = [
+    "DelayedScaler",
+    "FLT_MAX",
+    "MAX_AMAX_HISTORY_LEN",
+    "MAX_QUANTIZERS",
+    "load_state_dicts",
+    "reduce_and_update",
+]
 
 FLT_MAX = np.float32(np.finfo(np.float32).max)
+MAX_AMAX_HISTORY_LEN = 1 << 16  # 64x TE's default of 1024; the history is allocated up front
+MAX_QUANTIZERS = 1 << 12
+
+
+def _check_sizes(history_len: int, n: int) -> None:
+    if history_len > MAX_AMAX_HISTORY_LEN:
+        raise ValueError(
+            f"amax_history_len must be at most {MAX_AMAX_HISTORY_LEN} (TE's default is 1024; the history is "
+            f"allocated up front), got {history_len}"
+        )
+    if n > MAX_QUANTIZERS:
+        raise ValueError(f"n (number of quantizers) must be at most {MAX_QUANTIZERS}, got {n}")
 
 
 def _te_fp8_max(recipe: DelayedScaling, forward: bool) -> int:
@@ -36,6 +56,16 @@ def _te_fp8_max(recipe: DelayedScaling, forward: bool) -> int:
     if recipe.fp8_format == Format.E4M3 or (recipe.fp8_format == Format.HYBRID and forward):
         return Format.E4M3.value.max_fwd
     return Format.E5M2.value.max_fwd
+
+
+def _check_history_len(recipe: DelayedScaling) -> None:
+    """TE accepts ``DelayedScaling(amax_history_len=0)`` but its state has no amax row: building the
+    quantizers (``amax_history[0][i]``, ``quantization.py`` ``DelayedScalingRecipeState``) fails."""
+    if recipe.amax_history_len == 0:
+        raise IndexError(
+            "index 0 is out of bounds for dimension 0 with size 0: DelayedScaling(amax_history_len=0) has no "
+            "amax history row to record into (TE fails the same way when it builds the quantizers)"
+        )
 
 
 class DelayedScaler:
@@ -59,15 +89,16 @@ class DelayedScaler:
         self.recipe = recipe if recipe is not None else DelayedScaling()
         if not isinstance(self.recipe, DelayedScaling):
             raise TypeError(f"recipe must be a DelayedScaling, got {type(self.recipe).__name__}")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n (number of quantizers) must be an int >= 1, got {n!r}")
+        _check_history_len(self.recipe)
+        n = as_int(n, "n (number of quantizers)", lo=1)
+        _check_sizes(self.recipe.amax_history_len, n)
         self.n = n
-        self.forward = forward
+        self.forward = as_bool(forward, "forward")
         # The quantization dtype is fixed when the state is created (TE's RecipeState.dtype).
         self.fmt = tensor_format(self.recipe.fp8_format, forward)
-        self._fused_arg = fused
+        self._fused_arg = as_bool(fused, "fused", none=True)
         self.fused = self._pick_fused(fused)
-        self.eager_division = eager_division
+        self.eager_division = as_bool(eager_division, "eager_division")
         self.scale = np.ones(n, np.float32)
         self.amax_history = np.zeros((self.recipe.amax_history_len, n), np.float32)
 
@@ -98,6 +129,8 @@ class DelayedScaler:
         new recipe's margin, algorithms and FP8_MAX."""
         if not isinstance(recipe, DelayedScaling):
             raise TypeError(f"recipe must be a DelayedScaling, got {type(recipe).__name__}")
+        _check_history_len(recipe)
+        _check_sizes(recipe.amax_history_len, self.n)
         length, cur = recipe.amax_history_len, self.amax_history.shape[0]
         if length < cur:
             self.amax_history = self.amax_history[:length].copy()
@@ -106,13 +139,15 @@ class DelayedScaler:
         self.recipe = recipe
         self.fused = self._pick_fused(self._fused_arg)
 
-    def _check_index(self, index: int) -> None:
+    def _check_index(self, index: int) -> int:
+        index = as_int(index, "index")
         if not 0 <= index < self.n:
             raise IndexError(f"quantizer index {index} out of range for n={self.n}")
+        return index
 
     def record(self, index: int, x: Any) -> np.float32:
         """Fold ``max|x|`` (NaN skipped, Inf kept) into the staging row; returns that amax."""
-        self._check_index(index)
+        index = self._check_index(index)
         amax = amax_nan_skipping(as_float32(x))
         self.amax_history[0, index] = np.fmax(self.amax_history[0, index], amax)
         return amax
@@ -122,7 +157,7 @@ class DelayedScaler:
 
         The result's scale is ``scale_inv`` (a per-tensor block covering the whole tensor).
         """
-        self._check_index(index)
+        index = self._check_index(index)
         x32 = as_float32(x)
         codes, amax = encode_scaled_with_amax(x32, self.scale[index], self.fmt, saturate=True)
         self.amax_history[0, index] = np.fmax(self.amax_history[0, index], amax)
@@ -135,6 +170,8 @@ class DelayedScaler:
         ``torch.distributed`` group of more than one process, the staging row is first all-reduced
         with MAX (``group``: the process group, default WORLD).  ``reduced_amax`` passes an already
         reduced row."""
+        if reduced_amax is not None:
+            reduced_amax = _reduced_row(reduced_amax, self.n)
         if reduced_amax is None and self.recipe.reduce_amax:
             reduced_amax = _all_reduce_max(self.amax_history[0], group)
         if self.fused:
@@ -228,23 +265,42 @@ class DelayedScaler:
         return {"scale": self.scale.copy(), "amax_history": self.amax_history.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Copy a saved state into this one, in place."""
-        scale = np.asarray(_to_numpy(state["scale"]), np.float32)
-        hist = np.asarray(_to_numpy(state["amax_history"]), np.float32)
-        if scale.shape != self.scale.shape or hist.shape != self.amax_history.shape:
-            raise ValueError(
-                f"state shapes scale {scale.shape}, amax_history {hist.shape} do not match "
-                f"{self.scale.shape}, {self.amax_history.shape}"
-            )
-        if not np.isfinite(scale).all() or (scale <= 0).any():
-            raise ValueError(f"scale must be finite and positive, got {scale}")
+        """Copy a saved state (:meth:`state_dict`: ``scale`` of shape ``(n,)`` and ``amax_history`` of
+        shape ``(amax_history_len, n)``, numpy arrays or torch tensors) into this one, in place.  A
+        missing, unexpected or malformed key is a ValueError (TypeError for a non-dict) naming it."""
+        scale, hist = self._checked_state(state)
         self.scale[...], self.amax_history[...] = scale, hist
+
+    def _checked_state(self, state: Any) -> tuple[np.ndarray, np.ndarray]:
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                f"state must be a dict with keys {_STATE_KEYS} (a state_dict()); got {type(state).__name__}"
+            )
+        missing = [k for k in _STATE_KEYS if k not in state]
+        unexpected = sorted(map(repr, set(state) - set(_STATE_KEYS)))
+        if missing or unexpected:
+            what = [f"missing key(s) {missing}"] if missing else []
+            what += [f"unexpected key(s) {', '.join(unexpected)}"] if unexpected else []
+            raise ValueError(f"DelayedScaler state: {'; '.join(what)}; a state has exactly the keys {_STATE_KEYS}")
+        want = {"scale": self.scale.shape, "amax_history": self.amax_history.shape}
+        scale, hist = (_state_array(state[k], k, want[k]) for k in _STATE_KEYS)
+        if not np.isfinite(scale).all() or (scale <= 0).any():
+            raise ValueError(f"state['scale'] must be finite and positive, got {scale}")
+        return scale, hist
 
     def __repr__(self) -> str:
         return (
             f"DelayedScaler(n={self.n}, fmt={self.fmt.name}, history_len={self.amax_history.shape[0]}, "
             f"algo={self.recipe.amax_compute_algo!r}, fused={self.fused}, scale={self.scale.tolist()})"
         )
+
+
+def load_state_dicts(pairs: Sequence[tuple[DelayedScaler, Any]]) -> None:
+    """``scaler.load_state_dict(state)`` for each pair, all or nothing: every state is checked
+    before any scaler changes (a module's forward and backward state load together)."""
+    checked = [(scaler, scaler._checked_state(state)) for scaler, state in pairs]
+    for scaler, (scale, hist) in checked:
+        scaler.scale[...], scaler.amax_history[...] = scale, hist
 
 
 def reduce_and_update(scalers: Sequence[DelayedScaler], group: Any = None) -> None:
@@ -268,10 +324,31 @@ def reduce_and_update(scalers: Sequence[DelayedScaler], group: Any = None) -> No
             s._update_unfused(part)
 
 
-def _to_numpy(a: Any) -> np.ndarray:
-    if is_torch_tensor(a):
-        return a.detach().cpu().numpy()
-    return np.asarray(a)
+_STATE_KEYS = ("scale", "amax_history")
+
+
+def _reduced_row(value: Any, n: int) -> np.ndarray:
+    """``reduced_amax``: one real amax per quantizer, shape ``(n,)``, as float32."""
+    arr = value.detach().cpu().float().numpy() if is_torch_tensor(value) else as_array(value, "reduced_amax")
+    if arr.dtype.kind not in "iuf" or arr.shape != (n,):
+        raise ValueError(f"reduced_amax must be {n} real amaxes (shape ({n},)), got {arr.dtype} of shape {arr.shape}")
+    return arr.astype(np.float32)
+
+
+def _state_array(value: Any, key: str, shape: tuple[int, ...]) -> np.ndarray:
+    """``state[key]`` as a float32 array of ``shape``, or ValueError naming the key."""
+    try:
+        arr = value.detach().cpu().float().numpy() if is_torch_tensor(value) else np.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"state[{key!r}] must be a float32 array of shape {shape}: {exc}") from None
+    if arr.dtype.kind not in "fiu":
+        raise ValueError(f"state[{key!r}] must be a float32 array of shape {shape}; got dtype {arr.dtype}")
+    if arr.shape != shape:
+        raise ValueError(
+            f"state[{key!r}] has shape {arr.shape}; this DelayedScaler's is {shape} "
+            "(amax_history_len, n): the state comes from another recipe or module"
+        )
+    return arr.astype(np.float32)
 
 
 def _all_reduce_max(row: np.ndarray, group: Any) -> np.ndarray | None:

@@ -28,12 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from .._util.args import as_array, as_int
 from .._util.tensors import is_torch_tensor, numpy_view
 from ..cast import encode as _encode
 from ..cast._tables import f32_code_table
 from ..formats import E2M1, E2M3, E3M2, E4M3, E5M2, E8M0, FloatFormat, get_format
 from .amax import dtype_name
-from .quantized import QuantizedData
+from .quantized import MAX_BLOCK_SIZE, QuantizedData, check_padding
 
 __all__ = [
     "MX_ELEM_FORMATS",
@@ -62,7 +63,7 @@ _CHUNK = 1 << 17  # elements per pass: each pass stays in cache; 2^17 measured f
 
 
 def _elem_format(elem_format: str | FloatFormat) -> FloatFormat:
-    fmt = get_format(elem_format)
+    fmt = get_format(elem_format, arg="elem_format")
     if fmt not in MX_ELEM_FORMATS:
         known = ", ".join(f.name for f in MX_ELEM_FORMATS)
         raise ValueError(f"elem_format {fmt.name!r} is not an MX element format; MX element formats: {known}")
@@ -107,7 +108,7 @@ def _as_float32(x: Any, arg: str) -> tuple[np.ndarray, str]:
     else:
         if isinstance(x, (bool, np.bool_)) or x is None or isinstance(x, (str, bytes, complex)):
             raise TypeError(f"{arg} must be a float array or tensor, got {type(x).__name__}")
-        arr = np.asarray(x)
+        arr = as_array(x, arg)
         if arr.dtype.kind == "f" and not arr.dtype.isnative:
             arr = arr.astype(arr.dtype.newbyteorder("="))
         name = arr.dtype.name
@@ -177,7 +178,7 @@ def _codes_from_amax_bits(ab: np.ndarray, fmt: FloatFormat, rule: str, flavor: s
         e = np.where(f == 0xFF, np.where(m != 0, 255, 254), np.minimum(e, 254))
         return e.astype(np.uint8)
     # nearest: torch's .to(float8_e8m0fnu) of fl32(amax / max): ties up, subnormal d -> 0x01 iff
-    # its mantissa exceeds 0x400000 (spec 2.4), Inf/NaN -> 0xFF
+    # its mantissa exceeds 0x400000 (the torch_eager convention, spec 2.4), Inf/NaN -> 0xFF
     db = _div32(ab, fmt.max).view(np.uint32)
     f, m = (db >> 23).astype(np.int32), db & 0x7FFFFF
     e = np.where(f == 0, m > 0x400000, f + (m >= 0x400000))
@@ -327,14 +328,11 @@ def _quantize_blocks(
 
 def _check_quantize_args(
     elem_format: Any, scale_rule: Any, flavor: Any, block_size: Any, mxfma: Any, pad: Any
-) -> tuple[FloatFormat, str, str]:
+) -> tuple[FloatFormat, str, str, int]:
     fmt = _elem_format(elem_format)
     rule = _choice(scale_rule, SCALE_RULES, "scale_rule")
     flavor = _choice(flavor, MX_FLAVORS, "flavor")
-    if isinstance(block_size, (bool, np.bool_)) or not isinstance(block_size, (int, np.integer)):
-        raise TypeError(f"block_size must be a positive int, got {block_size!r}")
-    if block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size}")
+    block_size = as_int(block_size, "block_size", lo=1, hi=MAX_BLOCK_SIZE, what="MX uses 32")
     if not isinstance(mxfma, (bool, np.bool_)):
         raise TypeError(f"mxfma must be True or False, got {mxfma!r}")
     if pad is not None and not isinstance(pad, (bool, np.bool_)):
@@ -343,7 +341,7 @@ def _check_quantize_args(
         _check_te(fmt, rule)
     elif mxfma:
         raise ValueError("mxfma=True is a TE kernel option; use it with flavor='te'")
-    return fmt, rule, flavor
+    return fmt, rule, flavor, block_size
 
 
 def _quantize(
@@ -358,8 +356,7 @@ def _quantize(
     pad: bool | None,
 ) -> QuantizedData:
     ndim = arr.ndim
-    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
-        raise TypeError(f"axis must be an int, got {axis!r}")
+    axis = as_int(axis, "axis")
     if not -ndim <= axis < ndim:
         raise ValueError(f"axis {axis} is out of range for a {ndim}-d input; allowed: {-ndim}..{ndim - 1}")
     ax = int(axis) % ndim
@@ -371,6 +368,7 @@ def _quantize(
                 f"dimension {ax} of shape {shape} has size {n}, which must be divisible by block_size "
                 f"{block_size} (torchao refuses other sizes); pass pad=True to zero-pad to whole blocks as TE does"
             )
+        check_padding(shape, tuple(block_size if d == ax else 1 for d in range(ndim)))
         widths = [(0, 0)] * ndim
         widths[ax] = (0, -n % block_size)
         arr = np.pad(arr, widths)
@@ -422,7 +420,7 @@ def quantize_mx(
     Returns a :class:`QuantizedData` with unpacked element codes, uint8 E8M0 scale codes and
     ``block`` = ``block_size`` at ``axis`` and 1 elsewhere; its ``shape`` is the unpadded shape.
     """
-    fmt, rule, flavor = _check_quantize_args(elem_format, scale_rule, flavor, block_size, mxfma, pad)
+    fmt, rule, flavor, block_size = _check_quantize_args(elem_format, scale_rule, flavor, block_size, mxfma, pad)
     if not isinstance(swizzle, bool):
         raise TypeError(f"swizzle must be True or False, got {swizzle!r}")
     arr, dtype = _as_float32(x, "x")
@@ -447,7 +445,7 @@ def quantize_mx_rowwise_columnwise(
     """Both MX copies of a 2-D ``x`` (spec 5.2): rowwise (1 x block_size blocks along the last dim)
     and columnwise (block_size x 1 blocks along dim 0), each computed from the high-precision input,
     never one from the other.  Arguments as :func:`quantize_mx`."""
-    fmt, rule, flavor = _check_quantize_args(elem_format, scale_rule, flavor, block_size, mxfma, pad)
+    fmt, rule, flavor, block_size = _check_quantize_args(elem_format, scale_rule, flavor, block_size, mxfma, pad)
     arr, dtype = _as_float32(x, "x")
     if arr.ndim != 2:
         raise ValueError(f"quantize_mx_rowwise_columnwise takes a 2-D tensor; got shape {arr.shape}")

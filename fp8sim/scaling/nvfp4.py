@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._util.args import as_array
 from .._util.tensors import is_torch_tensor, numpy_view
 from ..cast import decode, encode
 from ..formats import E2M1, E4M3
@@ -159,7 +160,10 @@ def _as_amax(global_amax: Any) -> np.ndarray:
     elif isinstance(global_amax, bool) or not isinstance(global_amax, (int, float, np.number, np.ndarray, list, tuple)):
         raise TypeError(f"global_amax must be a number, array or tensor; got {type(global_amax).__name__}")
     else:
-        a = np.asarray(global_amax, dtype=np.float64)
+        a = as_array(global_amax, "global_amax")
+        if a.dtype.kind not in "iuf":
+            raise TypeError(f"global_amax must be real numbers; got dtype {a.dtype}")
+        a = a.astype(np.float64)
     if a.size and (np.isnan(a).any() or (a < 0).any()):
         raise ValueError(f"global_amax must be >= 0 (Inf allowed, NaN not); got {global_amax!r}")
     return a.astype(np.float32)

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._util.args import as_int
 from .._util.tensors import is_torch_tensor
 from ..cast import decode
 from ..cast.ptx_sr import encode_ptx_rs
@@ -46,8 +47,7 @@ class TEPhiloxGenerator:
 
     def __init__(self, seed: int, offset: int = 0) -> None:
         for name, v in (("seed", seed), ("offset", offset)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < 2**64:
-                raise ValueError(f"{name} must be an int in [0, 2^64), got {v!r}")
+            as_int(v, name, lo=0, hi=2**64 - 1)
         self.seed, self.offset = int(seed), int(offset)
 
     def philox_cuda_state(self, increment: int) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._util.args import as_array
 from .._util.tensors import is_torch_tensor
 
 __all__ = ["pack_fp4", "unpack_fp4", "pack_fp6", "unpack_fp6"]
@@ -44,7 +45,7 @@ def _codes_u8(codes: Any, bits: int, arg: str) -> Any:
         return codes.to(torch.uint8)
     if isinstance(codes, (bool, float, complex, str)) or codes is None:
         raise TypeError(f"{arg} must be an integer array or tensor, got {type(codes).__name__}")
-    arr = np.asarray(codes)
+    arr = as_array(codes, arg)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{arg} must have an integer dtype, got {arr.dtype}")
     if arr.ndim == 0:
@@ -71,7 +72,7 @@ def _packed_u8(packed: Any, arg: str) -> Any:
         return packed
     if isinstance(packed, (bool, float, complex, str)) or packed is None:
         raise TypeError(f"{arg} must be a uint8 array or tensor, got {type(packed).__name__}")
-    arr = np.asarray(packed)
+    arr = as_array(packed, arg)
     if arr.dtype != np.uint8:
         raise TypeError(f"{arg} must have dtype uint8, got {arr.dtype}")
     if arr.ndim == 0:

@@ -20,7 +20,10 @@ import numpy as np
 from ..cast import decode
 from ..formats import FloatFormat
 
-__all__ = ["QuantizedData", "expand_blocks"]
+__all__ = ["QuantizedData", "expand_blocks", "MAX_BLOCK_SIZE", "MAX_PADDED_ELEMENTS", "check_padding"]
+
+MAX_BLOCK_SIZE = 1 << 16  # codes are padded to whole blocks: a larger block would only allocate padding
+MAX_PADDED_ELEMENTS = 1 << 24  # a block larger than its dimension may zero-pad a tensor up to this size
 
 
 def __getattr__(name: str) -> Any:
@@ -119,6 +122,22 @@ class QuantizedData:
         return (
             f"QuantizedData(fmt={self.fmt.name}, shape={self.shape}, block={self.block}, "
             f"scales={sf}{tuple(self.scales.shape)}, dtype={self.dtype})"
+        )
+
+
+def check_padding(shape: tuple[int, ...], block: tuple[int, ...], arg: str = "block_size") -> None:
+    """Refuse blocks that would zero-pad ``shape`` beyond reason before anything is allocated: a block
+    larger than its dimension is allowed only while the padded tensor holds at most
+    :data:`MAX_PADDED_ELEMENTS` elements (blocks within their dimensions at most double each one)."""
+    padded = [-(-n // b) * b for n, b in zip(shape, block, strict=True)]
+    total = int(np.prod(padded, dtype=object))
+    over = [d for d, (n, b) in enumerate(zip(shape, block, strict=True)) if b > n]
+    if over and total > max(MAX_PADDED_ELEMENTS, int(np.prod(shape, dtype=object))):
+        d = over[0]
+        raise ValueError(
+            f"{arg} {block[d]} is larger than dimension {d} of the input (shape {tuple(shape)}): zero-padding to "
+            f"whole blocks would make {total} elements; a block larger than its dimension may pad up to "
+            f"{MAX_PADDED_ELEMENTS} elements (use a {arg} of at most {shape[d]})"
         )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .._util.args import as_array, as_int
 from .._util.tensors import is_torch_tensor
 
 __all__ = ["blocked_size", "to_blocked", "from_blocked", "with_blocked_scales", "unswizzle_mm_scales"]
@@ -29,7 +30,7 @@ def blocked_size(rows: int, cols: int) -> int:
     return _ceil_div(rows, _ROWS) * _ROWS * _ceil_div(cols, _COLS) * _COLS
 
 
-def _as_numpy(x: Any) -> tuple[np.ndarray, Any]:
+def _as_numpy(x: Any, arg: str) -> tuple[np.ndarray, Any]:
     if is_torch_tensor(x):
         import torch
 
@@ -37,7 +38,7 @@ def _as_numpy(x: Any) -> tuple[np.ndarray, Any]:
         if t.dtype in (getattr(torch, "float8_e8m0fnu", None), torch.float8_e4m3fn):
             return t.view(torch.uint8).numpy(), x
         return t.numpy(), x
-    return np.asarray(x), None
+    return as_array(x, arg), None
 
 
 def _like(arr: np.ndarray, ref: Any) -> Any:
@@ -55,7 +56,7 @@ def to_blocked(scales: Any) -> Any:
     """The flat blocked layout of a 2-D scale matrix (module docstring); padding entries are 0, as
     torchao's.  numpy in, numpy out; a torch tensor (uint8, float8_e8m0fnu, float8_e4m3fn, float32) in,
     the same dtype and device out."""
-    arr, ref = _as_numpy(scales)
+    arr, ref = _as_numpy(scales, "scales")
     if arr.ndim != 2:
         raise ValueError(f"scales must be a 2-D (rows, cols) matrix of block scales; got shape {arr.shape}")
     rows, cols = arr.shape
@@ -69,10 +70,8 @@ def to_blocked(scales: Any) -> Any:
 
 def from_blocked(blocked: Any, rows: int, cols: int) -> Any:
     """The ``(rows, cols)`` scale matrix back from its flat blocked layout (the padding dropped)."""
-    arr, ref = _as_numpy(blocked)
-    for name, v in (("rows", rows), ("cols", cols)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+    arr, ref = _as_numpy(blocked, "blocked")
+    rows, cols = as_int(rows, "rows", lo=0), as_int(cols, "cols", lo=0)
     want = blocked_size(rows, cols)
     if arr.size != want:
         raise ValueError(

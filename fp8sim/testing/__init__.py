@@ -10,6 +10,8 @@ Hypothesis strategies and an opt-in pytest plugin.
 - ``fp8sim.testing.strategies``: Hypothesis strategies (imports hypothesis).
 - ``fp8sim.testing.pytest_plugin``: ``--fp8sim`` / ``fp8sim = true`` enables a ``gpu`` marker and an
   ``fp8_recipe`` fixture.
+- ``fp8sim.testing.oracles``: ``require`` / ``require_feature`` import a test's oracle, or skip with the
+  install hint; under ``CI=true`` a missing oracle fails (imports pytest).
 
 Importing this package needs only numpy and ml_dtypes.
 """

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._util.args import as_int
 from ..formats import FloatFormat
 from . import _bits
 from ._bits import Encoding, Side
@@ -166,8 +167,7 @@ def assert_within_ulp(
 ) -> None:
     """As :func:`assert_bit_exact`, but elements up to ``ulp_budget`` ULPs apart pass.  A NaN
     against a number always fails.  The message leads with the worst element."""
-    if isinstance(ulp_budget, bool) or not isinstance(ulp_budget, (int, np.integer)) or ulp_budget < 0:
-        raise ValueError(f"ulp_budget must be an int >= 0, got {ulp_budget!r}")
+    ulp_budget = as_int(ulp_budget, "ulp_budget", lo=0)
     p = _pair(actual, expected, fmt)
     bad = ~p.equal & (p.nan_mismatch | (p.ulp > np.uint64(ulp_budget)))
     if not bad.any():

@@ -17,7 +17,10 @@ accumulator preset it is torchao's ``addmm_float8_unwrapped`` through :func:`fp8
 dequantization scales ``1/scale`` (float32 reciprocals), a tensorwise scale expanded against an
 axiswise one, rowwise without fast accumulation as unit scales then ``out *= (1/sa)(1/sb)``, and
 rowwise float32/float16 outputs produced in bfloat16 and cast.  ``"hopper"``, ``"ada"`` and
-``"blackwell"`` pick the fast or split preset from each GEMM's ``use_fast_accum``; ``"dequantized_fp32"``
+``"blackwell"`` pick the fast or split preset from each GEMM's ``use_fast_accum``; a device profile (e.g.
+``"h100_pcie_cublaslt_12_8"``, torch's caller) also the split-K of each GEMM's own shape, output dtype and
+formats, as that GPU's ``torch._scaled_mm`` (tensorwise scales; rowwise only with splits given by
+``with_splits``); ``"dequantized_fp32"``
 is torchao ``emulate=False`` on the CPU (``torch._scaled_mm``'s CPU fallback).  The bias is
 added after the GEMM in the output dtype (``out + bias.to(out.dtype)``), so its gradient is torch's.
 """
@@ -32,13 +35,16 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._util.args import as_int
 from .._util.tensors import numpy_view
 from ..cast import encode
 from ..formats import FloatFormat, get_format
-from ..gemm import Accumulator, get_accumulator, scaled_mm
+from ..gemm import Accumulator, DeviceProfile, get_accumulator, get_profile, is_profile, scaled_mm
 from ..scaling.current import TORCHAO_EPS as _TORCHAO_EPS
 from ..scaling.current import quantize_torchao, torchao_amax_to_scale
+from ._double_backward import float8_grad
 from ._float8 import _FP8_FORMATS, _Float8
+from ._plans import record_gemm as _record
 from .config import Float8LinearConfig, ScalingGranularity, ScalingType
 from .fsdp import WeightWithDynamicFloat8CastTensor, register_float8_linear
 
@@ -57,6 +63,8 @@ class _GemmSpec(NamedTuple):
     pad_inner_dim: bool
     round_scales_to_power_of_2: bool
     accumulator: str | Accumulator | None  # None: torchao emulate; a device name: fast/split per use_fast_accum
+    site: Any = None  # the Float8Linear (plans for fp8sim explain)
+    role: str = ""  # "fprop", "dgrad" or "wgrad"
 
 
 class _Gemms(NamedTuple):
@@ -67,23 +75,26 @@ class _Gemms(NamedTuple):
     grad_weight: _GemmSpec
 
 
-def _gemm_specs(config: Float8LinearConfig, accumulator: str | Accumulator | None) -> _Gemms:
-    """The three GEMMs of a Float8Linear from its config and its current ``accumulator``."""
+def _gemm_specs(config: Float8LinearConfig, accumulator: str | Accumulator | None, site: Any = None) -> _Gemms:
+    """The three GEMMs of a Float8Linear (``site``) from its config and its current ``accumulator``."""
     acc = _check_accumulator(accumulator)
     pad, pow2 = config.pad_inner_dim, config.round_scales_to_power_of_2
     return _Gemms(
-        _GemmSpec(config.gemm_config_output.use_fast_accum, pad, pow2, acc),
-        _GemmSpec(config.gemm_config_grad_input.use_fast_accum, pad, pow2, acc),
-        _GemmSpec(config.gemm_config_grad_weight.use_fast_accum, pad, pow2, acc),
+        _GemmSpec(config.gemm_config_output.use_fast_accum, pad, pow2, acc, site, "fprop"),
+        _GemmSpec(config.gemm_config_grad_input.use_fast_accum, pad, pow2, acc, site, "dgrad"),
+        _GemmSpec(config.gemm_config_grad_weight.use_fast_accum, pad, pow2, acc, site, "wgrad"),
     )
 
 
-def _check_accumulator(accumulator: str | Accumulator | None) -> str | Accumulator | None:
-    """The accumulator as the GEMMs use it; unknown names raise fp8sim's ValueError now."""
+def _check_accumulator(accumulator: str | Accumulator | DeviceProfile | None) -> Any:
+    """The accumulator as the GEMMs use it (a device profile as its record); unknown names raise fp8sim's
+    ValueError now."""
     if accumulator is None or accumulator == _EMULATE:
         return None
     if isinstance(accumulator, str) and accumulator in _DEVICE_ACCUMULATORS:
         return accumulator
+    if is_profile(accumulator):
+        return get_profile(accumulator)
     return get_accumulator(accumulator)
 
 
@@ -235,6 +246,11 @@ def _scaled_mm_gemm(a: _Float8, b: _Float8, out_dtype: torch.dtype, spec: _GemmS
     mm_dtype = torch.bfloat16 if rowwise and out_dtype in (torch.float16, torch.float32) else out_dtype
     acc = spec.accumulator
     device = acc if isinstance(acc, str) else "hopper"
+    prof = acc if isinstance(acc, DeviceProfile) else None
+    k = a_codes.shape[1]
+    layout = "tensorwise" if a_inv.numel() == 1 and b_inv.numel() == 1 else "rowwise"
+    if _record(spec, (m, n, k), (a.fmt.name, b.fmt.name), layout, mm_dtype, acc, prof):  # dry: the cheap path
+        acc, prof = get_accumulator("dequantized_fp32"), None
     out = scaled_mm(
         a_codes.view(a.fmt.torch_dtype),
         b_codes.view(b.fmt.torch_dtype),
@@ -242,9 +258,10 @@ def _scaled_mm_gemm(a: _Float8, b: _Float8, out_dtype: torch.dtype, spec: _GemmS
         b_inv,
         out_dtype=mm_dtype,
         use_fast_accum=spec.use_fast_accum,
-        accumulator=None if isinstance(acc, str) else acc,
+        accumulator=None if isinstance(acc, str) or prof is not None else acc,
         device=device,
         strict=False,
+        profile=prof,
     )
     if post is not None:
         out *= post
@@ -281,6 +298,8 @@ def _gemm(
         b = b_fp8 if b_fp8 is not None else _cast(b_hp, cc_b.target_dtype, cc_b.scaling_granularity, 0, pow2)
         b_op = _Operand(b, _dequantized_like(b, b_hp) if emulate else None)
     if emulate:
+        dims = (a_op.values.shape[0], b_op.values.shape[1], a_op.values.shape[1])
+        _record(spec, dims, (a_op.fp8.fmt.name, b_op.fp8.fmt.name), "emulate", out_dtype, None, None)
         return torch.mm(a_op.values, b_op.values).to(out_dtype), a_op, b_op
     return _scaled_mm_gemm(a_op.fp8, b_op.fp8, out_dtype, spec), a_op, b_op
 
@@ -359,6 +378,8 @@ class _Float8MatMul(torch.autograd.Function):
             cc_go, cc_w = c.cast_config_grad_output, c.cast_config_weight_for_grad_input
             w_op = None if ctx.weight_op is None else ctx.weight_op.t()
             gi, go_op, _ = _gemm(go_2d, weight_hp_t.t(), cc_go, cc_w, gemms.grad_input, b_fp8=ctx.weight_fp8, b_op=w_op)
+            if cc_go.scaling_type is not ScalingType.DISABLED:  # create_graph=True: torchao's graph, then its error
+                gi = float8_grad(gi, grad_output, weight_hp_t)
             grad_input = gi.reshape(*grad_output.shape[:-1], gi.shape[-1])
         if ctx.needs_input_grad[1]:
             input_2d = input_hp.reshape(-1, input_hp.shape[-1])
@@ -371,6 +392,8 @@ class _Float8MatMul(torch.autograd.Function):
             )
             go_t = go_op.t() if same_go else None
             gw, _, _ = _gemm(go_2d.t(), input_2d, cc_go, cc_i, gemms.grad_weight, a_op=go_t, b_op=ctx.input_op)
+            if cc_go.scaling_type is not ScalingType.DISABLED:
+                gw = float8_grad(gw, grad_output, input_hp)
             grad_weight_t = gw.t()
         ctx.input_op = ctx.weight_op = None
         return grad_input, grad_weight_t, None, None, None, None
@@ -398,6 +421,7 @@ class Float8Linear(nn.Linear):
         config: Float8LinearConfig | None = None,
         accumulator: str | Accumulator | None = None,
     ) -> None:
+        in_features, out_features = as_int(in_features, "in_features", lo=1), as_int(out_features, "out_features", lo=1)
         super().__init__(in_features, out_features, bias, device, dtype)
         config = Float8LinearConfig() if config is None else config
         if not isinstance(config, Float8LinearConfig):
@@ -420,7 +444,7 @@ class Float8Linear(nn.Linear):
             input = input.to(cuda_dtype)
         # on another device type, that device's autocast rounds the float8 GEMM (its _to_copy sets _orig_dtype)
         out_dtype = None if input.device.type == "cuda" else _autocast_dtype(input.device.type)
-        gemms = _gemm_specs(self.config, self.accumulator)
+        gemms = _gemm_specs(self.config, self.accumulator, self)
         weight_fp8 = getattr(self.weight, "_fp8sim_float8", None)  # set by the FSDP2 float8 all-gather
         output = _Float8MatMul.apply(input, self.weight.t(), self.config, gemms, out_dtype, weight_fp8)
         if self.bias is not None:

@@ -42,6 +42,7 @@ from ..formats import E4M3, E8M0, get_format
 from ..gemm.grouped import grouped_mm, scaled_grouped_mm
 from ..scaling.current import torchao_amax_to_scale
 from ..scaling.mx import quantize_mx
+from ._double_backward import refuse_double_backward
 from .mx_linear import KernelPreference, MXFP8TrainingOpConfig, ScaleCalculationMode
 
 __all__ = [
@@ -113,6 +114,7 @@ class _MXFP8GroupedMM(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        refuse_double_backward("the MXFP8 grouped GEMMs (MoE)")
         x, w_t, offs = ctx.saved_tensors
         cfg = ctx.cfg
         mode, out_dtype = cfg.scale_calculation_mode, cfg.out_dtype or torch.bfloat16
@@ -235,6 +237,7 @@ class _Float8GroupedMM(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        refuse_double_backward("the float8 grouped GEMMs (MoE)")
         x, w_t, offs = ctx.saved_tensors
         cfg, acc, fmt = ctx.cfg, ctx.acc, ctx.fmt
         grad = grad.contiguous()

@@ -36,6 +36,7 @@ from ..gemm import scaled_mm
 from ..scaling.amax import dtype_name
 from ..scaling.mx import quantize_mx
 from ..scaling.quantized import QuantizedData
+from ._double_backward import warn_graphless
 from .float8_linear_utils import swap_linear_layers
 
 __all__ = [
@@ -231,6 +232,7 @@ class _MXMatMul(torch.autograd.Function):
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         input_hp, weight_hp = ctx.saved_tensors
         cfg, acc = ctx.cfg, ctx.acc
+        warn_graphless("MXFP8 GEMMs (mx_mm)")
         mode, kern = cfg.scale_calculation_mode, cfg.kernel_preference
         go = grad_output.contiguous().reshape(-1, grad_output.shape[-1])
         x = input_hp.reshape(-1, input_hp.shape[-1])

@@ -45,12 +45,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._util.args import as_int
 from ..cast import decode, encode
 from ..cast.ptx_sr import encode_ptx_rs
 from ..formats import E2M1, E4M3
 from ..gemm import scaled_mm
 from ..gemm._exact import exact_matmul_f32
 from ..scaling.quantized import QuantizedData
+from ._double_backward import warn_graphless
 from .float8_linear_utils import swap_linear_layers
 from .mx_linear import KernelPreference
 
@@ -231,6 +233,7 @@ class _NVFP4MM(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
         shape, has_bias, seed, signs, tile, acc = ctx.meta
+        warn_graphless("NVFP4 GEMMs (nvfp4_mm_triton)")
         dy = grad_output.contiguous()
         dy2 = dy.reshape(-1, dy.shape[-1])
         dev = dy.device
@@ -331,6 +334,7 @@ class NVFP4Linear(nn.Linear):
         accumulator: Any = "blackwell",
     ) -> None:
         cfg = NVFP4TrainingConfig(kernel_preference, process_group, world_size)
+        in_features, out_features = as_int(in_features, "in_features", lo=1), as_int(out_features, "out_features", lo=1)
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.kernel_preference = cfg.kernel_preference
         self.process_group, self.world_size = None, world_size

@@ -120,7 +120,7 @@ def _check_module(module: nn.Module) -> Float8Linear:
 
 def _matmul(module: Float8Linear, x: torch.Tensor) -> torch.Tensor:
     """Float8Linear's GEMM without the bias (rowwise adds it after the reduction)."""
-    gemms = _gemm_specs(module.config, module.accumulator)
+    gemms = _gemm_specs(module.config, module.accumulator, module)
     return _Float8MatMul.apply(x, module.weight.t(), module.config, gemms, None, None)
 
 

@@ -39,11 +39,24 @@ from torch import nn
 from ...recipe import DelayedScaling, Float8CurrentScaling
 from .. import module as _module
 from ..module._fp8_handoff import FP8Handoff, attach, handoff_of
+from ..module._params import size_arg
 from ..quantization import current_state, get_recipe
 from .dot_product_attention import DotProductAttention
 from .rope import apply_rotary_pos_emb
 
 __all__ = ["MultiheadAttention"]
+
+
+def head_size(hidden_size: int, num_attention_heads: int, kv_channels: Any) -> int:
+    """TE's ``kv_channels if kv_channels else hidden_size // num_attention_heads``, refusing a head size of 0."""
+    if kv_channels:
+        return size_arg(kv_channels, "kv_channels")
+    if hidden_size < num_attention_heads:
+        raise ValueError(
+            f"hidden_size {hidden_size} is smaller than num_attention_heads {num_attention_heads}: each head "
+            "would have kv_channels = hidden_size // num_attention_heads = 0; pass kv_channels"
+        )
+    return hidden_size // num_attention_heads
 
 
 class MultiheadAttention(nn.Module):
@@ -102,6 +115,12 @@ class MultiheadAttention(nn.Module):
         softmax_type: str = "vanilla",
     ) -> None:
         super().__init__()
+        hidden_size, num_attention_heads = (
+            size_arg(hidden_size, "hidden_size"),
+            size_arg(num_attention_heads, "num_attention_heads"),
+        )
+        kv_channels = head_size(hidden_size, num_attention_heads, kv_channels)
+        num_gqa_groups = size_arg(num_gqa_groups, "num_gqa_groups", none=True)
         if tp_group is not None:  # TE: the group's size wins over tp_size
             from ..module._tp import get_distributed_world_size
 
@@ -125,7 +144,6 @@ class MultiheadAttention(nn.Module):
         self.return_layernorm_output = return_layernorm_output
         self.params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
         self.num_attention_heads = num_attention_heads
-        kv_channels = kv_channels if kv_channels else hidden_size // num_attention_heads
         self.qkv_weight_interleaved = qkv_weight_interleaved if fuse_qkv_params else False
         self.rotary_pos_interleaved = rotary_pos_interleaved
         self.num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
@@ -143,6 +161,7 @@ class MultiheadAttention(nn.Module):
         kw = {"params_dtype": self.params_dtype, "device": device, "bias": bias, "init_method": init_method}
         kw.update(tp_group=tp_group, tp_size=tp_size, sequence_parallel=sequence_parallel)
         kw["get_rng_state_tracker"] = get_rng_state_tracker  # TE common_gemm_kwargs: weights init in its fork
+        kw["fuse_wgrad_accumulation"] = fuse_wgrad_accumulation  # TE common_gemm_kwargs: wgrad into main_grad
         qkv_mode = "column" if set_parallel_mode else None
         ln_kw = {
             **kw,

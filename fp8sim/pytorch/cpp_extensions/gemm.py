@@ -19,7 +19,10 @@ then cast or added to ``out``).
 Quantized GEMMs read the representation TE's GEMM reads (``A``
 rowwise for "T?", columnwise for "N?"; ``B`` rowwise for "?N", columnwise for "?T") and run the
 emulated tensor-core GEMM of ``fp8sim.gemm.scaled_mm`` with the accumulator of the emulated device
-that ``use_split_accumulator`` selects (MXFP8: Blackwell's; ``accumulator=`` overrides, e.g. ``"exact"``).
+that ``use_split_accumulator`` selects (MXFP8: Blackwell's; ``accumulator=`` overrides, e.g. ``"exact"``,
+or a device profile such as ``"h100_pcie_cublaslt_12_8_te"``: that GPU's cuBLASLt call, with the split-K
+decision for this GEMM's shape, output dtype, fast/split accumulation and formats; inside
+``autocast(accumulator=PROFILE)`` the region's profile applies when ``accumulator`` is not given).
 The epilogue works in float32 as cuBLAS's: ``alpha * acc (+ bias)``, GELU (tanh form) with the
 pre-GELU output returned, or with ``grad=True`` ``acc * dgelu(gelu_in)`` and the bias gradient (sum
 of ``B``'s rows); ``accumulate`` adds ``beta * out``; then one rounding to the output dtype, or a
@@ -33,6 +36,9 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from ...gemm.plans import current_recorder
+from ...gemm.profiles import SplitKUnknownError
 
 __all__ = ["general_gemm", "validate_gemm_scale"]
 _LAYOUTS = ("TN", "NN", "NT")
@@ -56,6 +62,38 @@ def _preset(use_split_accumulator: bool, mx: bool = False) -> str:
         return "blackwell_split" if use_split_accumulator else "blackwell"
     device = "hopper" if cc >= (9, 0) else "ada"
     return f"{device}_{'split' if use_split_accumulator else 'fast'}"
+
+
+_OUT_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _arithmetic(accumulator: Any, use_split_accumulator: bool, mx: bool) -> tuple[Any, Any]:
+    """``(preset, profile)``: ``accumulator`` (None: the ``autocast`` region's, else the emulated device's
+    preset), a device name picking fast/split by ``use_split_accumulator``, a preset, or a device profile
+    (then ``preset`` is its accumulator for ``use_split_accumulator``)."""
+    from ...gemm.profiles import get_profile, is_profile
+
+    if accumulator is None:
+        from ..quantization import current_state
+
+        st = current_state()
+        accumulator = st.accumulator if st.enabled else None
+    if accumulator is None:
+        return _preset(use_split_accumulator, mx), None
+    if is_profile(accumulator):
+        prof = get_profile(accumulator)
+        return prof.accumulator_for(not use_split_accumulator), prof
+    if accumulator in ("hopper", "ada", "blackwell"):
+        if accumulator == "blackwell":
+            return ("blackwell_split" if use_split_accumulator else "blackwell"), None
+        return f"{accumulator}_{'split' if use_split_accumulator else 'fast'}", None
+    return accumulator, None
+
+
+def _fmt_of_quantizer(q: Any) -> str:
+    from ..constants import DType
+
+    return "e4m3" if getattr(q, "dtype", None) == DType.kFloat8E4M3 else "e5m2"
 
 
 def _fmt(t: Any) -> str:
@@ -159,31 +197,110 @@ def _kind(t: Any, name: str) -> str:
     return "hp"
 
 
-def _gemm32(A: Any, B: Any, layout: str, kind: str, preset: str) -> torch.Tensor:
+_ROLES = {"TN": "fprop", "NN": "dgrad", "NT": "wgrad"}
+
+
+def _profile_split(
+    prof: Any, kind: str, layout: str, m: int, n: int, k: int, out: str, fast: bool, fa: str, fb: str
+) -> tuple[int, str, str]:
+    """``(S, scheme, source)`` of the profile for this call: a split given with ``with_splits``, else its table
+    for per-tensor FP8 (block-scaled operands need a given split: no block-scaled cuBLASLt call was recorded)."""
+    what = f"the general_gemm call (layout {layout}, a {_ROLES[layout]} GEMM in TE's modules)"
+    for key in ((m, n, k, out, fast), (m, n, k)):
+        if key in prof.splits:
+            return (*prof.splits[key], "override")
+    if kind == "fp8":
+        d = prof.decide(m, n, k, out, fast, fa, fb, what=what)
+        return d.S, d.scheme, d.source
+    raise SplitKUnknownError(
+        f"profile {prof.name!r} records cuBLASLt's split-K for per-tensor scaled FP8 GEMMs only; {what} is "
+        f"{kind} (M={m} N={n} K={k}, -> {out}, use_fast_accum={fast}). Ways out: "
+        f"accumulator=get_profile({prof.name!r}).with_splits({{({m}, {n}, {k}): (1, 'none')}}) if your GPU does "
+        "not split it, or an instruction preset"
+    )
+
+
+def _gemm32(
+    A: Any,
+    B: Any,
+    layout: str,
+    kind: str,
+    preset: Any,
+    profile: Any = None,
+    fast: bool = False,
+    out_dtype: str = "",
+    addend: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``op_B(B) @ op_A(A)`` in float32 (before the epilogue).  Quantized operands: the representation
     TE picks (``A`` rowwise for "T?", else columnwise; ``B`` columnwise for "?T", else rowwise); in
-    GEMM orientation the left operand is ``B``'s matrix and the right one ``A``'s, transposed."""
+    GEMM orientation the left operand is ``B``'s matrix and the right one ``A``'s, transposed.  With a
+    ``profile``, ``preset`` is its accumulator for ``fast`` and the split is its decision for ``out_dtype``.
+    ``addend`` (per-tensor FP8 only): ``beta * C`` joining the scales in one float32 FMA, cuBLASLt's
+    ``alpha * acc + beta * C`` with ``alpha = fl32(scale_inv_a * scale_inv_b)``."""
     if kind != "hp":
         from ...gemm import scaled_mm
 
         a_codes, a_s, a_fmt = _quantized_parts(A, "rowwise" if layout[0] == "T" else "columnwise")
         left, left_s, b_fmt = _quantized_parts(B, "columnwise" if layout[1] == "T" else "rowwise")
+        split_k, epilogue = None, "alpha"
+        (m, k), n = left.shape, a_codes.shape[0]
+        plan = {"split": 1, "scheme": "none", "source": "preset", "note": ""}
+        if profile is not None:
+            try:
+                *split_k, source = _profile_split(profile, kind, layout, m, n, k, out_dtype, fast, b_fmt, a_fmt)
+                plan.update(split=split_k[0], scheme=split_k[1], source=source)
+            except SplitKUnknownError as e:  # a dry recorder lists it; otherwise TE's call cannot be emulated
+                rec = current_recorder()
+                if rec is None or not rec.dry:
+                    raise
+                split_k = (1, "none")
+                plan.update(split=None, scheme="?", source="unknown", note=str(e))
+            split_k = None if split_k[0] == 1 else tuple(split_k)
+            epilogue = profile.epilogue
+        _record(layout, m, n, k, b_fmt, a_fmt, kind, out_dtype, fast, preset, profile, plan)
+        fused = addend is not None and kind == "fp8"
         out = scaled_mm(
             np.ascontiguousarray(left),
             np.ascontiguousarray(a_codes.T),
-            left_s if np.ndim(left_s) == 0 else np.ascontiguousarray(left_s),
-            a_s if np.ndim(a_s) == 0 else np.ascontiguousarray(a_s.T),
+            np.float32(1) if fused else (left_s if np.ndim(left_s) == 0 else np.ascontiguousarray(left_s)),
+            np.float32(1) if fused else (a_s if np.ndim(a_s) == 0 else np.ascontiguousarray(a_s.T)),
             out_dtype="float32",
             accumulator=preset,
             a_format=b_fmt,
             b_format=a_fmt,
             strict=False,
+            split_k=split_k,
+            epilogue=epilogue,
         )
-        return torch.from_numpy(np.asarray(out, np.float32))
+        if fused:  # the "alpha" epilogue's product of the scales, then one FMA with C
+            from ...gemm._exact import fma_f32
+
+            alpha = np.float32(np.float32(left_s) * np.float32(a_s))
+            with np.errstate(invalid="ignore", over="ignore"):
+                out = fma_f32(np.asarray(out, np.float32), alpha, addend.detach().float().cpu().numpy())
+        return torch.from_numpy(np.ascontiguousarray(out, np.float32))
     a2, b2 = A.reshape(-1, A.shape[-1]).float(), B.reshape(-1, B.shape[-1]).float()
     right = a2.t() if layout[0] == "T" else a2
     left = b2.t() if layout[1] == "T" else b2
+    hp = str(A.dtype).removeprefix("torch.")
+    plan = {"split": 1, "scheme": "none", "source": "default", "note": "high-precision operands"}
+    _record(layout, left.shape[0], right.shape[1], left.shape[1], hp, hp, "hp", out_dtype, None, None, None, plan)
     return torch.matmul(left, right)
+
+
+def _record(layout: str, m: int, n: int, k: int, fa: str, fb: str, kind: str, out: str, fast: Any, preset: Any,
+            profile: Any, plan: dict) -> None:  # fmt: skip
+    """The call's plan for ``fp8sim explain`` (module "general_gemm"; role by TE's layout convention)."""
+    if current_recorder() is None:
+        return
+    from ..module._gemm_plan import DEFAULT, record_plan
+
+    scaling = {"fp8": "tensorwise", "hp": "high precision"}.get(kind, kind)
+    acc = DEFAULT if preset is None else str(getattr(preset, "name", preset))
+    record_plan(
+        "general_gemm", "", _ROLES[layout], m=m, n=n, k=k, a_format=fa, b_format=fb, scaling=scaling, out_dtype=out,
+        use_fast_accum=fast, accumulator=acc, profile=None if profile is None else profile.name, **plan,
+    )  # fmt: skip
 
 
 def _row_scaled(
@@ -322,8 +439,13 @@ def _general_gemm(
     dtype = out_dtype or (out.dtype if out is not None else A.dtype)
     if nvfp4 and not row_scaled and dtype == torch.float16:  # the row-scaled path's GEMM writes float32
         raise RuntimeError("FP4 GEMM does not support FP16 output!")
-    preset = accumulator if accumulator is not None else _preset(use_split_accumulator, kinds[0] in ("mxfp8", "nvfp4"))
-    acc = _gemm32(A, B, layout, kinds[0], preset)
+    preset, profile = _arithmetic(accumulator, use_split_accumulator, kinds[0] in ("mxfp8", "nvfp4"))
+    q = quantization_params
+    out_name = _OUT_NAMES.get(dtype, "float32") if q is None else _fmt_of_quantizer(q)  # FP8: cuBLAS writes it
+    # accumulating a per-tensor FP8 GEMM (beta * C) with nothing else in the epilogue: cuBLASLt's one FMA
+    fma_c = accumulate and kinds[0] == "fp8" and alpha == 1.0 and bias is None and not gelu and not grad
+    addend = np.float32(beta) * out.reshape(-1, out.shape[-1]).float() if fma_c else None
+    acc = _gemm32(A, B, layout, kinds[0], preset, profile, not use_split_accumulator, out_name, addend)
     if row_scaled:
         return _row_scaled(A, B, acc, layout, alpha, out_dtype, out, bias, accumulate, gelu, grad, quantization_params)
     if nvfp4:  # cuBLAS multiplies by the alpha the amaxes give, 1 or not
@@ -344,7 +466,7 @@ def _general_gemm(
             gelu_dtype = (bias.dtype if bias is not None else torch.bfloat16) if fp8 else dtype
             gelu_input = acc.to(gelu_dtype)
             acc = _gelu(acc)
-    if accumulate:
+    if accumulate and not fma_c:
         acc = acc + np.float32(beta) * out.reshape(acc.shape).float()
     lead = tuple(B.shape[:-1]) if layout[1] == "N" else (B.shape[-1],)
     shape = (*lead, acc.shape[-1])

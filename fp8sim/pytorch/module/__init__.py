@@ -9,7 +9,8 @@ HYBRID) and runs on the emulated GEMM.  Each GEMM owns TE's delayed-scaling stat
 
 from ._activations import ACTIVATIONS as _ACTIVATIONS  # noqa: F401 - the pre-restructure name
 from .base import TransformerEngineBaseModule, _check_dims, _FP8Base, _GemmState  # noqa: F401
-from .grouped_linear import GroupedLinear  # issue 17
+from .fp8_padding import Fp8Padding, Fp8Unpadding
+from .grouped_linear import GroupedLinear, is_module_grouped_tensor_path_supported  # issue 17
 from .layernorm import LayerNorm
 from .layernorm_linear import LayerNormLinear
 from .layernorm_mlp import LayerNormMLP
@@ -17,4 +18,4 @@ from .linear import Linear
 from .rmsnorm import RMSNorm
 
 __all__ = ["Linear", "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "TransformerEngineBaseModule"]
-__all__ += ["GroupedLinear"]  # issue 17
+__all__ += ["GroupedLinear", "is_module_grouped_tensor_path_supported", "Fp8Padding", "Fp8Unpadding"]

@@ -1,64 +1,86 @@
-"""TE's ``general_gemm``, emulated: one FP8 GEMM on two quantized operands (float32 result)."""
+"""TE's ``general_gemm``, emulated: one FP8 GEMM on two quantized operands (float32 result).
+
+``accumulator`` picks the arithmetic: None (exact FP8 products summed in float32), an fp8sim preset, a
+device name (``"hopper"``, ``"ada"``, ``"blackwell"``: fast or split per GEMM as the recipe says) or a
+device profile (:mod:`fp8sim.gemm.profiles`, e.g. ``"h100_pcie_cublaslt_12_8_te"``): then each GEMM is
+computed as that GPU's cuBLASLt call would compute it, with the split-K decision for its own
+``(M, N, K)``, output dtype, fast/split accumulation and operand formats, the profile's partial-sum order
+and epilogue.  An unknown split raises :class:`~fp8sim.gemm.SplitKUnknownError` naming the GEMM (module,
+fprop/dgrad/wgrad, shape) and the ways out.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
 
-from ...recipe import Float8BlockScaling, Recipe
+from ...gemm._exact import fma_f32
+from ...recipe import Recipe
+from ._gemm_plan import GemmSite, out_name, resolve
 from ._operands import Operand
 
-__all__ = ["gemm"]
-
-# TE module constants for recipes without fp8_gemm_* fields (spec 4.7): fprop fast, dgrad/wgrad split
-_SPLIT = {"fprop": False, "dgrad": True, "wgrad": True}
+__all__ = ["gemm", "GemmSite", "out_name"]
 
 
-def _split_for(recipe: Recipe, which: str) -> bool:
-    params = getattr(recipe, f"fp8_gemm_{which}", None)
-    if params is not None:
-        return bool(params.use_split_accumulator)
-    if isinstance(recipe, Float8BlockScaling):
-        return True
-    return _SPLIT[which]
-
-
-def _preset(accumulator: str, recipe: Recipe, which: str) -> str:
-    if accumulator in ("hopper", "ada", "blackwell"):
-        split = _split_for(recipe, which)
-        if accumulator == "blackwell":
-            return "blackwell_split" if split else "blackwell"
-        return f"{accumulator}_{'split' if split else 'fast'}"
-    return accumulator
-
-
-def gemm(a: Operand, b: Operand, recipe: Recipe, which: str, accumulator: str | None) -> torch.Tensor:
-    """``a @ b`` (float32 result).  ``accumulator=None``: exact FP8 products summed in float32
-    (per-tensor scales applied after, as cuBLAS's epilogue; block scales folded into the operands);
-    otherwise an fp8sim accumulator (a device name picks fast/split per GEMM as the recipe says)."""
+def gemm(
+    a: Operand,
+    b: Operand,
+    recipe: Recipe,
+    which: str,
+    accumulator: Any,
+    *,
+    out_dtype: Any = None,
+    site: GemmSite | None = None,
+    addend: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``a @ b`` (float32 result, the scales applied; the bias and the output rounding are the caller's).
+    ``which``: "fprop", "dgrad" or "wgrad"; ``out_dtype``: the dtype TE's GEMM writes (a profile's split
+    decision depends on it); ``site``: the module GEMM, for messages and plans.  See the module docstring
+    for ``accumulator``.  ``addend``: ``C`` of an accumulating GEMM (TE's ``accumulate=True``, beta = 1:
+    wgrad into ``main_grad``), float32; cuBLASLt's epilogue ``alpha * acc + beta * C`` is one float32 FMA,
+    so with an accumulator (not None) and per-tensor scales the result is ``fma(acc, fl32(sa * sb), C)``,
+    rounded once; the default path and block scales add it after (two roundings)."""
     per_tensor = a.vals is not None and b.vals is not None
-    if accumulator is None:
+    preset, split_k, epilogue = resolve(a, b, recipe, which, accumulator, out_dtype, site)
+    if preset is None:
         if per_tensor:
             alpha = torch.tensor(np.float32(a.scale_inv) * np.float32(b.scale_inv), dtype=torch.float32)
-            return torch.matmul(a.vals, b.vals) * alpha
-        return torch.matmul(a.dq, b.dq)
+            out = torch.matmul(a.vals, b.vals) * alpha
+        else:
+            out = torch.matmul(a.dq, b.dq)
+        return out if addend is None else out + addend
     from ...gemm import scaled_mm
 
     if not per_tensor:
-        return _block_gemm(a, b, recipe, _preset(accumulator, recipe, which))
-
+        if split_k is not None and split_k[0] > 1:
+            raise ValueError(f"split_k applies to per-tensor scaled GEMMs; the {which} GEMM is block-scaled")
+        out = _block_gemm(a, b, preset)
+        return out if addend is None else out + addend
+    sa, sb = np.float32(a.scale_inv), np.float32(b.scale_inv)
+    fused = addend is not None
     out = scaled_mm(
         a.codes.contiguous().numpy(),
         b.codes.contiguous().numpy(),
-        np.float32(a.scale_inv),
-        np.float32(b.scale_inv),
+        np.float32(1) if fused else sa,  # the raw sum (times 1, exact) when C joins the epilogue's FMA
+        np.float32(1) if fused else sb,
         out_dtype="float32",
-        accumulator=_preset(accumulator, recipe, which),
+        accumulator=preset,
         a_format=a.fmt,
         b_format=b.fmt,
         strict=False,
+        split_k=split_k,
+        epilogue=epilogue,
     )
-    return torch.from_numpy(out)
+    if fused:
+        c = addend.detach().float().cpu().numpy()
+        with np.errstate(invalid="ignore", over="ignore"):
+            if epilogue == "alpha":
+                out = fma_f32(out, np.float32(sa * sb), c)
+            else:  # "sequential": fl32(acc * sa), then the FMA with sb
+                out = fma_f32((out * sa).astype(np.float32), sb, c)
+    return torch.from_numpy(np.ascontiguousarray(out, np.float32))
 
 
 def _codes_and_scales(op: Operand) -> tuple[np.ndarray, np.ndarray]:
@@ -74,7 +96,7 @@ def _codes_and_scales(op: Operand) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(codes), np.ascontiguousarray(scales)
 
 
-def _block_gemm(a: Operand, b: Operand, recipe: Recipe, preset: str) -> torch.Tensor:
+def _block_gemm(a: Operand, b: Operand, preset: Any) -> torch.Tensor:
     """Block-scaled GEMM through ``fp8sim.gemm.scaled_mm``: MX (E8M0 per 32), 1x128/128x128 (float32
     scale_inv per block) and NVFP4 (UE4M3 per 16, the global scales applied after the sum)."""
     from ...gemm import scaled_mm

@@ -3,17 +3,28 @@ backward GRAD_OUTPUT=0, GRAD_INPUT=1), the cached FP8 weight, statistics; and ``
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 
+from ..._util.upstream_quirk import UpstreamQuirkWarning
 from ...recipe import DelayedScaling, Recipe
 from ...scaling.delayed import DelayedScaler
 from ..quantization import add_fp8_tensors_to_global_buffer
 from ._fp8_params import block_operands_from_fp8_weight, is_fp8_weight, operand_from_fp8_weight
 from ._operands import PER_TENSOR, Operand, quantize_operand
 
-__all__ = ["_GemmState", "_ScalingMeta"]
+__all__ = ["_GemmState", "_ScalingMeta", "STALE_COPY_QUIRK"]
+
+STALE_COPY_QUIRK = (
+    "{module}: this module's delayed-scaling state was copied (copy.deepcopy or pickle) from a module already "
+    "registered in TE's global amax buffer; TE copies fp8_meta with its 'buffer_index_and_autocast_key', so "
+    "add_fp8_tensors_to_global_buffer returns early and the copy is never registered: its scales never update "
+    "(they keep the values they had when copied). fp8sim reproduces that (quirk 'te-deepcopy-stale-scales'); "
+    "for a copy that updates, copy the module before its first FP8 step, or build a new one and "
+    "load_state_dict() the original's state"
+)
 
 _ROWWISE_MISSING = (  # TE storage/mxfp8_tensor_storage.py update_usage, and why it happens under FSDP2
     "Requested row-wise usage, but MXFP8Tensor is missing row-scaled FP8 data (FSDP2's backward all-gather "
@@ -36,7 +47,7 @@ class _GemmState:
         # kind -> hook(x, k_axis, seed): a sequence-parallel gather quantizes per shard (module/_tp_nvfp4.py)
         self.shard_hooks: dict = {}
 
-    def ensure(self, recipe: Recipe, group: Any = None) -> None:
+    def ensure(self, recipe: Recipe, group: Any = None, owner: str = "module") -> None:
         """Delayed-scaling state for ``recipe``: created once, then carried over to a new
         DelayedScaling recipe as TE's ``set_meta_tensor`` does (scale kept, history cut or padded),
         and registered in TE's global buffer under the recipe and group."""
@@ -46,12 +57,25 @@ class _GemmState:
             self.fwd = DelayedScaler(recipe, n=3, forward=True)
             self.bwd = DelayedScaler(recipe, n=2, forward=False)
         elif self.fwd.recipe == recipe and self.key == (repr(recipe), id(group)):
+            if self.__dict__.get("copied_registered"):  # TE: the copied buffer key keeps the copy out
+                self.copied_registered = False
+                warnings.warn(
+                    STALE_COPY_QUIRK.format(module=owner),
+                    UpstreamQuirkWarning,
+                    stacklevel=2,
+                )
             return
         elif self.fwd.recipe != recipe:
             self.fwd.set_recipe(recipe)
             self.bwd.set_recipe(recipe)
         self.key = (repr(recipe), id(group))
         add_fp8_tensors_to_global_buffer(self.fwd, self.bwd, recipe, group)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # copy.deepcopy and unpickling come through here: a copy of a registered state keeps its key
+        # (TE: fp8_meta's buffer key), so it is never registered itself (STALE_COPY_QUIRK)
+        self.__dict__.update(state)
+        self.copied_registered = self.key is not None and self.fwd is not None
 
     @staticmethod
     def _per_tensor(recipe: Recipe) -> bool:
@@ -110,14 +134,20 @@ class _GemmState:
             "bwd_amax_history": torch.from_numpy(self.bwd.amax_history.copy()),
         }
 
-    def load(self, st: dict[str, torch.Tensor]) -> None:
+    def load(self, st: dict[str, torch.Tensor]) -> list[tuple[Any, dict[str, Any]]]:
+        """The (scaler, state) pairs to load for a GEMM's saved dict (scalers built as needed); the
+        caller loads them all or none (:func:`fp8sim.scaling.delayed.load_state_dicts`)."""
         if not st:
-            return
-        hist_len = st["fwd_amax_history"].shape[0]
-        recipe = self.fwd.recipe if self.fwd is not None else DelayedScaling(amax_history_len=hist_len)
+            return []
+        hist = st["fwd_amax_history"]
+        if len(getattr(hist, "shape", ())) != 2:
+            raise ValueError(f"fwd_amax_history must be a 2-d tensor (amax_history_len, 3); got {hist!r:.80}")
+        recipe = self.fwd.recipe if self.fwd is not None else DelayedScaling(amax_history_len=int(hist.shape[0]))
         self.ensure(recipe)
-        self.fwd.load_state_dict({"scale": st["fwd_scale"].numpy(), "amax_history": st["fwd_amax_history"].numpy()})
-        self.bwd.load_state_dict({"scale": st["bwd_scale"].numpy(), "amax_history": st["bwd_amax_history"].numpy()})
+        return [
+            (self.fwd, {"scale": st["fwd_scale"], "amax_history": st["fwd_amax_history"]}),
+            (self.bwd, {"scale": st["bwd_scale"], "amax_history": st["bwd_amax_history"]}),
+        ]
 
 
 class _ColumnwiseInBackward:

@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 
-from ...recipe import Recipe
+from ...recipe import DelayedScaling, Recipe, tensor_format
 from ..quantization import current_state, reduce_and_update_fp8_tensors
 from ._fp8_handoff import FP8Handoff, boundary_cast
-from ._gemm import gemm
+from ._gemm import GemmSite, gemm
+from ._gemm_plan import DEFAULT, out_name, record_plan
 from ._operands import Operand
 
 __all__ = ["fp8_linear", "hp_linear", "LinearOptions"]
@@ -39,11 +40,28 @@ class LinearOptions:
     fp8_output: bool = False  # the output written in FP8 with the OUTPUT slot (fwd index 2)
     fp8_grad: bool = False  # dgrad written in FP8 with the GRAD_INPUT slot (bwd index 1)
     out_handoff: FP8Handoff | None = None  # set by forward when fp8_output; its ``grad`` feeds backward
+    site: GemmSite | None = None  # which module GEMM this is (messages, plans)
 
 
-def _hp_gemm(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _gemm_out(recipe: Recipe, fused_fp8: bool, forward: bool, act: torch.dtype) -> Any:
+    """The dtype TE's GEMM writes: FP8 where delayed scaling fuses the output cast into cuBLAS
+    (``fp8_output`` / ``fp8_grad``; current scaling writes ``act`` and casts after), else ``act``."""
+    if fused_fp8 and isinstance(recipe, DelayedScaling):
+        return tensor_format(recipe.fp8_format, forward).name
+    return act
+
+
+def _hp_gemm(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, site: Any = None, role: str = "") -> torch.Tensor:
     """A high-precision GEMM as cuBLAS runs it for bf16/fp16/fp32 operands: float32 accumulation,
-    one rounding to ``dtype``."""
+    one rounding to ``dtype`` (its plan recorded for ``fp8sim explain``)."""
+    if site is not None:
+        fmt = out_name(dtype)
+        gemm_name = "" if site.gemm == "gemm" else site.gemm
+        record_plan(
+            site.module, gemm_name, role, m=a.shape[0], n=b.shape[1], k=a.shape[1], a_format=fmt, b_format=fmt,
+            scaling="high precision", out_dtype=fmt, use_fast_accum=None, accumulator=DEFAULT, profile=None,
+            split=1, scheme="none", source="default", note="recipe.backward_override: not an FP8 GEMM",
+        )  # fmt: skip
     return torch.matmul(a.to(dtype).float(), b.to(dtype).float())
 
 
@@ -73,7 +91,15 @@ class _FP8Linear(torch.autograd.Function):
         else:
             x_row = module._quantize(x, recipe, "input", 1)
         w_row, w_col = module._weight_operands(weight, recipe, is_first_microbatch)
-        out = gemm(x_row, w_row.t(), recipe, "fprop", accumulator)
+        out = gemm(
+            x_row,
+            w_row.t(),
+            recipe,
+            "fprop",
+            accumulator,
+            out_dtype=_gemm_out(recipe, opts.fp8_output, True, act_dtype),
+            site=opts.site,
+        )
         if bias is not None:  # cuBLAS's epilogue: float32 sum with the (already cast) bias, one rounding
             out = out + bias.float()
         ctx.override = override
@@ -122,7 +148,8 @@ class _FP8Linear(torch.autograd.Function):
             else:
                 dy_row = module._quantize(dy, recipe, "grad", 1)
             w_col = ctx.w_col() if callable(ctx.w_col) else ctx.w_col  # FSDP2: read in backward (_gemm_state)
-            dgrad = gemm(dy_row, w_col, recipe, "dgrad", acc)
+            dgrad_out = _gemm_out(recipe, opts.fp8_grad, False, act)
+            dgrad = gemm(dy_row, w_col, recipe, "dgrad", acc, out_dtype=dgrad_out, site=opts.site)
             if opts.fp8_grad:  # dgrad written in FP8 (GRAD_INPUT slot); the producer takes the codes
                 gq = boundary_cast(dgrad, recipe, False, module.bwd, 1, act)
                 if opts.input_fp8 is not None:
@@ -134,16 +161,20 @@ class _FP8Linear(torch.autograd.Function):
             dy_col = dy_row if module._per_tensor(recipe) else module._quantize(dy, recipe, "grad", 0)
             x_col = ctx.x_col
 
-            def wgrad_fn() -> torch.Tensor:
-                return gemm(dy_col.t(), x_col, recipe, "wgrad", acc)
+            main_grad = getattr(opts.weight_param, "main_grad", None) if opts.fuse_wgrad_accumulation else None
+            wgrad_out = act if main_grad is None else main_grad.dtype  # TE linear.py: main_grad's dtype when fused
+
+            def wgrad_fn(addend: torch.Tensor | None = None) -> torch.Tensor:
+                return gemm(dy_col.t(), x_col, recipe, "wgrad", acc, out_dtype=wgrad_out, site=opts.site, addend=addend)
 
         else:
             dyh = dy.to(act)
-            dgrad = _hp_gemm(dyh, ctx.w_col, act)
+            dgrad = _hp_gemm(dyh, ctx.w_col, act, opts.site, "dgrad")
             x_col = ctx.x_col
 
-            def wgrad_fn() -> torch.Tensor:
-                return _hp_gemm(dyh.t(), x_col, act)
+            def wgrad_fn(addend: torch.Tensor | None = None) -> torch.Tensor:
+                dw = _hp_gemm(dyh.t(), x_col, act, opts.site, "wgrad")
+                return dw if addend is None else addend + dw
 
         dbias = dy.float().sum(0).to(ctx.dtypes[1]) if ctx.has_bias else None
         wgrad = _wgrad(ctx, wgrad_fn)
@@ -166,12 +197,10 @@ def _wgrad(ctx: Any, wgrad_fn: Any) -> torch.Tensor | None:
         return None
     if opts.fuse_wgrad_accumulation:
         main_grad = w.main_grad
-        dw = wgrad_fn()
         overwrite = ctx.is_first_microbatch is True or getattr(w, "overwrite_main_grad", False)
-        if overwrite:
-            main_grad.copy_(dw.to(main_grad.dtype))
-        else:  # the GEMM accumulates into main_grad (beta = 1) in float32
-            main_grad.copy_((main_grad.float() + dw.float()).to(main_grad.dtype))
+        # otherwise the GEMM accumulates into main_grad (beta = 1): C joins cuBLAS's float32 epilogue (gemm())
+        dw = wgrad_fn() if overwrite else wgrad_fn(addend=main_grad.float())
+        main_grad.copy_(dw.to(main_grad.dtype))
         if hasattr(w, "grad_added_to_main_grad"):  # Megatron-style DDP: a dummy gradient
             w.grad_added_to_main_grad = True
             return torch.zeros(w.shape, dtype=w.dtype, device=w.device)
@@ -180,22 +209,35 @@ def _wgrad(ctx: Any, wgrad_fn: Any) -> torch.Tensor | None:
 
 
 class _HPLinear(torch.autograd.Function):
-    """The high-precision linear with TE's wgrad options (``main_grad``, ``delay_wgrad_compute``)."""
+    """The high-precision linear as TE runs it without FP8: each GEMM one cuBLAS call with float32
+    accumulation and one rounding to the output dtype (fprop: ``x W^T`` + bias in the epilogue; dgrad
+    ``dy W``; wgrad ``dy^T x``, added into ``main_grad`` in float32 or deferred), so it agrees bit for bit
+    with ``backward_override="high_precision"`` (torch's CPU bf16/fp16 matmul rounds otherwise)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, opts: LinearOptions, first_mb: Any):  # noqa: ANN205
         ctx.save_for_backward(x, w)
         ctx.opts, ctx.is_first_microbatch, ctx.has_bias = opts, first_mb, b is not None
         ctx.dtypes = (x.dtype, w.dtype, x.dtype)
-        return torch.nn.functional.linear(x, w, b)
+        with torch.autocast(x.device.type, enabled=False):
+            out = torch.matmul(x.float(), w.float().t())
+            if b is not None:
+                out = out + b.float()
+        return out.to(x.dtype)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple:
         x, w = ctx.saved_tensors
-        dgrad = dy @ w
         x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
-        wgrad = _wgrad(ctx, lambda: dy2.t() @ x2)
-        dbias = dy2.sum(0) if ctx.has_bias else None
+        with torch.autocast(dy.device.type, enabled=False):
+            dgrad = _hp_gemm(dy2, w, dy.dtype).to(dy.dtype).reshape(*dy.shape[:-1], w.shape[-1])
+
+            def wgrad_fn(addend: torch.Tensor | None = None) -> torch.Tensor:
+                dw = _hp_gemm(dy2.t(), x2, dy.dtype)
+                return dw if addend is None else addend + dw  # C joins the float32 epilogue (beta = 1)
+
+            wgrad = _wgrad(ctx, wgrad_fn)
+            dbias = dy2.float().sum(0).to(dy.dtype) if ctx.has_bias else None
         return dgrad, wgrad, dbias, None, None
 
 

@@ -10,9 +10,23 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..._util.args import as_int, as_real
 from ._normalization import normalize
+from ._params import materialize_meta_parameter
 
 __all__ = ["NormBase"]
+
+
+def _shape(normalized_shape: Any, arg: str) -> tuple[int, ...]:
+    """``normalized_shape`` (an int of any integral type, or a sequence of them) as a tuple of ints >= 1."""
+    if isinstance(normalized_shape, (str, bytes)) or not hasattr(normalized_shape, "__iter__"):
+        return (as_int(normalized_shape, arg, lo=1),)
+    if hasattr(normalized_shape, "ndim") and normalized_shape.ndim == 0:
+        return (as_int(normalized_shape, arg, lo=1),)
+    shape = tuple(as_int(n, arg, lo=1) for n in normalized_shape)
+    if not shape:
+        raise ValueError(f"{arg} must have at least one dimension, got ()")
+    return shape
 
 
 class NormBase(nn.Module):
@@ -49,7 +63,8 @@ class NormBase(nn.Module):
             if dtype is not None:
                 raise RuntimeError("Both `dtype` and `params_dtype` (deprecated) kwargs are provided")
             dtype = params_dtype
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        shape = _shape(normalized_shape, "normalized_shape" if hidden_size is None else "hidden_size")
+        eps = as_real(eps, "eps", finite=True, lo=0.0)
         dtype = dtype if dtype is not None else torch.get_default_dtype()
         self.normalized_shape, self.eps, self.zero_centered_gamma = shape, eps, zero_centered_gamma
         self.sequence_parallel = sequence_parallel
@@ -58,7 +73,8 @@ class NormBase(nn.Module):
             self.bias = nn.Parameter(torch.empty(shape, dtype=dtype, device=device))
         else:
             self.bias = None
-        self.reset_parameters()
+        if self.weight.device.type != "meta":  # TE: initialisation on meta waits for reset_parameters()
+            self.reset_parameters()
 
     @property
     def hidden_size(self) -> int:
@@ -66,8 +82,12 @@ class NormBase(nn.Module):
 
     def reset_parameters(self, defer_init: bool | None = None) -> None:
         """gamma ones (zeros when zero-centred: ``gamma + 1`` is applied), beta zeros."""
-        if defer_init or self.weight.device.type == "meta":
+        if defer_init:
             return
+        for name in ("weight", "bias"):  # TE (ops/basic/layer_norm.py reset_parameters): off meta first
+            p = getattr(self, name, None)
+            if p is not None and p.device.type == "meta":
+                materialize_meta_parameter(self, name, p)
         with torch.no_grad():
             self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
             if self.bias is not None:

@@ -8,9 +8,25 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..._util.args import as_int
 from ..utils import get_default_init_method, init_method_constant
 
-__all__ = ["split_names", "make_linear_params", "make_norm_params", "cat_params"]
+__all__ = [
+    "split_names",
+    "make_linear_params",
+    "make_norm_params",
+    "cat_params",
+    "materialize_meta_parameter",
+    "size_arg",
+]
+
+
+def size_arg(value: Any, name: str, *, none: bool = False) -> Any:
+    """A module's size argument (features, heads, channels) as an int >= 1, before torch sees it (torch's
+    ``empty()`` message names no argument); every integral type, bools and floats refused."""
+    if none and value is None:
+        return None
+    return as_int(value, name, lo=1)
 
 
 def split_names(parameters_split: Any, out_features: int) -> tuple[list[str], list[str], list[int]]:
@@ -91,3 +107,12 @@ def cat_params(module: nn.Module, names: list[str]) -> torch.Tensor:
     """The full tensor of split parameters (TE's ``noop_cat``)."""
     ts = [getattr(module, n) for n in names]
     return ts[0] if len(ts) == 1 else torch.cat(ts)
+
+
+def materialize_meta_parameter(module: nn.Module, name: str, param: nn.Parameter) -> nn.Parameter:
+    """TE ``base.py`` ``reset_parameters``: a parameter on ``meta`` is replaced by an uninitialised one on
+    the device (fp8sim's is the CPU) before its ``init_fn`` runs; requires_grad and attributes carry over."""
+    new = nn.Parameter(torch.empty_like(param, device="cpu"), requires_grad=param.requires_grad)
+    new.__dict__.update(param.__dict__)
+    nn.Module.register_parameter(module, name, new)
+    return new

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ...recipe import DelayedScaling, Recipe
+from ...scaling.delayed import load_state_dicts
 from .._recompute import _replay_fp8_state
 from ..quantization import (
     _register,
@@ -28,8 +29,10 @@ from ..quantization import (
 from ..utils import get_default_init_method, init_method_constant
 from ._bias import bias_through_bf16
 from ._fp8_params import is_fp8_weight, quantize_primary_weights, reset_sharded_parameters
+from ._gemm import GemmSite
 from ._gemm_state import _GemmState, _ScalingMeta
 from ._linear_function import LinearOptions, fp8_linear, hp_linear
+from ._params import materialize_meta_parameter
 from ._rng_init import run_init, set_init_tracker
 
 __all__ = [
@@ -160,11 +163,10 @@ class TransformerEngineBaseModule(nn.Module):
         entries, self.wgrad_store[:] = list(self.wgrad_store), []
         for (fn, _dtype), wname in zip(entries, self._deferred_weight_names(), strict=False):
             w = getattr(self, wname)
-            dw = fn()
-            if self.fuse_wgrad_accumulation:
-                w.main_grad.copy_((w.main_grad.float() + dw.float()).to(w.main_grad.dtype))
+            if self.fuse_wgrad_accumulation:  # accumulated in the GEMM's epilogue (beta = 1)
+                w.main_grad.copy_(fn(addend=w.main_grad.float()).to(w.main_grad.dtype))
             else:
-                w.grad = dw.to(w.dtype)
+                w.grad = fn().to(w.dtype)
 
     def _deferred_weight_names(self) -> list[str]:
         return ["weight"]
@@ -192,8 +194,10 @@ class TransformerEngineBaseModule(nn.Module):
         with torch.no_grad():
             for name, fn in self._init_fns.items():
                 p = getattr(self, name, None)
-                if p is None or p.device.type == "meta":
+                if p is None:
                     continue
+                if p.device.type == "meta":  # TE materialises it on its device: the CPU here
+                    p = materialize_meta_parameter(self, name, p)
                 if getattr(self, "primary_weights_in_fp8", False) and name in self._weights():
                     fp8_names.append(name)
                     if is_fp8_weight(p):  # re-initialise in high precision, then quantize again
@@ -296,7 +300,7 @@ class TransformerEngineBaseModule(nn.Module):
             self._last_recipe = recipe
             assert_dim_for_fp8_exec(x, w)
             hist = None if g.fwd is None else g.fwd.amax_history
-            g.ensure(recipe, st.group)
+            g.ensure(recipe, st.group, f"{type(self).__name__} GEMM {name!r}")
             if hist is not None and g.fwd.amax_history is not hist and is_fp8_weight(w):
                 self._update_weight_quantizers()  # TE base.py: a new amax_history_len rebuilds the quantizers
             if (
@@ -321,6 +325,7 @@ class TransformerEngineBaseModule(nn.Module):
                 fuse_wgrad_accumulation=getattr(self, "fuse_wgrad_accumulation", False),
                 wgrad_store=getattr(self, "wgrad_store", None),
                 output_fp32=output_fp32,
+                site=GemmSite(self, name),
                 **(fp8_io or {}),
             )
             if fp8_io:  # fp8_output: the caller reads ``opts.out_handoff``
@@ -338,10 +343,10 @@ class TransformerEngineBaseModule(nn.Module):
                 for idx, t in ((0, x), (1, w)):  # TE overwrites the staging amax (a NaN passes)
                     g.fwd.amax_history[0, idx] = np.float32(_calibration_amax(t))
         x, w, b = x.to(act), w.to(act), None if b is None else b.to(act)
-        if getattr(self, "fuse_wgrad_accumulation", False) or getattr(self, "wgrad_store", None) is not None:
-            opts = LinearOptions(weight_param, self.fuse_wgrad_accumulation, self.wgrad_store)
-            return hp_linear(x, w, b, opts, is_first_microbatch)
-        return torch.nn.functional.linear(x, w, b)
+        opts = LinearOptions(
+            weight_param, getattr(self, "fuse_wgrad_accumulation", False), getattr(self, "wgrad_store", None)
+        )
+        return hp_linear(x, w, b, opts, is_first_microbatch)
 
     def _tp_linear(
         self, mode: str | None, name: str, x: torch.Tensor, w: torch.Tensor, b: Any, *args: Any, **kw: Any
@@ -432,10 +437,18 @@ class TransformerEngineBaseModule(nn.Module):
                 f"{sorted(self.fp8_gemms)}: the checkpoint comes from another module type"
             )
         keys = {"fwd_scale", "fwd_amax_history", "bwd_scale", "bwd_amax_history"}
+        pairs = []
         for n, st in state.items():
             if st and set(st) != keys:
                 raise RuntimeError(f"{name}: _extra_state of GEMM {n!r} has keys {sorted(st)}; expected {sorted(keys)}")
-            self.fp8_gemms[n].load(st)
+            try:
+                gemm_pairs = self.fp8_gemms[n].load(st)
+                for scaler, st_ in gemm_pairs:
+                    scaler._checked_state(st_)  # every GEMM's state checked before any scaler changes
+            except (TypeError, ValueError) as exc:
+                raise RuntimeError(f"{name}: _extra_state of GEMM {n!r}: {exc}") from None
+            pairs += gemm_pairs
+        load_state_dicts(pairs)
 
     def _load_te_tensors(self, st: Any) -> None:
         n = len(self.fp8_gemms)
@@ -447,20 +460,16 @@ class TransformerEngineBaseModule(nn.Module):
                 "from another module type"
             )
         recipe = st.recipe if isinstance(st.recipe, DelayedScaling) else DelayedScaling()
+        pairs = []
         for i, g in enumerate(self.fp8_gemms.values()):
             g.ensure(recipe)
-            g.fwd.load_state_dict(
-                {
-                    "scale": st.scale_fwd[3 * i : 3 * i + 3].numpy(),
-                    "amax_history": st.amax_history_fwd[:, 3 * i : 3 * i + 3].numpy(),
-                }
-            )
-            g.bwd.load_state_dict(
-                {
-                    "scale": st.scale_bwd[2 * i : 2 * i + 2].numpy(),
-                    "amax_history": st.amax_history_bwd[:, 2 * i : 2 * i + 2].numpy(),
-                }
-            )
+            fwd = {"scale": st.scale_fwd[3 * i : 3 * i + 3], "amax_history": st.amax_history_fwd[:, 3 * i : 3 * i + 3]}
+            bwd = {"scale": st.scale_bwd[2 * i : 2 * i + 2], "amax_history": st.amax_history_bwd[:, 2 * i : 2 * i + 2]}
+            pairs += [(g.fwd, fwd), (g.bwd, bwd)]
+        try:
+            load_state_dicts(pairs)
+        except ValueError as exc:
+            raise RuntimeError(f"{type(self).__name__}: _extra_state: {exc}") from None
 
 
 def _calibration_amax(t: torch.Tensor) -> float:

@@ -12,17 +12,36 @@ weight gradient.
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..._util.args import as_int
+from ..utils import resolve_grouped_linear_single_param_flags
 from ._gemm_state import _GemmState
-from ._params import resolve_params_dtype
+from ._params import resolve_params_dtype, size_arg
 from .base import TransformerEngineBaseModule, get_default_init_method, init_method_constant, no_torch_dynamo
 
-__all__ = ["GroupedLinear"]
+__all__ = ["GroupedLinear", "is_module_grouped_tensor_path_supported"]
+
+_SINGLE_PARAM_REFUSED = (
+    "fp8sim does not emulate GroupedLinear's single grouped parameters (single_grouped_weight / "
+    "single_grouped_bias with NVTE_GROUPED_LINEAR_SINGLE_PARAM=1): TE stores them as one GroupedTensor "
+    "parameter and runs them only on its native grouped-tensor GEMM path (cuBLASLt grouped GEMM with CUDA "
+    "m_splits), which is not emulated; unset NVTE_GROUPED_LINEAR_SINGLE_PARAM for per-expert parameters"
+)
+
+
+def is_module_grouped_tensor_path_supported(recipe: Any, dtype: torch.dtype) -> bool:
+    """TE (grouped_linear.py 88-150): whether GroupedLinear's native grouped-tensor path (cuBLASLt grouped
+    GEMM over one GroupedTensor, CUDA ``m_splits``) can run.  fp8sim does not emulate that path, so the
+    answer is False for every recipe and dtype; TE falls back to its per-split path, which fp8sim runs."""
+    del recipe, dtype
+    return False
 
 
 class GroupedLinear(TransformerEngineBaseModule):
@@ -54,13 +73,17 @@ class GroupedLinear(TransformerEngineBaseModule):
         ub_name: str | None = None,
         delay_wgrad_compute: bool = False,
         save_original_input: bool = False,
+        single_grouped_weight: bool = False,
+        single_grouped_bias: bool = False,
         name: str | None = None,
+        use_grouped_tensor: bool | None = None,
         *,
         accumulator: str | None = None,
     ) -> None:
-        if isinstance(num_gemms, bool) or not isinstance(num_gemms, int) or num_gemms < 1:
-            raise ValueError(f"num_gemms must be an int >= 1, got {num_gemms!r}")
+        num_gemms = as_int(num_gemms, "num_gemms", lo=1)
+        in_features, out_features = size_arg(in_features, "in_features"), size_arg(out_features, "out_features")
         super().__init__(accumulator, name)
+        self._init_grouped_flags(single_grouped_weight, single_grouped_bias, use_grouped_tensor)
         if ub_overlap_rs or ub_overlap_ag:
             raise NotImplementedError("GroupedLinear doesn't support Userbuffer overlap (TE's words); nor does fp8sim")
         self._init_common(
@@ -88,6 +111,28 @@ class GroupedLinear(TransformerEngineBaseModule):
                 b = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device))
                 self.register_parameter(f"bias{i}", b, init_fn=init_method_constant(0.0))
         self.reset_parameters(defer_init=torch.device(device).type == "meta")
+
+    def _init_grouped_flags(self, single_weight: bool, single_bias: bool, use_grouped: bool | None) -> None:
+        """TE grouped_linear.py 1646-1689: ``use_grouped_tensor`` (None: the deprecated environment
+        variable), the single-parameter flags gated by ``NVTE_GROUPED_LINEAR_SINGLE_PARAM``."""
+        if use_grouped is None:
+            env = os.getenv("NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM")
+            if env is not None:
+                warnings.warn(
+                    "NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM is deprecated and will be "
+                    "removed in a future release. Pass use_grouped_tensor=True or "
+                    "use_grouped_tensor=False to GroupedLinear instead.",
+                    FutureWarning,
+                    stacklevel=3,
+                )
+            use_grouped = bool(int(env or "0"))
+        if not isinstance(use_grouped, bool):
+            raise TypeError(f"use_grouped_tensor must be a bool or None, got {type(use_grouped)}.")
+        single_weight, single_bias = resolve_grouped_linear_single_param_flags(single_weight, single_bias)
+        if single_weight or single_bias:
+            raise NotImplementedError(_SINGLE_PARAM_REFUSED)
+        # TE falls back to the per-split path for discrete parameters where the grouped path is unsupported
+        self.use_grouped_tensor, self.single_grouped_weight, self.single_grouped_bias = use_grouped, False, False
 
     def _deferred_weight_names(self) -> list[str]:
         return list(self.weight_names)

@@ -10,7 +10,7 @@ import torch
 from ._fp8_handoff import attach_output, fp8_boundaries
 from ._norm_gemm import norm_for_gemm
 from ._normalization import check_normalization
-from ._params import cat_params, make_linear_params, make_norm_params, resolve_params_dtype
+from ._params import cat_params, make_linear_params, make_norm_params, resolve_params_dtype, size_arg
 from ._rng_init import set_init_tracker
 from .base import TransformerEngineBaseModule, no_torch_dynamo
 
@@ -61,6 +61,7 @@ class LayerNormLinear(TransformerEngineBaseModule):
         *,
         accumulator: str | None = None,
     ) -> None:
+        in_features, out_features = size_arg(in_features, "in_features"), size_arg(out_features, "out_features")
         super().__init__(accumulator, name)
         check_normalization(normalization)
         if any((ub_overlap_ag, ub_overlap_rs, ub_overlap_rs_dgrad, ub_bulk_wgrad, ub_bulk_dgrad)):

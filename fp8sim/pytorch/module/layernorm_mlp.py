@@ -11,7 +11,7 @@ from .._recompute import in_fp8_activation_recompute_phase, module_checkpoint
 from ._activations import GATED, activation_fn
 from ._norm_gemm import fused_producer, norm_for_gemm
 from ._normalization import check_normalization
-from ._params import make_linear_params, make_norm_params, resolve_params_dtype
+from ._params import make_linear_params, make_norm_params, resolve_params_dtype, size_arg
 from ._rng_init import set_init_tracker
 from .base import TransformerEngineBaseModule, no_torch_dynamo
 
@@ -69,6 +69,10 @@ class LayerNormMLP(TransformerEngineBaseModule):
         *,
         accumulator: str | None = None,
     ) -> None:
+        hidden_size, ffn_hidden_size = (
+            size_arg(hidden_size, "hidden_size"),
+            size_arg(ffn_hidden_size, "ffn_hidden_size"),
+        )
         super().__init__(accumulator, name)
         check_normalization(normalization)
         self._act = activation_fn(activation, activation_params)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ._fp8_handoff import attach_output, fp8_boundaries
-from ._params import cat_params, make_linear_params, resolve_params_dtype
+from ._params import cat_params, make_linear_params, resolve_params_dtype, size_arg
 from ._rng_init import set_init_tracker
 from .base import TransformerEngineBaseModule, no_torch_dynamo
 
@@ -55,6 +55,7 @@ class Linear(TransformerEngineBaseModule):
         *,
         accumulator: str | None = None,
     ) -> None:
+        in_features, out_features = size_arg(in_features, "in_features"), size_arg(out_features, "out_features")
         super().__init__(accumulator, name)
         if any((ub_overlap_ag, ub_overlap_rs, ub_overlap_rs_dgrad, ub_bulk_dgrad, ub_bulk_wgrad)):
             raise NotImplementedError(

@@ -75,7 +75,12 @@ def blockwise_data(w: Any, columnwise: bool) -> QuantizedData:
     m, k = _flatten(w.shape)
     fmt = _element_format(w._fp8_dtype)
     b = 128
-    if w._is_2D_scaled:
+    if w._is_2D_scaled and w._rowwise_data is None and w._columnwise_data is not None:
+        # one set of tiles: the columnwise copy holds the rowwise codes and tile scales transposed
+        codes = _pad(_np(w._columnwise_data.reshape(k, m)).T, b, b)
+        scales = _np(w._columnwise_scale_inv[: -(-k // b), : -(-m // b)]).T
+        block = (b, b)
+    elif w._is_2D_scaled:
         codes = _pad(_np(w._rowwise_data.reshape(m, k)), b, b)
         scales = _np(w._rowwise_scale_inv[: -(-m // b), : -(-k // b)])
         block = (b, b)
@@ -105,7 +110,14 @@ def nvfp4_data(w: Any, columnwise: bool) -> QuantizedData:
     if w._with_2d_quantization:
         scales, block = scales[::16], (16, 16)
     a = np.float32(amax[0].item())
-    g = float(np.float32(1) / np.float32(_te_encode_scale(np.asarray(a, np.float32), False)))
+    emax = int(getattr(w, "_nvfp4_e4m3_max", 448)) if getattr(w, "_nvfp4_use_4over6", False) else 448
+    if emax == 448:
+        s_enc = _te_encode_scale(np.asarray(a, np.float32), False)
+    else:  # a 4over6 tensor's own E4M3 max (quantize_4over6_nvfp4.cuh: S_enc = 6 E / amax)
+        with np.errstate(divide="ignore", over="ignore"):
+            s_enc = np.fmin(np.float32(6 * emax) / a, np.finfo(np.float32).max)
+        s_enc = np.float32(1) if a == 0 or s_enc == 0 else np.float32(s_enc)
+    g = float(np.float32(1) / np.float32(s_enc))
     return QuantizedData(
         codes,
         np.ascontiguousarray(scales),

@@ -26,6 +26,7 @@ from ...scaling.block import quantize_block_scaling
 from ..constants import DType, TE_DType_To_Torch
 from . import _fsdp2_block
 from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
+from ._data_setter import data_property
 from .quantized_tensor import Quantizer, _check_high_precision
 from .storage.float8_blockwise_tensor_storage import Float8BlockwiseQTensorStorage
 
@@ -141,6 +142,7 @@ class Float8BlockwiseQTensor(Float8BlockwiseQTensorStorage, BlockScaledTensor):
     ``_is_2D_scaled``."""
 
     _extra_fields = ("is_2D_scaled",)
+    data = data_property("strict")  # TE: assigning .data quantizes into this tensor (same size and stride)
     fsdp_pre_all_gather = _fsdp2_block.fsdp_pre_all_gather
     fsdp_post_all_gather = _fsdp2_block.fsdp_post_all_gather
 

@@ -25,6 +25,7 @@ from ...scaling.amax import amax_nan_skipping
 from ...scaling.current import compute_scale_from_amax
 from ..constants import DType, TE_DType_To_Torch
 from . import _fsdp2
+from ._data_setter import data_property
 from .quantized_tensor import QuantizedTensor, Quantizer, _check_high_precision
 from .storage.float8_tensor_storage import Float8TensorStorage
 
@@ -183,7 +184,16 @@ class Float8CurrentScalingQuantizer(Quantizer):
     def quantize_impl(self, tensor: torch.Tensor) -> Float8Tensor:
         _check_high_precision(tensor, type(self).__name__)
         x32 = _to_numpy32(tensor)
-        amax = np.float32(amax_nan_skipping(x32))
+        return self._cast(tensor, x32, np.float32(amax_nan_skipping(x32)))
+
+    def quantize_with_amax(self, tensor: torch.Tensor, amax: Any) -> Float8Tensor:
+        """TE's C++ ``Float8CurrentScalingQuantizer::quantize_with_amax``: cast ``tensor`` with the scale of
+        an amax its producer computed (TE's activation kernels take it on their float32 results before
+        rounding them to the output dtype); all-reduced first when ``with_amax_reduction``."""
+        _check_high_precision(tensor, type(self).__name__)
+        return self._cast(tensor, _to_numpy32(tensor), np.float32(amax))
+
+    def _cast(self, tensor: torch.Tensor, x32: np.ndarray, amax: np.float32) -> Float8Tensor:
         if self.with_amax_reduction:
             amax = _all_reduce_max(amax, self.amax_reduction_group)
         fmt = _FORMATS[self.dtype]
@@ -250,6 +260,7 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
     ``_fp8_dtype`` (``DType``), ``_transpose`` (columnwise codes or None), ``_quantizer``."""
 
     _saved_fields = ("_data", "_transpose", "_scale_inv")
+    data = data_property("requantize")  # TE: assigning .data casts to FP8
     amax_reduction_group: Any = None  # set by FSDP2 in fsdp_pre_all_gather (current scaling)
     fsdp_pre_all_gather = _fsdp2.fsdp_pre_all_gather
     fsdp_post_all_gather = _fsdp2.fsdp_post_all_gather
@@ -292,9 +303,10 @@ class Float8Tensor(Float8TensorStorage, QuantizedTensor):
         if self._data is not None:
             if self._data.numel() == 0:
                 return torch.empty_like(self._data, dtype=dtype)
-            return (self._data.view(fp8).float() * self._scale_inv.to(self._data.device)).to(dtype)
+            # the scale as a 0-d factor, so a 0-d tensor stays 0-d (TE's output has the input's shape)
+            return (self._data.view(fp8).float() * self._scale_inv.to(self._data.device).reshape(())).to(dtype)
         if self._transpose is not None:
-            out = (self._transpose.view(fp8).float() * self._scale_inv).to(dtype)
+            out = (self._transpose.view(fp8).float() * self._scale_inv.reshape(())).to(dtype)
             return out.movedim(0, -1).contiguous() if out.dim() > 1 else out
         raise RuntimeError("Float8TensorStorage has neither rowwise nor columnwise data")
 

@@ -25,6 +25,7 @@ from ...scaling.mx import quantize_mx
 from ..constants import MXFP8_BLOCK_SCALING_SIZE, DType, TE_DType_To_Torch
 from . import _fsdp2_block
 from ._blockwise import BlockScaledTensor, check_usage, flatten_2d, padded, round_up
+from ._data_setter import data_property
 from .quantized_tensor import Quantizer, _check_high_precision
 from .storage.mxfp8_tensor_storage import MXFP8TensorStorage
 
@@ -136,6 +137,7 @@ class MXFP8Tensor(MXFP8TensorStorage, BlockScaledTensor):
     ``_fp8_dtype``, ``_with_gemm_swizzled_scales`` (False: fp8sim keeps compact scales)."""
 
     _extra_fields = ("with_gemm_swizzled_scales",)
+    data = data_property("requantize")  # TE: assigning .data casts to MXFP8
     fsdp_pre_all_gather = _fsdp2_block.fsdp_pre_all_gather
     fsdp_post_all_gather = _fsdp2_block.fsdp_post_all_gather
 

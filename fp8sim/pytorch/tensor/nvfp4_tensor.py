@@ -48,6 +48,7 @@ from ...scaling.quantized import QuantizedData as _SimQT
 from ..constants import NVFP4_BLOCK_SCALING_SIZE, DType, TE_DType
 from . import _fsdp2, _fsdp2_nvfp4
 from ._blockwise import _FSDP_NOTE, BlockScaledTensor, check_usage, flatten_2d, padded, round_up
+from ._data_setter import data_property
 from .quantized_tensor import Quantizer, _check_high_precision
 from .storage.nvfp4_tensor_storage import NVFP4TensorStorage
 
@@ -182,7 +183,7 @@ class NVFP4Quantizer(Quantizer):
         te_sr = self._te_sr_copies(x) if self.stochastic_rounding and self.te_rng_generator and x.numel() else None
         out: dict[str, Any] = {}
         if self.rowwise_usage:
-            amax = self._reduced(x.abs().float().nan_to_num(0.0).amax()) if self.with_amax_reduction else None
+            amax = self._global_amax(x)
             if self.nvfp4_use_4over6:
                 q = self._4over6(x, amax)
             else:
@@ -200,7 +201,7 @@ class NVFP4Quantizer(Quantizer):
             xt = x.t().contiguous()
             s2 = None if seed is None else seed + 2**32
             if self.nvfp4_use_4over6:  # quantize_stage_colwise: the transposed tensor, the same global amax
-                amax = self._reduced(x.abs().float().nan_to_num(0.0).amax()) if self.with_amax_reduction else None
+                amax = self._global_amax(x)
                 q = quantize_nvfp4_4over6_columnwise(
                     x,
                     err_mode=self.nvfp4_4over6_err_mode,
@@ -214,8 +215,8 @@ class NVFP4Quantizer(Quantizer):
                 if self.with_rht and not self.with_random_sign_mask:  # TE's sign mask 0: the plain Hadamard/4
                     xt = _hadamard_bf16(xt)
                 rht = self.with_rht and self.with_random_sign_mask
-                amax_t = None
-                if self.with_amax_reduction:  # TE reduces the (post-RHT) columnwise amax too (quantizer.cpp)
+                amax_t = self._global_amax(xt) if self._supplied_amax is not None else None
+                if amax_t is None and self.with_amax_reduction:  # TE reduces the (post-RHT) columnwise amax too
                     amax_t = self._reduced((apply_rht(xt) if rht else xt).abs().float().nan_to_num(0.0).amax())
                 q = quantize_nvfp4(xt, **common, rht=rht, seed=s2, global_amax=amax_t)
             out.update(
@@ -253,6 +254,28 @@ class NVFP4Quantizer(Quantizer):
             row_scaled=self.row_scaled_nvfp4,
         )
 
+    _supplied_amax: float | None = None  # quantize_with_amax: the producer's amax for both copies
+
+    def quantize_with_amax(self, tensor: torch.Tensor, amax: Any) -> NVFP4Tensor:
+        """TE's C++ ``NVFP4Quantizer::quantize_with_amax``: both copies' global amax is the one the producer
+        computed (TE's activation kernels take it on their float32 results before rounding them to the
+        output dtype), all-reduced when ``with_amax_reduction``; the block scales come from ``tensor``."""
+        if self.row_scaled_nvfp4:
+            raise RuntimeError("quantize_with_amax is not supported for row-scaled NVFP4 quantization.")
+        saved, self._supplied_amax = self._supplied_amax, float(np.float32(amax))
+        try:
+            return self.quantize_impl(tensor)
+        finally:
+            self._supplied_amax = saved
+
+    def _global_amax(self, x: torch.Tensor) -> float | None:
+        """The global amax to cast ``x`` with: the supplied one, or the all-reduced one, else None
+        (the quantizer takes ``max|x|`` itself)."""
+        if self._supplied_amax is not None:
+            a = torch.tensor([self._supplied_amax], dtype=torch.float32)
+            return self._reduced(a) if self.with_amax_reduction else float(a[0])
+        return self._reduced(x.abs().float().nan_to_num(0.0).amax()) if self.with_amax_reduction else None
+
     te_rng_generator: TEPhiloxGenerator | None = None  # set: TE's Philox SR bits; None: fp8sim's own SR
     te_sm_arch: int = 100  # the compute capability TE's RHT dispatch reads (sm_arch()): 100 = B200/GB200
 
@@ -273,7 +296,7 @@ class NVFP4Quantizer(Quantizer):
                 "NVFP4Quantizer: TE's fused RHT cast writes 1x16 scales whatever with_2d_quantization says; "
                 "fp8sim does not model 2D quantization with it"
             )
-        amax = self._reduced(x.abs().float().nan_to_num(0.0).amax()) if self.with_amax_reduction else None
+        amax = self._global_amax(x)
         state = self.te_rng_generator.philox_cuda_state(TE_RNG_ELTS_PER_THREAD)
         if not self.with_rht:
             return quantize_nvfp4_te_sr(
@@ -333,6 +356,7 @@ class NVFP4Tensor(NVFP4TensorStorage, BlockScaledTensor):
 
     _extra_fields = ("amax_rowwise", "amax_columnwise", "with_2d_quantization", "nvfp4_use_4over6", "nvfp4_e4m3_max")
     _saved_fields = (*BlockScaledTensor._saved_fields, "_amax_rowwise", "_amax_columnwise")
+    data = data_property("update")  # TE: assigning .data quantizes into this tensor
     fsdp_pre_all_gather = _fsdp2_nvfp4.fsdp_pre_all_gather
     fsdp_post_all_gather = _fsdp2_nvfp4.fsdp_post_all_gather
 

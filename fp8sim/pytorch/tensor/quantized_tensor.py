@@ -365,6 +365,8 @@ class QuantizedTensor(torch.Tensor):
             return type(args[0]).make_like(args[0])._with_data(args[0]._cloned_data())
         if func == torch.ops.aten.numel.default:
             return math.prod(args[0].shape)
+        if func == torch.ops.aten.view.default:  # TE: subclasses implement views, the base refuses them
+            raise NotImplementedError(f"{cls.__name__} class does not support tensor views")
         if func == torch.ops.aten.new_empty.default:  # TE: a quantized tensor from the quantizer
             tensor = args[0]
             if tensor._quantizer is None:

@@ -44,6 +44,7 @@ hands to the F16 backward kernel.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,6 +160,8 @@ class AttentionConfig:
     dqkv: Quantizer | None = None
     bwd_fp8: bool = True
     accumulator: str | None = None
+    site: Any = None  # the attention module (plans for fp8sim explain)
+    profile: str | None = None  # the region's device profile, by name (plans)
     on_backward_end: Any = None  # callable run after the backward (TE: the first module updates scales)
     # FP8 boundaries (TE's Float8Tensor inputs/outputs of FusedAttnFunc; per-tensor recipes):
     qkv_in: tuple | None = None  # Q, K, V already in FP8 (``_Q``s): the QKV quantizer is skipped
@@ -182,9 +185,34 @@ def check_bf16_options(pv_bf16: Any, dqkv_bf16: Any, recipe: str | None = None, 
         )
 
 
-def _mm(a: _Q, b: _Q, accumulator: str | None) -> torch.Tensor:
+def _record(a: _Q, b: _Q, accumulator: Any, role: str, cfg: Any) -> Any:
+    """The plan of one FP8 attention GEMM (cuDNN's kernel: the accumulator's model, no split-K) for ``fp8sim
+    explain``; the accumulator to compute with (None under a dry recorder)."""
+    from ....gemm.plans import current_recorder
+
+    rec = current_recorder()
+    if rec is None or a.fmt is None or b.fmt is None or cfg is None:
+        return accumulator
+    from ...module._gemm_plan import DEFAULT, record_plan
+
+    sa = (a.vals if a.vals is not None else a.dq).shape
+    sb = (b.vals if b.vals is not None else b.dq).shape
+    acc = DEFAULT if accumulator is None else str(getattr(accumulator, "name", accumulator))
+    record_plan(
+        cfg.site, "", role, m=sa[-2], n=sb[-1], k=sa[-1], a_format=a.fmt.name, b_format=b.fmt.name,
+        scaling="tensorwise" if a.vals is not None else "1x32 blocks", out_dtype="float32", use_fast_accum=None,
+        accumulator=acc, profile=cfg.profile, split=1, scheme="none",
+        source="default" if accumulator is None else "cudnn",
+        note="FP8 attention runs in cuDNN's fused kernels, not cuBLAS: no split-K",
+        batch=math.prod(torch.broadcast_shapes(sa[:-2], sb[:-2])),
+    )  # fmt: skip
+    return None if rec.dry else accumulator
+
+
+def _mm(a: _Q, b: _Q, accumulator: str | None, role: str = "", cfg: Any = None) -> torch.Tensor:
     """Batched ``a @ b`` in float32 with the per-tensor scales applied after the sum.  ``accumulator`` models
     FP8 GEMMs: high-precision operands (the F16 backward of ``NVTE_FP8_DPA_BWD=0``, BF16 P/V) sum in float32."""
+    accumulator = _record(a, b, accumulator, role, cfg)
     if a.vals is None or b.vals is None:
         if accumulator is not None and (a.fmt is not None or b.fmt is not None):
             raise NotImplementedError("fp8sim runs MXFP8 attention GEMMs only with accumulator=None")
@@ -243,7 +271,7 @@ def _softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 
 def _scores(q: _Q, k: _Q, cfg: AttentionConfig) -> torch.Tensor:
-    s = _mm(q, k.t(), cfg.accumulator)
+    s = _mm(q, k.t(), cfg.accumulator, "QK^T", cfg)
     if cfg.bias_type == "pre_scale_bias":
         return (s + cfg.bias) * cfg.softmax_scale
     s = s * cfg.softmax_scale
@@ -289,10 +317,10 @@ class _Attention(torch.autograd.Function):
             pd = p
         if cfg.pv_bf16:  # P rounded, not quantized; the BF16 products summed in float32, O written in BF16
             pq = _bf16(pd)
-            o = _bf16(_mm(pq, _expand(vq, groups), cfg.accumulator)).dq
+            o = _bf16(_mm(pq, _expand(vq, groups), cfg.accumulator, "PV", cfg)).dq
         else:
             pq = cfg.s(pd, axis=-1)[0] if cfg.s is not None else _hp(pd)
-            o = _mm(pq, _expand(vq, groups), cfg.accumulator)
+            o = _mm(pq, _expand(vq, groups), cfg.accumulator, "PV", cfg)
         oq = cfg.o(o)[0] if cfg.o is not None else None
         out = oq.value() if oq is not None else o
         cfg.saved["oq"] = oq
@@ -338,8 +366,8 @@ class _Attention(torch.autograd.Function):
                 pd = p if ctx.keep is None else p * ctx.keep / (1.0 - cfg.dropout_p)
             pq = _hp(pd)
         acc = cfg.accumulator
-        dv = _mm(pq.t(), do_col, acc)
-        dp = _mm(do_row, _expand(vq_row, g).t(), acc)
+        dv = _mm(pq.t(), do_col, acc, "dV", cfg)
+        dp = _mm(do_row, _expand(vq_row, g).t(), acc, "dP", cfg)
         if ctx.keep is not None:
             dp = dp * ctx.keep / (1.0 - cfg.dropout_p)
         o_used = out
@@ -352,8 +380,8 @@ class _Attention(torch.autograd.Function):
             ds_col = ds_row if cfg.dp.kind != "mxfp8" else cfg.dp(ds, axis=-2)[0]
         else:
             ds_row = ds_col = _hp(ds)
-        dq = _mm(ds_row, _expand(kq_col, g), acc) * cfg.softmax_scale
-        dk = _mm(ds_col.t(), qq_col, acc) * cfg.softmax_scale
+        dq = _mm(ds_row, _expand(kq_col, g), acc, "dQ", cfg) * cfg.softmax_scale
+        dk = _mm(ds_col.t(), qq_col, acc, "dK", cfg) * cfg.softmax_scale
         if g > 1:
             dk = dk.reshape(dk.shape[0], -1, g, *dk.shape[2:]).sum(2)
             dv = dv.reshape(dv.shape[0], -1, g, *dv.shape[2:]).sum(2)

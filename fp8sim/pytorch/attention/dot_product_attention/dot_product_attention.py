@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from ....recipe import DelayedScaling, Float8CurrentScaling, Format, MXFP8BlockScaling, Recipe, tensor_format
-from ....scaling.delayed import DelayedScaler
+from ....scaling.delayed import DelayedScaler, load_state_dicts
 from ..._recompute import _replay_fp8_state
 from ..._rng_tracker import attention_tracker, dropout_fork
 from ...module._fp8_handoff import handoff_of
+from ...module._params import size_arg
 from ...quantization import _register, current_state, get_recipe
 from . import utils
 from .backends import _Q, AttentionConfig, Quantizer, attention, check_bf16_options
@@ -44,6 +45,16 @@ def _dpa_ds_recipe(recipe: Recipe) -> DelayedScaling:
         fp8_dpa=recipe.fp8_dpa,
         fp8_mha=recipe.fp8_mha,
     )
+
+
+def _kv_channels(kv_channels: Any) -> tuple[int, int]:
+    """TE's ``kv_channels``: one head size for K and V, or a ``(k, v)`` pair."""
+    if isinstance(kv_channels, (tuple, list)):
+        if len(kv_channels) != 2:
+            raise ValueError(f"kv_channels must be an int or a (k, v) pair of ints, got {kv_channels!r:.60}")
+        return size_arg(kv_channels[0], "kv_channels[0]"), size_arg(kv_channels[1], "kv_channels[1]")
+    k = size_arg(kv_channels, "kv_channels")
+    return k, k
 
 
 class DotProductAttention(nn.Module):
@@ -109,9 +120,12 @@ class DotProductAttention(nn.Module):
         if mxfp8_softmax not in _MXFP8_SOFTMAX:
             raise ValueError(f"mxfp8_softmax must be one of {', '.join(_MXFP8_SOFTMAX)}; got {mxfp8_softmax!r}")
         check_bf16_options(pv_bf16, dqkv_bf16)
+        num_attention_heads = size_arg(num_attention_heads, "num_attention_heads")
+        num_gqa_groups = size_arg(num_gqa_groups, "num_gqa_groups", none=True)
+        k_channels, v_channels = _kv_channels(kv_channels)
         self.num_attention_heads = num_attention_heads
-        self.hidden_size_per_attention_head_k = kv_channels if isinstance(kv_channels, int) else kv_channels[0]
-        self.hidden_size_per_attention_head_v = kv_channels if isinstance(kv_channels, int) else kv_channels[1]
+        self.hidden_size_per_attention_head_k = k_channels
+        self.hidden_size_per_attention_head_v = v_channels
         self.num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
         if num_attention_heads % self.num_gqa_groups:
             raise AssertionError("The number of attention heads must be divisible by the number of GQA groups!")
@@ -178,7 +192,13 @@ class DotProductAttention(nn.Module):
         if state is None or (isinstance(state, dict) and not state):
             return
         if isinstance(state, dict):
-            arrays = [state[k] for k in ("fwd_scale", "fwd_amax_history", "bwd_scale", "bwd_amax_history")]
+            keys = ("fwd_scale", "fwd_amax_history", "bwd_scale", "bwd_amax_history")
+            if set(state) != set(keys):
+                raise RuntimeError(f"DotProductAttention: _extra_state has keys {sorted(state)}; expected {list(keys)}")
+            arrays = [state[k] for k in keys]
+            for k, a in zip(keys, arrays, strict=True):
+                if len(getattr(a, "shape", ())) != (1 if k.endswith("scale") else 2):
+                    raise RuntimeError(f"DotProductAttention: _extra_state[{k!r}] must be a tensor; got {a!r:.80}")
             recipe = None
         else:
             te_state = decode_te_extra_state(state, "DotProductAttention")
@@ -197,9 +217,13 @@ class DotProductAttention(nn.Module):
             if recipe.amax_history_len != hist_len:
                 recipe = DelayedScaling(amax_history_len=hist_len)
         self._ensure_state(recipe)
-        f_s, f_h, b_s, b_h = (torch.as_tensor(t).float().numpy() for t in arrays)
-        self.fwd.load_state_dict({"scale": f_s, "amax_history": f_h})
-        self.bwd.load_state_dict({"scale": b_s, "amax_history": b_h})
+        f_s, f_h, b_s, b_h = arrays
+        try:
+            load_state_dicts(
+                [(self.fwd, {"scale": f_s, "amax_history": f_h}), (self.bwd, {"scale": b_s, "amax_history": b_h})]
+            )
+        except (TypeError, ValueError) as exc:
+            raise RuntimeError(f"DotProductAttention: _extra_state: {exc}") from None
 
     def _quantizers(self, recipe: Recipe) -> dict[str, Quantizer | None]:
         fwd_fmt, bwd_fmt = tensor_format(recipe.fp8_format, True), tensor_format(recipe.fp8_format, False)
@@ -412,8 +436,10 @@ class DotProductAttention(nn.Module):
         cfg.pv_bf16, cfg.dqkv_bf16 = self.pv_bf16, self.dqkv_bf16
         cfg.bwd_fp8 = bool(int(os.getenv("NVTE_FP8_DPA_BWD", "1")))
         acc = st.accumulator if st.accumulator is not None else self.accumulator
-        # cuDNN's accumulation inside attention is not documented: a device name picks its fast preset
-        cfg.accumulator = {"hopper": "hopper_fast", "ada": "ada_fast", "blackwell": "blackwell"}.get(acc, acc)
+        # cuDNN's accumulation inside attention is not documented: a device name, or a device profile (whose
+        # split-K tables are cuBLASLt's, not cuDNN's), picks the device's fast preset, unsplit
+        cfg.accumulator = _attention_preset(acc)
+        cfg.site, cfg.profile = self, _profile_name(acc)
         self.group = st.group
         if _register(self, trainable):  # the region's first trainable FP8 module: its backward runs last
             region = st.modules
@@ -504,3 +530,19 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, b: int) -> None:
         raise ValueError(f"{name} must have shape [batch_size + 1] = [{b + 1}]; got {list(cu.shape)}")
     if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()):
         raise ValueError(f"{name} must start at 0 and be non-decreasing; got {cu.tolist()}")
+
+
+def _attention_preset(acc: Any) -> Any:
+    """The accumulator of FP8 attention's GEMMs (cuDNN's fused kernels, not cuBLAS) for the region's or the
+    module's ``accumulator``: a device or a profile gives its fast preset."""
+    from ....gemm.profiles import get_profile, is_profile
+
+    if is_profile(acc):
+        return get_profile(acc).fast
+    return {"hopper": "hopper_fast", "ada": "ada_fast", "blackwell": "blackwell"}.get(acc, acc)
+
+
+def _profile_name(acc: Any) -> str | None:
+    from ....gemm.profiles import get_profile, is_profile
+
+    return get_profile(acc).name if is_profile(acc) else None
