@@ -18,6 +18,7 @@ from fp8sim import scaling as S
 from fp8sim.gemm import dot_add, scaled_mm
 from fp8sim.recipe import DelayedScaling
 from fp8sim.scaling.delayed import DelayedScaler
+from fp8sim.testing.oracles import require
 
 X = np.linspace(-3, 3, 256, dtype=np.float32).reshape(4, 64)
 RAGGED = [[1.0], [1.0, 2.0]]
@@ -88,7 +89,7 @@ def test_refusal_names_the_argument(call: Callable[[], object], exc: type, patte
 
 
 def _te():  # noqa: ANN202
-    return pytest.importorskip("fp8sim.pytorch")
+    return require("fp8sim.pytorch")
 
 
 MODULE_CASES: list[tuple[str, Callable[[object], object], str]] = [

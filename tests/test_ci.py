@@ -73,3 +73,16 @@ def test_oldest_session_selects_the_numpy_only_part_in_a_lean_session() -> None:
     src = (ROOT / "noxfile.py").read_text()
     assert '"not torch and not slow"' in src and '{"FP8SIM_LEAN": "1"}' in src
     assert "torch" not in " ".join(_noxfile().LEAN_TOOLS)
+
+
+def test_no_test_skips_on_a_missing_oracle_behind_ci() -> None:
+    """Every oracle import in the suite goes through ``require`` (a failure under CI), never
+    ``pytest.importorskip`` (a skip, so a broken oracle would give a green run: issue 24.6)."""
+    name = "importor" + "skip"  # spelled apart so this file does not match itself
+    offenders = [
+        f"{path.relative_to(ROOT)}:{i}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if f"pytest.{name}(" in line
+    ]
+    assert not offenders, f"use fp8sim.testing.oracles.require instead of pytest.{name}: {offenders}"

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 torch.set_num_threads(1)
 
 import fp8sim.pytorch as te  # noqa: E402
@@ -68,7 +70,7 @@ def _explain_then_run(model, inputs, recipe=None) -> tuple:  # noqa: ANN001, ANN
 
 
 def test_layernorm_mlp_lists_six_gemms_with_their_own_decisions() -> None:
-    pytest.importorskip("mmaemu")
+    require("mmaemu")
     torch.manual_seed(0)
     mlp = te.LayerNormMLP(128, 256, params_dtype=torch.bfloat16)
     x = torch.randn(32, 128, dtype=torch.bfloat16, requires_grad=True)
@@ -89,7 +91,7 @@ def test_layernorm_mlp_lists_six_gemms_with_their_own_decisions() -> None:
 
 def test_grouped_linear_lists_each_groups_gemms() -> None:
     """TE's grouped GEMM is one cuBLASLt call per group (``multi_stream_cublas_gemm``): each group's M decides."""
-    pytest.importorskip("mmaemu")
+    require("mmaemu")
     torch.manual_seed(1)
     model = torch.nn.ModuleDict({"experts": te.GroupedLinear(2, 128, 64, params_dtype=torch.bfloat16)})
     x = torch.randn(64, 128, dtype=torch.bfloat16, requires_grad=True)
@@ -114,7 +116,7 @@ def test_grouped_linear_lists_each_groups_gemms() -> None:
 def test_transformer_layer_step_lists_every_gemm_attention_included() -> None:
     """QKV, proj, fc1, fc2 x (fprop, dgrad, wgrad), and with ``fp8_dpa`` the six FP8 attention GEMMs (cuDNN's:
     the profile's fast preset, no split-K)."""
-    pytest.importorskip("mmaemu")
+    require("mmaemu")
     torch.manual_seed(2)
     layer = te.TransformerLayer(128, 256, 4, params_dtype=torch.bfloat16, hidden_dropout=0.0, attention_dropout=0.0)
     x = torch.randn(16, 2, 128, dtype=torch.bfloat16, requires_grad=True)
@@ -137,10 +139,10 @@ def test_transformer_layer_step_lists_every_gemm_attention_included() -> None:
 def test_tensor_parallel_shards_are_listed_with_their_shard_shapes() -> None:
     """Column- then row-parallel ``Linear`` with sequence parallelism on 2 ranks: the column GEMMs run on the
     gathered sequence and half the output features, the row GEMMs on half the input features."""
-    dist = pytest.importorskip("torch.distributed")
+    dist = require("torch.distributed")
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is needed")
-    pytest.importorskip("mmaemu")
+    require("mmaemu")
     from _dist import ranks
     from _explain_tp import F, H, T, explain_tp_worker
 
@@ -159,7 +161,7 @@ def test_tensor_parallel_shards_are_listed_with_their_shard_shapes() -> None:
 
 
 def test_compute_raises_where_the_dry_run_lists_an_unknown_split() -> None:
-    pytest.importorskip("mmaemu")
+    require("mmaemu")
     m = te.Linear(2048, 64, params_dtype=torch.bfloat16, name="proj")
     x = torch.randn(16, 2048, dtype=torch.bfloat16, requires_grad=True)
     dry = te.explain(m, x, accumulator=RTX_TE)
@@ -191,7 +193,7 @@ def test_without_a_profile_the_plan_names_the_preset_or_the_default_path() -> No
 
 
 def test_record_gemm_plans_takes_general_gemm_and_torchao() -> None:
-    pytest.importorskip("mmaemu")
+    require("mmaemu")
     from fp8sim.pytorch import DType, Float8Quantizer
     from fp8sim.pytorch.cpp_extensions import general_gemm
     from fp8sim.torchao import Float8Linear, Float8LinearConfig
@@ -298,7 +300,7 @@ def _write(folder: Path) -> None:
 
 
 def test_cli_explains_a_callable_and_a_script(tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
-    pytest.importorskip("mmaemu")
+    require("mmaemu")
     _write(tmp_path)
     r = _cli("--accumulator", RTX_TE, "--json", "plans.json", "build_model:build", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -322,7 +324,7 @@ def test_cli_explains_a_callable_and_a_script(tmp_path: Path, capsys, monkeypatc
 
 def test_cli_compute_runs_the_gemms_with_the_accumulator(tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
     """``--compute``: an unknown split-K stops the run (the dry run lists it)."""
-    pytest.importorskip("mmaemu")
+    require("mmaemu")
     _write(tmp_path)
     status, out, _ = _main(capsys, monkeypatch, tmp_path, "--accumulator", RTX_TE, "build_model:projection")
     assert status == 0 and "unknown" in out

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from fp8sim.gemm import INSTRUCTION_MODELS, InstructionModel, dot_add
+from fp8sim.testing.oracles import require
 
 DATA = Path(__file__).parent / "data" / "hardware"
 DT = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
@@ -107,7 +108,7 @@ def test_finite_alignment_on_constructed_wide_range_cases(name, c, pairs, km, ex
     dropped = InstructionModel("narrow", 32, 23, 23, rounding="rn")  # 2 bits fewer: the small terms vanish
     if name == "partial truncation":
         assert float(dot_add(ca, cb, cc, model=dropped)) == sign * (2**16 + 2**-7)
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from fp8sim.formats import get_format
     from fp8sim.gemm._torch_chain import chain_dots
 
@@ -118,7 +119,7 @@ def test_finite_alignment_on_constructed_wide_range_cases(name, c, pairs, km, ex
 
 
 def test_torch_chain_runs_the_published_parameters_as_the_numpy_path() -> None:
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from fp8sim.formats import get_format
     from fp8sim.gemm._torch_chain import chain_dots
 

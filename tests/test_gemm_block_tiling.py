@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from fp8sim.gemm import scaled_mm
+from fp8sim.testing.oracles import require
 
 E4 = ml_dtypes.float8_e4m3fn
 ACCUMULATORS = ["exact", "dequantized_fp32", "hopper_split", "hopper_fast", "ada_fast", "blackwell", "blackwell_mma"]
@@ -137,7 +138,7 @@ def test_torch_layouts_keep_their_meaning_and_equal_the_explicit_tiling() -> Non
 
 @pytest.mark.parametrize("acc", ["hopper_split", "ada_fast", "blackwell_mma"])
 def test_torch_backend_runs_any_tiling_as_the_numpy_path(acc: str) -> None:
-    pytest.importorskip("torch")
+    require("torch")
     rng = np.random.default_rng(11)
     a = _e4((rng.standard_normal((8, 128)) * 30).astype(np.float32).astype(E4).astype(np.float32))
     b = _e4((rng.standard_normal((128, 12)) * 30).astype(np.float32).astype(E4).astype(np.float32))

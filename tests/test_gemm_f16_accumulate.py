@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from fp8sim.gemm import PROFILES, Accumulator, dot_add, get_accumulator, scaled_mm
+from fp8sim.testing.oracles import require
 
 DATA = Path(__file__).parent / "data" / "hardware"
 DT = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
@@ -72,7 +73,7 @@ def _chain_reference(a: np.ndarray, b: np.ndarray, fmt: str, every: int | None) 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_ada_fast_f16_gemm_carries_float16_between_instructions(fmt: str, every: int | None, backend: str) -> None:
     if backend == "torch":
-        pytest.importorskip("torch")
+        require("torch")
     rng = np.random.default_rng(7)
     a = _codes(rng, (4, 128), fmt, 3.0)
     b = _codes(rng, (128, 5), fmt, 2.0)
@@ -91,7 +92,7 @@ def test_ada_fast_f16_gemm_carries_float16_between_instructions(fmt: str, every:
 
 
 def test_torch_and_numpy_float16_chains_agree_on_special_codes() -> None:
-    pytest.importorskip("torch")
+    require("torch")
     rng = np.random.default_rng(3)
     a = _codes(rng, (6, 64), "e5m2", 4.0)
     b = _codes(rng, (64, 7), "e5m2", 4.0)

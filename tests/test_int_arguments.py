@@ -21,6 +21,7 @@ from fp8sim.recipe import DelayedScaling
 from fp8sim.scaling import DelayedScaler, quantize_block_scaling, quantize_mx, quantize_torchao
 from fp8sim.scaling.swizzle import from_blocked, to_blocked
 from fp8sim.testing.assertions import assert_within_ulp
+from fp8sim.testing.oracles import require
 
 X = np.linspace(-3, 3, 512, dtype=np.float32).reshape(4, 128)
 
@@ -87,7 +88,7 @@ def test_bools_and_floats_are_type_errors_naming_the_argument(call: Callable, na
 
 
 def test_grouped_linear_num_gemms_takes_numpy_ints_and_refuses_bools() -> None:
-    te = pytest.importorskip("fp8sim.pytorch")
+    te = require("fp8sim.pytorch")
     assert te.GroupedLinear(np.int64(2), 16, 16).num_gemms == 2
     with pytest.raises(TypeError, match="num_gemms must be an int, got True"):
         te.GroupedLinear(True, 16, 16)

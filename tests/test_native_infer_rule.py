@@ -20,8 +20,9 @@ import pytest
 from fp8sim.native import compare_capture, infer_accumulator, infer_rule
 from fp8sim.native.fileformat import write_bundle
 from fp8sim.native.suite import SUITE_VERSION, GemmCase, gemm_operands, input_set
+from fp8sim.testing.oracles import require
 
-gfloat = pytest.importorskip("gfloat")
+gfloat = require("gfloat")
 from gfloat import formats as gf  # noqa: E402
 
 GF = {
@@ -77,7 +78,7 @@ def _truncate_bf16(x: np.ndarray) -> np.ndarray:
 # ---- casts and elementwise outputs from Python ---------------------------------------------------------------
 def test_truncating_rmsnorm_output_is_identified_as_rz_from_torch_tensors() -> None:
     """aiter#5151: a fused RMSNorm whose bf16 store truncates; the float32 result is the reference."""
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(16, 256, generator=g) * 3, torch.randn(256, generator=g)
     ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
@@ -200,7 +201,7 @@ def test_planted_truncating_fp32_to_bf16_capture_is_identified(tmp_path, capsys)
     assert main(["compare", path, "--no-progress", "--infer", "none"]) == 0
     assert "rule:" not in capsys.readouterr().out
 
-    pytest.importorskip("matplotlib")
+    require("matplotlib")
     from fp8sim.report import write_compare_report
 
     md = write_compare_report(compare_capture(path), tmp_path / "report").read_text()
@@ -209,8 +210,8 @@ def test_planted_truncating_fp32_to_bf16_capture_is_identified(tmp_path, capsys)
 
 
 def _mmaemu(case: GemmCase, profile: str, fast: bool) -> np.ndarray:
-    torch = pytest.importorskip("torch")
-    mmaemu = pytest.importorskip("mmaemu")
+    torch = require("torch")
+    mmaemu = require("mmaemu")
     a, b, sa, sb = gemm_operands(case)
     at = torch.from_numpy(a).view(torch.float8_e4m3fn)
     bt = torch.from_numpy(np.ascontiguousarray(b.T)).view(torch.float8_e4m3fn).t()
@@ -249,7 +250,7 @@ def test_planted_hopper_fast_gemm_capture_is_identified(tmp_path, capsys) -> Non
     assert line.endswith("; accumulator: explained by accumulator hopper_fast"), line
 
     # from Python, with torch tensors; then one flipped output bit
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     a, b, sa, sb = (torch.from_numpy(t) for t in gemm_operands(case))
     a, b = a.view(torch.float8_e4m3fn), b.view(torch.float8_e4m3fn)
     direct = infer_accumulator(a, b, sa, sb, torch.from_numpy(planted).view(torch.float32), use_fast_accum=True)

@@ -16,6 +16,8 @@ import warnings
 
 import pytest
 
+from fp8sim.testing.oracles import require
+
 BEFORE = """
 fp8sim fp8sim.accelerate fp8sim.accelerate.ao fp8sim.accelerate.fsdp2 fp8sim.accelerate.handlers
 fp8sim.accelerate.launch fp8sim.accelerate.prepare fp8sim.accelerate.recipes fp8sim.accelerate.transformer_engine
@@ -80,9 +82,9 @@ _NEEDS_TORCH = ("fp8sim.pytorch", "fp8sim.torchao", "fp8sim.accelerate", "fp8sim
 
 def _import(path: str):  # noqa: ANN202
     if path.startswith(_NEEDS_TORCH):
-        pytest.importorskip("torch")
+        require("torch")
     if path.startswith("fp8sim.torchao") or path.startswith("fp8sim.accelerate"):
-        pytest.importorskip(path.split(".")[1])
+        require(path.split(".")[1])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return importlib.import_module(path)
@@ -115,7 +117,7 @@ def test_old_module_names_are_attributes_of_fp8sim_after_a_plain_import() -> Non
 
 
 def test_old_distributed_path_is_deprecated_and_the_new_ones_are_silent() -> None:
-    pytest.importorskip("torch")
+    require("torch")
     code = "import warnings; warnings.simplefilter('error'); import fp8sim.{}"
     for path, fails in (("distributed", True), ("collectives", False), ("shim", False), ("study", False)):
         r = subprocess.run([sys.executable, "-c", code.format(path)], capture_output=True, text=True)
@@ -127,7 +129,7 @@ def test_old_distributed_path_is_deprecated_and_the_new_ones_are_silent() -> Non
 def test_no_second_copy_of_a_moved_package_submodule() -> None:
     """``fp8sim.distributed.wire`` (the old package name, a new submodule) is the new module, not a
     second copy loaded from the same file."""
-    pytest.importorskip("torch")
+    require("torch")
     new = importlib.import_module("fp8sim.collectives.wire")
     assert _import("fp8sim.distributed.wire") is new
 

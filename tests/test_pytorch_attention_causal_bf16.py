@@ -17,7 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import fp8sim.pytorch as te  # noqa: E402
 from fp8sim.pytorch.attention import DotProductAttention  # noqa: E402
@@ -220,7 +222,7 @@ def test_pv_bf16_is_an_mxfp8_option() -> None:
 
 
 def test_report_section_shows_the_leak_and_its_absence_on_the_same_inputs(tmp_path) -> None:  # noqa: ANN001
-    pytest.importorskip("matplotlib")
+    require("matplotlib")
     from fp8sim.report.attention_leak import causal_leak_section
 
     lines = causal_leak_section(tmp_path, quick=True)  # t = 31, 47, 127: O columns, then dQ columns

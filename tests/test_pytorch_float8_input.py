@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import fp8sim.pytorch as te  # noqa: E402
 from fp8sim.pytorch.constants import DType  # noqa: E402

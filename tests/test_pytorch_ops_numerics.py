@@ -16,7 +16,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import fp8sim.pytorch as te  # noqa: E402
 import fp8sim.pytorch.ops as te_ops  # noqa: E402
@@ -263,7 +265,7 @@ def test_ops_linear_under_a_device_profile_equals_mmaemu(profile: str, mmaemu_pr
     is mmaemu 0.1.0's ``scaled_mm`` under the TE-caller profile, fed DelayedScaling's first casts (scale 1)."""
     import warnings
 
-    mmaemu = pytest.importorskip("mmaemu")
+    mmaemu = require("mmaemu")
     t, i, o = shape
     torch.manual_seed(t + i + o)
     op = te_ops.Linear(i, o, bias=False, dtype=torch.bfloat16)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+dist = require("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
 

@@ -17,7 +17,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 torch.set_num_threads(1)
 
 import fp8sim.pytorch as te  # noqa: E402
@@ -27,7 +29,7 @@ RTX_TE = "rtx4060_cublaslt_12_8_te"
 
 
 def _mmaemu():  # noqa: ANN202
-    return pytest.importorskip("mmaemu")
+    return require("mmaemu")
 
 
 def _cast(v: torch.Tensor, dtype: torch.dtype, fmax: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,9 @@ import warnings
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 torch.set_num_threads(1)
 
 import fp8sim.pytorch as te  # noqa: E402
@@ -26,7 +28,7 @@ ONE = torch.tensor(1.0)
 
 
 def _mmaemu():  # noqa: ANN202
-    return pytest.importorskip("mmaemu")
+    return require("mmaemu")
 
 
 def _colmajor(t: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,9 @@ import tempfile
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 import fp8sim.run.shim as shim  # noqa: E402
 from fp8sim.pytorch import Float8CurrentScalingQuantizer, MXFP8Quantizer  # noqa: E402

@@ -11,7 +11,9 @@ import warnings
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
 
 from fp8sim.formats import get_format  # noqa: E402
 from fp8sim.pytorch.constants import DType  # noqa: E402

@@ -408,7 +408,7 @@ def test_load_state_dict_names_the_missing_or_malformed_key(state, exc, names) -
 
 
 def test_load_state_dict_takes_torch_tensors_of_any_float_dtype() -> None:
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     s = DelayedScaler(DelayedScaling(amax_history_len=4), n=2)
     s.load_state_dict({"scale": torch.tensor([2.0, 4.0], dtype=torch.bfloat16), "amax_history": torch.ones(4, 2)})
     assert s.scale.tolist() == [2.0, 4.0]

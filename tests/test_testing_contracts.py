@@ -15,7 +15,9 @@ import math
 import numpy as np
 import pytest
 
-hypothesis = pytest.importorskip("hypothesis")
+from fp8sim.testing.oracles import require
+
+hypothesis = require("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -88,7 +90,7 @@ def test_comparison_table_of_equal_operands_has_no_class_table() -> None:
 
 
 def test_comparison_plot_title_states_the_exact_share_and_the_max_ulp(tmp_path) -> None:  # noqa: ANN001
-    pytest.importorskip("matplotlib")
+    require("matplotlib")
     r = compare(np.array([1.0, 2.0], F32), np.array([1.0, 2.5], F32))
     fig = r.plot(tmp_path / "h.png")
     assert fig.axes[0].get_title() == "float32 bit patterns: 50.0000% bit-exact, max 2097152 ULP"
@@ -383,7 +385,7 @@ def test_off_grid_values_are_refused_naming_the_element_its_bits_and_the_fix() -
 )
 def test_gpu_skip_reason_needs_compute_capability_8_9(monkeypatch, available, capability, reason) -> None:  # noqa: ANN001
     """The ``gpu`` marker's rule: a CUDA device of compute capability >= 8.9 (Ada, Hopper, Blackwell)."""
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from fp8sim.testing.pytest_plugin import gpu_skip_reason
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: available)

@@ -282,4 +282,6 @@ def get_profile(profile: str | DeviceProfile) -> DeviceProfile:
 
 def mmaemu_hint(name: object) -> str:
     """For an mmaemu profile name, the text naming fp8sim's profile of the same recordings; else ""."""
-    return f" (mmaemu's {name!r} is fp8sim's {_MMAEMU_NAMES[name]!r})" if name in _MMAEMU_NAMES else ""
+    if not isinstance(name, str) or name not in _MMAEMU_NAMES:  # a dict or list is no profile name either
+        return ""
+    return f" (mmaemu's {name!r} is fp8sim's {_MMAEMU_NAMES[name]!r})"

@@ -17,6 +17,7 @@ from hypothesis.extra import numpy as hnp
 
 import fp8sim
 from fp8sim.cast._random import numpy_bits
+from fp8sim.testing.oracles import require
 
 pytestmark = pytest.mark.fuzz
 
@@ -118,7 +119,7 @@ def test_quantize_keeps_the_contract_and_is_decode_of_encode(call: Call) -> None
 @FUZZ
 @given(st.sampled_from(FORMATS), st.integers(0, 2**31), st.data())
 def test_torch_inputs_give_the_numpy_result(fmt: str, seed: int, data: st.DataObject) -> None:
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     x = data.draw(_floats(np.float32))
     t = torch.from_numpy(x.copy())
     kwargs = {"x": t, "fmt": fmt, "rounding": "stochastic", "seed": seed}

@@ -20,10 +20,11 @@ from hypothesis.extra import numpy as hnp
 
 import fp8sim
 from fp8sim.gemm import scaled_mm
+from fp8sim.testing.oracles import require
 
 pytestmark = pytest.mark.fuzz
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 DOCUMENTED = (TypeError, ValueError, RuntimeError)
 ALIASES = {"a": ("mat1",), "b": ("mat2",), "bias": ("Bias",)}
 

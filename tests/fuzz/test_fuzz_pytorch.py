@@ -14,10 +14,12 @@ from _contract import FUZZ, INT_BAD, REAL_BAD, Call, check_call, one_bad
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fp8sim.testing.oracles import require
+
 pytestmark = pytest.mark.fuzz
 
-torch = pytest.importorskip("torch")
-te = pytest.importorskip("fp8sim.pytorch")
+torch = require("torch")
+te = require("fp8sim.pytorch")
 F = torch.nn.functional
 from fp8sim.recipe import DelayedScaling  # noqa: E402
 

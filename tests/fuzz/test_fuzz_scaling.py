@@ -32,10 +32,11 @@ import fp8sim
 from fp8sim import scaling as S
 from fp8sim.recipe import DelayedScaling
 from fp8sim.scaling.delayed import DelayedScaler
+from fp8sim.testing.oracles import require
 
 pytestmark = pytest.mark.fuzz
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 FINITE = st.floats(-1e4, 1e4, width=32, allow_subnormal=True)
 ANY32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
@@ -94,7 +95,7 @@ def mx_calls(draw: st.DrawFn) -> Call:
 @FUZZ
 @given(mx_calls())
 def test_mx_keeps_the_contract_and_matches_torchao_to_mx(call: Call) -> None:
-    pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
+    require("torchao.prototype.mx_formats.mx_tensor")
     from test_scaling_mx import torchao_to_mx
 
     ok, q = check_call(call)
@@ -149,7 +150,7 @@ def torchao_calls(draw: st.DrawFn) -> Call:
 @FUZZ
 @given(torchao_calls())
 def test_torchao_scaling_keeps_the_contract_and_matches_torchao(call: Call) -> None:
-    fu = pytest.importorskip("torchao.float8.float8_utils")
+    fu = require("torchao.float8.float8_utils")
     from torchao.float8.config import ScalingGranularity
 
     ok, q = check_call(call)
@@ -233,7 +234,7 @@ def test_nvfp4_keeps_the_contract_and_matches_torchao_or_tes_layout(call: Call) 
     assert q.codes.shape == x.shape and q.codes.max(initial=0) < 16 and q.fmt.name == "e2m1"
     assert q.scales.dtype == np.uint8 and q.scales.size == x.size // 16
     if call.kwargs["flavor"] == "torchao":  # torchao's own nvfp4_quantize runs on a CPU: the oracle
-        ao = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+        ao = require("torchao.prototype.mx_formats.nvfp4_tensor")
         xt = torch.from_numpy(x)
         pts = ao.per_tensor_amax_to_scale(torch.max(torch.abs(xt)))
         scales, data = ao.nvfp4_quantize(xt, block_size=16, per_tensor_scale=pts)
