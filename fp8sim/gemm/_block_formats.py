@@ -31,7 +31,8 @@ def resolve_block_layout(
         return layout
     if not isinstance(block_scale_format, str) or block_scale_format not in BLOCK_SCALE_FORMATS:
         raise ValueError(
-            f"block_scale_format must be None or one of {', '.join(BLOCK_SCALE_FORMATS)}; got {block_scale_format!r:.60}"
+            f"block_scale_format must be None or one of {', '.join(BLOCK_SCALE_FORMATS)}; "
+            f"got {block_scale_format!r:.60}"
         )
     for name, (sf, bs) in BLOCK_LAYOUTS.items():
         kb = -(-k // bs)
