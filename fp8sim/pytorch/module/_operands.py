@@ -32,7 +32,7 @@ from ...scaling.current import compute_scale_from_amax, quantize_current_scaling
 from ...scaling.quantized import QuantizedData
 from ._quantizers import _4over6_scope
 
-__all__ = ["Operand", "quantize_operand", "cast_per_tensor", "PER_TENSOR"]
+__all__ = ["Operand", "quantize_operand", "cast_per_tensor", "PER_TENSOR", "refuse_nvfp4_variant"]
 
 PER_TENSOR = (DelayedScaling, Float8CurrentScaling)
 
@@ -156,6 +156,16 @@ def quantize_operand(
     raise NotImplementedError(f"fp8sim does not emulate the recipe {type(recipe).__name__}")
 
 
+def refuse_nvfp4_variant(recipe: Any, where: str) -> None:
+    """Refuse the fp8sim extension ``fp8sim_nvfp4_variant`` where fp8sim does not carry it (``where``)."""
+    variant = getattr(recipe, "fp8sim_nvfp4_variant", "e4m3x16")
+    if isinstance(recipe, NVFP4BlockScaling) and variant != "e4m3x16":
+        raise NotImplementedError(
+            f"NVFP4BlockScaling(fp8sim_nvfp4_variant={variant!r}) runs in the modules' GEMMs only; {where} is not "
+            "emulated with it (it would silently use TE's E4M3 scales per 16)"
+        )
+
+
 def _nvfp4(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, k_axis: int, seed: int) -> Operand:
     from ...formats import E2M1
     from ...scaling.nvfp4 import quantize_nvfp4
@@ -173,6 +183,16 @@ def _nvfp4(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, k_axis: int, s
     elif not rht:
         xt = xt.float()
     xt = xt.t().contiguous() if columnwise else xt.contiguous()
+    variant = getattr(recipe, "fp8sim_nvfp4_variant", "e4m3x16")
+    if variant != "e4m3x16":  # the fp8sim extension: UE5M3 per 16 or E4M3 per 32 (scaling.nvfp4_variants)
+        from ...scaling.nvfp4_variants import quantize_nvfp4_variant
+
+        sr = qp.stochastic_rounding
+        q = quantize_nvfp4_variant(
+            xt, variant, rht=rht, stochastic=sr, seed=seed if sr else None, block_2d=qp.fp4_2d_quantization
+        )
+        dq = torch.from_numpy(q.dequantize())
+        return Operand(dq.t() if columnwise else dq, E2M1, qt=q, transposed=columnwise)
     q = quantize_nvfp4(
         xt,
         rht=rht,  # the Hadamard transform in bf16, as TE computes it

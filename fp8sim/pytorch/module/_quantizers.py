@@ -72,6 +72,9 @@ def _4over6_scope(scope: str, role: str) -> bool:
 def _nvfp4(recipe: NVFP4BlockScaling, forward: bool, role: str) -> Any:
     """TE ``quantization.py`` ``NVFP4BlockScalingRecipeState.make_quantizers`` for one slot."""
     from ..tensor import NVFP4Quantizer
+    from ._operands import refuse_nvfp4_variant
+
+    refuse_nvfp4_variant(recipe, "TE's NVFP4Quantizer (te.ops, FP8 primary weights, module.quantizers)")
 
     qp = _pick(role, recipe.fp4_quant_fwd_inp, recipe.fp4_quant_fwd_weight, recipe.fp4_quant_bwd_grad)
     use_4over6 = forward and _4over6_scope(recipe.nvfp4_4over6, role)  # never for gradients
