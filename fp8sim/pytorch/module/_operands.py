@@ -32,7 +32,7 @@ from ...scaling.current import compute_scale_from_amax, quantize_current_scaling
 from ...scaling.quantized import QuantizedData
 from ._quantizers import _4over6_scope
 
-__all__ = ["Operand", "quantize_operand", "cast_per_tensor", "PER_TENSOR", "refuse_nvfp4_variant"]
+__all__ = ["Operand", "quantize_operand", "cast_per_tensor", "PER_TENSOR"]
 
 PER_TENSOR = (DelayedScaling, Float8CurrentScaling)
 
@@ -154,16 +154,6 @@ def quantize_operand(
         q = quantize_block_scaling(xn, fmt, block_dim=dim, columnwise=(dim == 1 and k_axis == 0), pow2=qp.power_2_scale)
         return Operand(torch.from_numpy(q.dequantize()), fmt, qt=q)
     raise NotImplementedError(f"fp8sim does not emulate the recipe {type(recipe).__name__}")
-
-
-def refuse_nvfp4_variant(recipe: Any, where: str) -> None:
-    """Refuse the fp8sim extension ``fp8sim_nvfp4_variant`` where fp8sim does not carry it (``where``)."""
-    variant = getattr(recipe, "fp8sim_nvfp4_variant", "e4m3x16")
-    if isinstance(recipe, NVFP4BlockScaling) and variant != "e4m3x16":
-        raise NotImplementedError(
-            f"NVFP4BlockScaling(fp8sim_nvfp4_variant={variant!r}) runs in the modules' GEMMs only; {where} is not "
-            "emulated with it (it would silently use TE's E4M3 scales per 16)"
-        )
 
 
 def _nvfp4(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, k_axis: int, seed: int) -> Operand:

@@ -53,7 +53,7 @@ def sr_gather_qparams(recipe: Any, kind: str) -> Any:
         return None
     qp = recipe.fp4_quant_bwd_grad if kind == "grad" else recipe.fp4_quant_fwd_inp
     if qp.stochastic_rounding:
-        from ._operands import refuse_nvfp4_variant
+        from ._quantizers import refuse_nvfp4_variant
 
         refuse_nvfp4_variant(recipe, "sequence/tensor-parallel NVFP4 with stochastic rounding (per-shard quantization)")
     return qp if qp.stochastic_rounding else None
