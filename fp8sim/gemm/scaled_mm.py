@@ -34,6 +34,7 @@ from ..formats import FloatFormat, get_format
 from ..scaling.amax import dtype_name
 from ..scaling.swizzle import unswizzle_mm_scales
 from . import _numba
+from ._block_formats import BLOCK_LAYOUTS, check_variant_accumulator, resolve_block_layout
 from ._blocks import BLOCK_ORDERS, blockwise, expand_block_scales, resolve_tiling, torch_tiling
 from ._checks import (
     _OUT_FLOATS,
@@ -158,6 +159,7 @@ def scaled_mm(
     backend: str | None = None,
     block_shape: tuple[int, int, int] | None = None,
     block_order: str | None = None,
+    block_scale_format: str | None = None,
 ) -> Any:
     """Emulated ``torch._scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype,
     use_fast_accum)``; scales are dequantization multipliers.
@@ -188,6 +190,10 @@ def scaled_mm(
     each K-block's partial enters the float32 result, ``"scale_a_first"`` ``fma(fl32(P*sa), sb, y)``,
     ``"scale_b_first"`` ``fma(fl32(P*sb), sa, y)`` or ``"scale_product"`` ``fma(P, fl32(sa*sb), y)``;
     None: TE's cuBLAS rule (``scale_b_first`` for 2D A with 1D B, else ``scale_a_first``).
+
+    ``block_scale_format`` (fp8sim extension): how uint8 block-scale codes read, ``"e8m0"``, ``"e4m3"`` or
+    ``"ue5m3"``; None infers MX (per 32) or NVFP4 E4M3 (per 16, E2M1 operands) from the shapes.  ``"ue5m3"``
+    (per 16) and ``"e4m3"`` with ``(M, K/32)`` scales are the NVFP4 variants (:mod:`fp8sim.gemm._block_formats`).
     """
     a, b = _as_input(a, "mat1"), _as_input(b, "mat2")
     scale_a, scale_b = _as_input(scale_a, "scale_a", True), _as_input(scale_b, "scale_b", True)
@@ -237,6 +243,9 @@ def scaled_mm(
     # MX/NVFP4 scales may come flat in the 128x4 blocked layout, as torch._scaled_mm takes them (issue 17)
     sa, sb = unswizzle_mm_scales(scale_a, scale_b, sa, sb, m, k, n, fa.name == "e2m1")
     layout, tiling = _block_layout(sa, sb, m, k, n, fa, block_shape, block_order, strict)
+    if block_scale_format is not None:
+        layout = resolve_block_layout(layout, block_scale_format, sa, sb, m, k, n, fa.name == "e2m1")
+        check_variant_accumulator(layout, acc.kind)
     if prof is not None and split_k is None:
         split_k = _profile_split(prof, layout, m, n, k, out, use_fast_accum, fa.name, fb.name)
     split = check_split_k(split_k)
@@ -369,10 +378,9 @@ def _expand_scales(s: np.ndarray, rows: int, cols: int, layout: str, side: str, 
         return s.reshape(1, 1).astype(np.float32)
     if layout == "rowwise":
         return s.astype(np.float32)
-    if layout in ("mx", "nvfp4"):
-        fmt = get_format("e8m0" if layout == "mx" else "e4m3")
+    if layout in BLOCK_LAYOUTS:
+        fmt, block = get_format(BLOCK_LAYOUTS[layout][0]), BLOCK_LAYOUTS[layout][1]
         v = np.abs(decode(s, fmt)).astype(np.float32)  # a UE4M3 scale's sign bit is ignored
-        block = 32 if layout == "mx" else 16
         return np.repeat(v, block, axis=1 if side == "a" else 0)[:rows, :cols]
     return expand_block_scales(s, rows, cols, tiling, side)
 
@@ -512,15 +520,14 @@ def _blockwise(ac, bc, fa, fb, acc, sa, sb, layout, tiling, order, on_torch=Fals
 
 def _block_scaled_in_instruction(ac, bc, fa, fb, acc, sa, sb, layout) -> np.ndarray:  # noqa: ANN001
     """MX (E8M0 per 32) and NVFP4 (UE4M3 per 16): scales inside the instruction."""
-    block = 16 if layout == "nvfp4" else 32
-    sfmt = get_format("e4m3" if layout == "nvfp4" else "e8m0")
+    sfmt, block = get_format(BLOCK_LAYOUTS[layout][0]), BLOCK_LAYOUTS[layout][1]
     if acc.kind == "tensor_core":
         instr = _block_instruction(acc, layout)
         return _tensor_core(ac, bc, fa, fb, acc, sa.astype(np.int64), sb.astype(np.int64), instr)
     k = ac.shape[1]
     sva = np.repeat(decode(sa, sfmt).astype(np.float64), block, axis=1)[:, :k]
     svb = np.repeat(decode(sb, sfmt).astype(np.float64), block, axis=0)[:k]
-    if layout == "nvfp4":
+    if sfmt.name == "e4m3":
         sva, svb = np.abs(sva), np.abs(svb)  # the sign bit of a UE4M3 scale is ignored
     va, vb = _values(ac, fa).astype(np.float64) * sva, _values(bc, fb).astype(np.float64) * svb
     return _exact_with_specials(va, vb, fa, fb)

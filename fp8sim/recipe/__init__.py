@@ -46,6 +46,8 @@ __all__ = [
 _BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
 _4OVER6_SCOPES = ("none", "weights", "activations", "all")
 _4OVER6_ERR_MODES = ("MAE", "MSE")
+NVFP4_VARIANTS = ("e4m3x16", "ue5m3x16", "e4m3x32")
+"""Values of the fp8sim extension field ``NVFP4BlockScaling.fp8sim_nvfp4_variant`` (``scaling.nvfp4_variants``)."""
 _ENV_BACKWARD_OVERRIDE = os.getenv("NVTE_BACKWARD_OVERRIDE", None)
 MARGIN_RANGE = (-127, 63)
 """Margins fp8sim accepts.  TE's fused update computes ``fp8_max * powf(2, -margin)``: 0 for huge margins
@@ -344,7 +346,13 @@ def _env_flag(name: str) -> bool:
 class NVFP4BlockScaling(Recipe):
     """NVFP4: E2M1 elements, E4M3 scales per 16, an fp32 global scale; RHT for inputs and grads,
     stochastic rounding for grads, 16x16 weight tiles (spec 5.4).  Per-role QParams are set in
-    ``__post_init__`` from the ``disable_*`` flags, as in TE."""
+    ``__post_init__`` from the ``disable_*`` flags, as in TE.
+
+    ``fp8sim_nvfp4_variant`` (an fp8sim extension, not a TE field): ``"e4m3x16"`` (TE's NVFP4, default),
+    ``"ue5m3x16"`` (UE5M3 scales per 16, as TE PR#3325's ``fp8_format=Format.UE5M3`` prototype) or
+    ``"e4m3x32"`` (E4M3 scales per 32, Triton's VEC_SIZE=32; needs ``disable_2d_quantization=True``).  The
+    variants run in the modules' GEMMs; 4over6 and row-scaled activations refuse them, as do TE's quantizer
+    objects (te.ops, FP8 primary weights).  ``repr`` names the field only when it is not the default."""
 
     disable_rht: bool = _env_flag("NVTE_NVFP4_DISABLE_RHT")
     disable_stochastic_rounding: bool = _env_flag("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING")
@@ -358,9 +366,11 @@ class NVFP4BlockScaling(Recipe):
     fp8_dpa: bool = False
     fp8_mha: bool = False
     backward_override: str | None = _ENV_BACKWARD_OVERRIDE
+    fp8sim_nvfp4_variant: str = "e4m3x16"
 
     def __post_init__(self) -> None:
         validate_fields(self, _TYPES)
+        _check_nvfp4_variant(self)
         _check(self.fp4_format == Format.E2M1, "Only E2M1 is supported for NVFP4 scaling")
         _check(self.fp8_format == Format.E4M3, "Only E4M3 is supported for NVFP4 scaling")
         _check_backward_override(self)
@@ -390,7 +400,23 @@ class NVFP4BlockScaling(Recipe):
             f"nvfp4_4over6={self.nvfp4_4over6}, nvfp4_4over6_e4m3_use_256={self.nvfp4_4over6_e4m3_use_256}, "
             f"nvfp4_4over6_err_mode={self.nvfp4_4over6_err_mode}, fp4_quant_fwd_inp={self.fp4_quant_fwd_inp}, "
             f"fp4_quant_fwd_weight={self.fp4_quant_fwd_weight}, fp4_quant_bwd_grad={self.fp4_quant_bwd_grad}, "
-        )
+        ) + ("" if self.fp8sim_nvfp4_variant == "e4m3x16" else f"fp8sim_nvfp4_variant={self.fp8sim_nvfp4_variant}, ")
+
+
+def _check_nvfp4_variant(r: Any) -> None:
+    """The fp8sim extension field: a known variant, and none of the options the variants do not combine with."""
+    v = r.fp8sim_nvfp4_variant
+    if not isinstance(v, str) or v not in NVFP4_VARIANTS:
+        raise RecipeValidationError(f"fp8sim_nvfp4_variant must be one of {', '.join(NVFP4_VARIANTS)}; got {v!r}")
+    if v == "e4m3x16":
+        return
+    scale = "UE5M3 scales" if v == "ue5m3x16" else "E4M3 scales per 32"
+    _check(r.nvfp4_4over6 == "none", f"NVFP4 4over6 quantization is incompatible with {scale}.")
+    _check(not r.row_scaled_activation, f"fp8sim_nvfp4_variant={v!r}: row-scaled NVFP4 is not emulated with {scale}")
+    _check(
+        v != "e4m3x32" or r.disable_2d_quantization,
+        "fp8sim_nvfp4_variant='e4m3x32' has no 16x16 weight tiles: pass disable_2d_quantization=True",
+    )
 
 
 @te_dataclass

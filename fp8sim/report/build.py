@@ -306,6 +306,7 @@ def _scaling_study(n_steps: int, rng: np.random.Generator) -> tuple[list[str], d
     with per-row magnitudes over 12 binades and a few outliers)."""
     from ..recipe import DelayedScaling
     from ..scaling import DelayedScaler, quantize_block_scaling, quantize_current_scaling, quantize_mx, quantize_nvfp4
+    from ..scaling.nvfp4_variants import quantize_nvfp4_variant
 
     def data() -> np.ndarray:
         x = rng.standard_t(2, size=(128, 256)) * np.exp2(rng.integers(-6, 6, (128, 1)))
@@ -322,7 +323,13 @@ def _scaling_study(n_steps: int, rng: np.random.Generator) -> tuple[list[str], d
         "current (E4M3, per tensor)": lambda: quantize_current_scaling(x, "e4m3").dequantize(),
         "MXFP8 (E4M3, 1x32, RCEIL)": lambda: quantize_mx(x, "e4m3", scale_rule="rceil", flavor="te").dequantize(),
         "block 1x128 (E4M3, pow2)": lambda: quantize_block_scaling(x, "e4m3").dequantize(),
-        "NVFP4 (E2M1, 1x16)": lambda: quantize_nvfp4(x).dequantize(),
+        "NVFP4-E4M3x16 (E2M1, TE)": lambda: quantize_nvfp4(x).dequantize(),
+        "NVFP4-UE5M3x16 (TE PR#3325)": lambda: quantize_nvfp4_variant(x, "ue5m3x16").dequantize(),
+        "NVFP4-UE5M3x16, no global scale": lambda: quantize_nvfp4_variant(
+            x, "ue5m3x16", second_level_scale=False
+        ).dequantize(),
+        "NVFP4-E4M3x32 (Triton VEC_SIZE=32)": lambda: quantize_nvfp4_variant(x, "e4m3x32").dequantize(),
+        "MXFP4 (E2M1, 1x32, E8M0 floor)": lambda: quantize_mx(x, "e2m1").dequantize(),
     }
     snr = {}
     for name, fn in recipes.items():
@@ -431,6 +438,8 @@ def _default_report_into(out: Path, quick: bool, progress: bool, captures: Path)
         "",
         "Signal-to-noise ratio of quantize-dequantize on heavy-tailed activations (Student t, 2 degrees of freedom,",
         "row magnitudes over 12 binades, three 1000x outliers); delayed scaling after 16 steps of similar data.",
+        "The FP4 rows compare NVFP4's scale choices (E4M3 or UE5M3 per 16, E4M3 per 32) with MXFP4 (E8M0 per 32,",
+        "OCP's floor rule); `fp8sim.scaling.nvfp4_variants` documents the variants and their sources.",
         "",
         "| recipe | SNR (dB) |",
         "|---|---:|",

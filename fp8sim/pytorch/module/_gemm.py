@@ -103,9 +103,12 @@ def _block_gemm(a: Operand, b: Operand, preset: Any) -> torch.Tensor:
 
     ac, sa = _codes_and_scales(a)
     bc, sb = _codes_and_scales(b)
+    sf = a.qt.scale_format
+    variant = sf is not None and (sf.name == "ue5m3" or (sf.name == "e4m3" and a.qt.block[-1] == 32))
     out = scaled_mm(
-        ac, bc, sa, sb, out_dtype="float32", accumulator=preset, a_format=a.fmt, b_format=b.fmt, strict=False
-    )
+        ac, bc, sa, sb, out_dtype="float32", accumulator=preset, a_format=a.fmt, b_format=b.fmt, strict=False,
+        block_scale_format=sf.name if variant else None,  # the NVFP4 variants (fp8sim_nvfp4_variant)
+    )  # fmt: skip
     if a.qt.global_scale is not None:  # NVFP4: the per-tensor factors after the sum, as TE's GEMM reference
         alpha = np.float32(np.float32(a.qt.global_scale) * np.float32(b.qt.global_scale))
         out = (out * alpha).astype(np.float32)

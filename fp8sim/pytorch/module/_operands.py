@@ -173,6 +173,16 @@ def _nvfp4(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, k_axis: int, s
     elif not rht:
         xt = xt.float()
     xt = xt.t().contiguous() if columnwise else xt.contiguous()
+    variant = getattr(recipe, "fp8sim_nvfp4_variant", "e4m3x16")
+    if variant != "e4m3x16":  # the fp8sim extension: UE5M3 per 16 or E4M3 per 32 (scaling.nvfp4_variants)
+        from ...scaling.nvfp4_variants import quantize_nvfp4_variant
+
+        sr = qp.stochastic_rounding
+        q = quantize_nvfp4_variant(
+            xt, variant, rht=rht, stochastic=sr, seed=seed if sr else None, block_2d=qp.fp4_2d_quantization
+        )
+        dq = torch.from_numpy(q.dequantize())
+        return Operand(dq.t() if columnwise else dq, E2M1, qt=q, transposed=columnwise)
     q = quantize_nvfp4(
         xt,
         rht=rht,  # the Hadamard transform in bf16, as TE computes it

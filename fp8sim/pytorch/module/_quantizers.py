@@ -69,9 +69,21 @@ def _4over6_scope(scope: str, role: str) -> bool:
     return scope == "all" or (scope == "weights" and role == "weight") or (scope == "activations" and role != "weight")
 
 
+def refuse_nvfp4_variant(recipe: Any, where: str) -> None:
+    """Refuse the fp8sim extension ``fp8sim_nvfp4_variant`` where fp8sim does not carry it (``where``)."""
+    variant = getattr(recipe, "fp8sim_nvfp4_variant", "e4m3x16")
+    if isinstance(recipe, NVFP4BlockScaling) and variant != "e4m3x16":
+        raise NotImplementedError(
+            f"NVFP4BlockScaling(fp8sim_nvfp4_variant={variant!r}) runs in the modules' GEMMs only; {where} is not "
+            "emulated with it (it would silently use TE's E4M3 scales per 16)"
+        )
+
+
 def _nvfp4(recipe: NVFP4BlockScaling, forward: bool, role: str) -> Any:
     """TE ``quantization.py`` ``NVFP4BlockScalingRecipeState.make_quantizers`` for one slot."""
     from ..tensor import NVFP4Quantizer
+
+    refuse_nvfp4_variant(recipe, "TE's NVFP4Quantizer (te.ops, FP8 primary weights, module.quantizers)")
 
     qp = _pick(role, recipe.fp4_quant_fwd_inp, recipe.fp4_quant_fwd_weight, recipe.fp4_quant_bwd_grad)
     use_4over6 = forward and _4over6_scope(recipe.nvfp4_4over6, role)  # never for gradients

@@ -52,6 +52,10 @@ def sr_gather_qparams(recipe: Any, kind: str) -> Any:
     if kind == "input" and _4over6_scope(recipe.nvfp4_4over6, kind):  # the GEMM raises TE's 4over6 SR refusal
         return None
     qp = recipe.fp4_quant_bwd_grad if kind == "grad" else recipe.fp4_quant_fwd_inp
+    if qp.stochastic_rounding:
+        from ._quantizers import refuse_nvfp4_variant
+
+        refuse_nvfp4_variant(recipe, "sequence/tensor-parallel NVFP4 with stochastic rounding (per-shard quantization)")
     return qp if qp.stochastic_rounding else None
 
 
