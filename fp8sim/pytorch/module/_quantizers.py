@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...recipe import (
+    CustomRecipe,
     DelayedScaling,
     Float8BlockScaling,
     Float8CurrentScaling,
@@ -101,6 +102,10 @@ def module_quantizers(module: Any, recipe: Recipe) -> dict[str, list]:
     from ..tensor import delayed_scaling_quantizers
 
     gemms = list(module.fp8_gemms.values())
+    if isinstance(recipe, CustomRecipe):
+        from ._custom import ensure_custom
+
+        return ensure_custom(module, recipe)
     if isinstance(recipe, DelayedScaling):
         for g in gemms:
             g.ensure(recipe)
