@@ -26,7 +26,7 @@ __all__ = ["quantizer_roles", "ensure_custom", "custom_operand"]
 def quantizer_roles(module: Any, fwd: bool) -> list:
     """TE's ``get_quantizer_roles(fwd=..., num_quantizers=...)`` of ``module`` (``linear.py:1816``,
     ``layernorm_linear.py:1607``, ``grouped_linear.py:1841``, ``layernorm_mlp.py:2185`` at d0067d0)."""
-    from ..quantization import QuantizerRole
+    from ..tensor import QuantizerRole
 
     name = getattr(module, "name", None) or ""
     out_role = getattr(module, "_output_quantizer_role", None)

@@ -102,10 +102,8 @@ def module_quantizers(module: Any, recipe: Recipe) -> dict[str, list]:
     from ..tensor import delayed_scaling_quantizers
 
     gemms = list(module.fp8_gemms.values())
-    if isinstance(recipe, CustomRecipe):
-        from ._custom import ensure_custom
-
-        return ensure_custom(module, recipe)
+    if isinstance(recipe, CustomRecipe):  # the module builds them (module/_custom.py)
+        return module._custom_quantizers(recipe)
     if isinstance(recipe, DelayedScaling):
         for g in gemms:
             g.ensure(recipe)

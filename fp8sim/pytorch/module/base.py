@@ -363,6 +363,11 @@ class TransformerEngineBaseModule(nn.Module):
 
         return module_tp_linear(self, mode, name, x, w, b, *args, **kw)
 
+    def _custom_quantizers(self, recipe: CustomRecipe) -> dict[str, list]:
+        from ._custom import ensure_custom
+
+        return ensure_custom(self, recipe)
+
     @property
     def quantizers(self) -> dict[str, list]:
         """TE's ``quantizers``: ``scaling_fwd`` (3 per GEMM) and ``scaling_bwd`` (2 per GEMM) for the
