@@ -42,6 +42,8 @@ def gemm(
     wgrad into ``main_grad``), float32; cuBLASLt's epilogue ``alpha * acc + beta * C`` is one float32 FMA,
     so with an accumulator (not None) and per-tensor scales the result is ``fma(acc, fl32(sa * sb), C)``,
     rounded once; the default path and block scales add it after (two roundings)."""
+    if a.high_precision or b.high_precision:
+        return _high_precision_gemm(a, b, which, addend)
     per_tensor = a.vals is not None and b.vals is not None
     preset, split_k, epilogue = resolve(a, b, recipe, which, accumulator, out_dtype, site)
     if preset is None:
@@ -81,6 +83,18 @@ def gemm(
             else:  # "sequential": fl32(acc * sa), then the FMA with sb
                 out = fma_f32((out * sa).astype(np.float32), sb, c)
     return torch.from_numpy(np.ascontiguousarray(out, np.float32))
+
+
+def _high_precision_gemm(a: Operand, b: Operand, which: str, addend: torch.Tensor | None) -> torch.Tensor:
+    """Two ``IdentityQuantizer`` operands (a ``CustomRecipe``'s high-precision slots): cuBLAS's GEMM in their
+    dtype, products summed in float32 (TE ``general_gemm`` takes them as plain tensors)."""
+    if not (a.high_precision and b.high_precision):
+        raise TypeError(
+            f"the {which} GEMM got one IdentityQuantizer (high-precision) operand and one quantized operand; "
+            "cuBLAS takes both quantized or both high precision: return IdentityQuantizer for both slots"
+        )
+    out = torch.matmul(a.dq, b.dq)
+    return out if addend is None else out + addend
 
 
 def _codes_and_scales(op: Operand) -> tuple[np.ndarray, np.ndarray]:

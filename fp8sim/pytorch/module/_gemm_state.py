@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..._util.upstream_quirk import UpstreamQuirkWarning
-from ...recipe import DelayedScaling, Recipe
+from ...recipe import CustomRecipe, DelayedScaling, Recipe
 from ...scaling.delayed import DelayedScaler
 from ..quantization import add_fp8_tensors_to_global_buffer
 from ._fp8_params import block_operands_from_fp8_weight, is_fp8_weight, operand_from_fp8_weight
@@ -46,6 +46,7 @@ class _GemmState:
         self.key: tuple | None = None
         # kind -> hook(x, k_axis, seed): a sequence-parallel gather quantizes per shard (module/_tp_nvfp4.py)
         self.shard_hooks: dict = {}
+        self.custom: tuple[list, list] | None = None  # CustomRecipe: (forward, backward) slot quantizers
 
     def ensure(self, recipe: Recipe, group: Any = None, owner: str = "module") -> None:
         """Delayed-scaling state for ``recipe``: created once, then carried over to a new
@@ -86,6 +87,11 @@ class _GemmState:
         hook = self.__dict__.get("shard_hooks", {}).get(kind)  # a state unpickled from before has none
         if hook is not None:
             return hook(x, k_axis, self.calls)
+        if isinstance(recipe, CustomRecipe):
+            from ._custom import custom_operand
+
+            fwd, bwd = self.custom
+            return custom_operand(bwd[0] if kind == "grad" else fwd[0 if kind == "input" else 1], x, k_axis)
         scaler = self.bwd if kind == "grad" else self.fwd
         index = {"input": 0, "weight": 1, "grad": 0}[kind]
         return quantize_operand(x, recipe, kind, k_axis, scaler=scaler, index=index, seed=self.calls, stats=self.stats)

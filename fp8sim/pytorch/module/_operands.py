@@ -9,6 +9,7 @@ columnwise copy from the high-precision tensor where the GEMM needs the other ax
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ from ...scaling.current import compute_scale_from_amax, quantize_current_scaling
 from ...scaling.quantized import QuantizedData
 from ._quantizers import _4over6_scope
 
-__all__ = ["Operand", "quantize_operand", "cast_per_tensor", "PER_TENSOR"]
+__all__ = ["Operand", "quantize_operand", "cast_per_tensor", "operand_of_tensor", "PER_TENSOR"]
 
 PER_TENSOR = (DelayedScaling, Float8CurrentScaling)
 
@@ -50,6 +51,7 @@ class Operand:
     scale_inv: float | None = None
     qt: Any = None  # block recipes: the QuantizedData record (codes and block scales)
     transposed: bool = False  # ``qt`` holds the transpose of this operand
+    high_precision: bool = False  # a CustomRecipe's IdentityQuantizer slot: ``dq`` holds the values as they are
 
     @classmethod
     def of_per_tensor(cls, q: QuantizedData, device: Any = None) -> Operand:
@@ -74,7 +76,24 @@ class Operand:
             self.scale_inv,
             self.qt,
             not self.transposed,
+            self.high_precision,
         )
+
+
+def operand_of_tensor(t: Any, columnwise: bool) -> Operand:
+    """The 2-D GEMM operand of TE tensor ``t`` (``(prod(shape[:-1]), shape[-1])``): blocked along its
+    last axis (rowwise) or its first (columnwise), as :func:`quantize_operand` lays them out."""
+    from ..tensor import Float8TensorStorage, NVFP4TensorStorage
+
+    m, k = math.prod(t.shape[:-1]), t.shape[-1]
+    if isinstance(t, Float8TensorStorage):  # one scale: either copy holds the same codes
+        op = Operand.of_per_tensor(t.quantized_data(), t.device)
+        return Operand(None, op.fmt, op.vals.reshape(m, k), op.codes.reshape(m, k), op.scale_inv, op.qt)
+    qd = t.quantized_data(columnwise=columnwise)
+    dq = torch.from_numpy(np.asarray(qd.dequantize(), np.float32))
+    if isinstance(t, NVFP4TensorStorage) and columnwise:  # stored (k, m): the operand is its transpose
+        return Operand(dq.t(), qd.fmt, qt=qd, transposed=True)
+    return Operand(dq, qd.fmt, qt=qd)
 
 
 def _per_tensor(x: torch.Tensor, q: QuantizedData, scale: Any, stats: dict | None) -> Operand:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...recipe import (
+    CustomRecipe,
     DelayedScaling,
     Float8BlockScaling,
     Float8CurrentScaling,
@@ -113,6 +114,8 @@ def module_quantizers(module: Any, recipe: Recipe) -> dict[str, list]:
     from ..tensor import delayed_scaling_quantizers
 
     gemms = list(module.fp8_gemms.values())
+    if isinstance(recipe, CustomRecipe):  # the module builds them (module/_custom.py)
+        return module._custom_quantizers(recipe)
     if isinstance(recipe, DelayedScaling):
         for g in gemms:
             g.ensure(recipe)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...recipe import DelayedScaling, Recipe
+from ...recipe import CustomRecipe, DelayedScaling, Recipe
 from ...scaling.delayed import load_state_dicts
 from .._recompute import _replay_fp8_state
 from ..quantization import (
@@ -301,6 +301,10 @@ class TransformerEngineBaseModule(nn.Module):
             assert_dim_for_fp8_exec(x, w)
             hist = None if g.fwd is None else g.fwd.amax_history
             g.ensure(recipe, st.group, f"{type(self).__name__} GEMM {name!r}")
+            if isinstance(recipe, CustomRecipe):
+                from ._custom import ensure_custom
+
+                ensure_custom(self, recipe, st.group)
             if hist is not None and g.fwd.amax_history is not hist and is_fp8_weight(w):
                 self._update_weight_quantizers()  # TE base.py: a new amax_history_len rebuilds the quantizers
             if (
@@ -358,6 +362,11 @@ class TransformerEngineBaseModule(nn.Module):
         from ._tp import module_tp_linear
 
         return module_tp_linear(self, mode, name, x, w, b, *args, **kw)
+
+    def _custom_quantizers(self, recipe: CustomRecipe) -> dict[str, list]:
+        from ._custom import ensure_custom
+
+        return ensure_custom(self, recipe)
 
     @property
     def quantizers(self) -> dict[str, list]:

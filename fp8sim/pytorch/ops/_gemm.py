@@ -14,7 +14,6 @@ High-precision operands and row-scaled NVFP4 operands go through ``general_gemm`
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +23,8 @@ import torch
 from ...recipe import Recipe
 from ..cpp_extensions.gemm import general_gemm, validate_gemm_scale
 from ..module._gemm import gemm as _module_gemm
-from ..module._operands import Operand
-from ..tensor import Float8TensorStorage, NVFP4TensorStorage
+from ..module._operands import operand_of_tensor as _operand
+from ..tensor import NVFP4TensorStorage
 from ._common import is_quantized_tensor
 
 __all__ = ["GemmMode", "ops_gemm"]
@@ -60,18 +59,12 @@ def _written_dtype(quantizer: Any, dtype: torch.dtype) -> Any:
     return dtype
 
 
-def _operand(t: Any, columnwise: bool) -> Operand:
-    """The 2-D GEMM operand of TE tensor ``t`` (``(prod(shape[:-1]), shape[-1])``): blocked along its
-    last axis (rowwise) or its first (columnwise), as ``module._operands.quantize_operand`` lays them out."""
-    m, k = math.prod(t.shape[:-1]), t.shape[-1]
-    if isinstance(t, Float8TensorStorage):  # one scale: either copy holds the same codes
-        op = Operand.of_per_tensor(t.quantized_data(), t.device)
-        return Operand(None, op.fmt, op.vals.reshape(m, k), op.codes.reshape(m, k), op.scale_inv, op.qt)
-    qd = t.quantized_data(columnwise=columnwise)
-    dq = torch.from_numpy(np.asarray(qd.dequantize(), np.float32))
-    if isinstance(t, NVFP4TensorStorage) and columnwise:  # stored (k, m): the operand is its transpose
-        return Operand(dq.t(), qd.fmt, qt=qd, transposed=True)
-    return Operand(dq, qd.fmt, qt=qd)
+def _unwrap(t: Any) -> Any:
+    """TE ``cpp_extensions/gemm.py`` ``_unwrap_tensor``: a quantized tensor cuBLAS cannot read (an
+    ``IdentityTensor``, a ``CustomRecipe``'s high-precision slot) enters the GEMM dequantized."""
+    from ..tensor import IdentityTensor
+
+    return t.dequantize() if isinstance(t, IdentityTensor) else t
 
 
 def _row_scaled(t: Any) -> bool:
@@ -96,6 +89,7 @@ def ops_gemm(
     """``general_gemm(A, B, ...)[0]`` for the ops (see the module docstring); ``mode``: the accumulator."""
     if layout not in _WHICH:
         raise AssertionError(f"GEMM layout {layout} not supported.")
+    A, B = _unwrap(A), _unwrap(B)
     quantized = (is_quantized_tensor(A), is_quantized_tensor(B))
     if quantized[0] != quantized[1]:
         raise TypeError(

@@ -241,6 +241,7 @@ class NVFP4Quantizer(Quantizer):
             with_2d_quantization=self.with_2d_quantization,
             nvfp4_use_4over6=self.nvfp4_use_4over6,
             nvfp4_e4m3_max=self.nvfp4_e4m3_max,
+            row_scaled_nvfp4=self.row_scaled_nvfp4,
         )
 
     def _4over6(self, x: torch.Tensor, amax: float | None) -> _SimQT:
@@ -354,7 +355,14 @@ class NVFP4Tensor(NVFP4TensorStorage, BlockScaledTensor):
     ``_rowwise_scale_inv`` / ``_columnwise_scale_inv``, float32 ``_amax_rowwise`` /
     ``_amax_columnwise``, ``_fp4_dtype``."""
 
-    _extra_fields = ("amax_rowwise", "amax_columnwise", "with_2d_quantization", "nvfp4_use_4over6", "nvfp4_e4m3_max")
+    _extra_fields = (
+        "amax_rowwise",
+        "amax_columnwise",
+        "with_2d_quantization",
+        "nvfp4_use_4over6",
+        "nvfp4_e4m3_max",
+        "row_scaled_nvfp4",
+    )
     _saved_fields = (*BlockScaledTensor._saved_fields, "_amax_rowwise", "_amax_columnwise")
     data = data_property("update")  # TE: assigning .data quantizes into this tensor
     fsdp_pre_all_gather = _fsdp2_nvfp4.fsdp_pre_all_gather
@@ -373,6 +381,9 @@ class NVFP4Tensor(NVFP4TensorStorage, BlockScaledTensor):
         """TE ``NVFP4TensorStorage.__new__``: ``_nvfp4_e4m3_max`` is 448 unless the tensor is 4over6."""
         super()._init(**kwargs)
         self._nvfp4_use_4over6 = bool(self._nvfp4_use_4over6)
+        if self._row_scaled_nvfp4 is None:  # TE's default False; a row-scaled tensor has one amax per row
+            self._row_scaled_nvfp4 = self._amax_rowwise is not None and self._amax_rowwise.numel() > 1
+        self._row_scaled_nvfp4 = bool(self._row_scaled_nvfp4)
         self._nvfp4_e4m3_max = (self._nvfp4_e4m3_max or 448) if self._nvfp4_use_4over6 else 448
 
     def _create_columnwise(self) -> None:
