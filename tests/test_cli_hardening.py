@@ -214,6 +214,7 @@ def test_missing_optional_dependency_is_one_line_with_the_pip_command(
 
 
 def test_progress_bar_draws_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    require("tqdm")  # fp8sim[progress]; without it nothing is drawn (the next test)
     class Tty(io.StringIO):
         def isatty(self) -> bool:
             return True
@@ -229,6 +230,7 @@ def test_progress_bar_draws_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) 
 def test_progress_bar_is_tqdm_and_optional(monkeypatch: pytest.MonkeyPatch) -> None:
     """The bar is tqdm's (``fp8sim[progress]``); without tqdm nothing is drawn and nothing fails, and
     ``import fp8sim`` (with the CLI and the report modules) never imports it."""
+    require("tqdm")
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

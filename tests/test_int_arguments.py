@@ -15,7 +15,6 @@ import pytest
 
 import fp8sim
 from fp8sim.cast.philox import philox4x32, te_philox_words
-from fp8sim.collectives.groups import ParallelLayout
 from fp8sim.gemm.splitk import check_split_k
 from fp8sim.recipe import DelayedScaling
 from fp8sim.scaling import DelayedScaler, quantize_block_scaling, quantize_mx, quantize_torchao
@@ -37,6 +36,16 @@ def _result(v: object) -> object:
 
 
 # (call taking the argument, argument name, a valid int)
+
+
+def _parallel_layout():  # noqa: ANN202
+    """``fp8sim.collectives`` needs torch.distributed: imported when its case runs (the lean session has no torch)."""
+    require("torch")
+    from fp8sim.collectives.groups import ParallelLayout
+
+    return ParallelLayout
+
+
 CASES: list[tuple[Callable[[object], object], str, int]] = [
     (lambda v: quantize_block_scaling(X, block_size=v), "block_size", 64),
     (lambda v: quantize_mx(X, block_size=v), "block_size", 32),
@@ -49,7 +58,7 @@ CASES: list[tuple[Callable[[object], object], str, int]] = [
     (lambda v: check_split_k((v, "serial")), "split_k's S", 2),
     (lambda v: from_blocked(to_blocked(np.ones((4, 4), np.uint8)), v, 4), "rows", 4),
     (lambda v: assert_within_ulp(np.float32(1), np.float32(1), ulp_budget=v), "ulp_budget", 1),
-    (lambda v: ParallelLayout(tp=v).world_size, "tp", 2),
+    (lambda v: _parallel_layout()(tp=v).world_size, "tp", 2),
 ]
 IDS = [f"{name}#{i}" for i, (_, name, _) in enumerate(CASES)]
 

@@ -77,7 +77,14 @@ NAMES = {
     "fp8sim.recipe": ["DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "Format"],
 }
 
-_NEEDS_TORCH = ("fp8sim.pytorch", "fp8sim.torchao", "fp8sim.accelerate", "fp8sim.distributed", "fp8sim.collectives")
+_NEEDS_TORCH = (
+    "fp8sim.cast.torch_backend",
+    "fp8sim.pytorch",
+    "fp8sim.torchao",
+    "fp8sim.accelerate",
+    "fp8sim.distributed",
+    "fp8sim.collectives",
+)
 
 
 def _import(path: str):  # noqa: ANN202

@@ -20,13 +20,16 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-import torch
 
-import fp8sim.pytorch as te
-from fp8sim.pytorch._recompute_state import RECOMPUTE_KEY
-from fp8sim.pytorch.distributed import in_fp8_activation_recompute_phase, is_fp8_activation_recompute_enabled
-from fp8sim.pytorch.quantization import FP8GlobalStateManager, current_state
-from fp8sim.recipe import DelayedScaling, Format
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+
+import fp8sim.pytorch as te  # noqa: E402
+from fp8sim.pytorch._recompute_state import RECOMPUTE_KEY  # noqa: E402
+from fp8sim.pytorch.distributed import in_fp8_activation_recompute_phase, is_fp8_activation_recompute_enabled  # noqa: E402
+from fp8sim.pytorch.quantization import FP8GlobalStateManager, current_state  # noqa: E402
+from fp8sim.recipe import DelayedScaling, Format  # noqa: E402
 
 RECIPE = DelayedScaling(fp8_format=Format.HYBRID)
 

@@ -192,6 +192,7 @@ def _x(*shape: int, seed: int = 0) -> np.ndarray:
 def test_nvfp4_row_scaled_activation_is_the_row_scaled_input_copy() -> None:
     """``row_scaled_activation``: the input role's rowwise copy is TE's row-scaled NVFP4 cast (one global
     scale per row); other roles keep the recipe's settings; the columnwise input copy is refused."""
+    require("torch")  # the NVFP4 Hadamard transform runs in torch
     from fp8sim.scaling.nvfp4 import quantize_nvfp4
 
     x = _x(16, 64)
@@ -212,6 +213,7 @@ def test_nvfp4_row_scaled_activation_is_the_row_scaled_input_copy() -> None:
 def test_nvfp4_columnwise_copy_and_the_copy_option_is_checked() -> None:
     """``copy="columnwise"``: the role's columnwise copy (RHT on the input's wgrad copy unless disabled);
     any other ``copy`` names the two allowed values."""
+    require("torch")  # the NVFP4 Hadamard transform runs in torch
     from fp8sim.scaling.nvfp4 import nvfp4_role_settings, quantize_nvfp4_role
 
     x = _x(16, 64, seed=1)
@@ -230,6 +232,7 @@ def test_nvfp4_columnwise_copy_and_the_copy_option_is_checked() -> None:
 
 
 def test_nvfp4_stochastic_rounding_takes_the_seed_and_4over6_is_named() -> None:
+    require("torch")  # the NVFP4 Hadamard transform runs in torch
     x = _x(16, 64, seed=2)
     a = emulate(NVFP4BlockScaling(), x, role="grad", seed=1)
     b = emulate(NVFP4BlockScaling(), x, role="grad", seed=1)
