@@ -172,17 +172,21 @@ def _as_amax(global_amax: Any) -> np.ndarray:
 # -- random Hadamard transform --------------------------------------------------------------
 
 
-def rht_matrix() -> np.ndarray:
+def rht_matrix(random_sign_mask: bool = True) -> np.ndarray:
     """TE's RHT matrix ``D·H/4`` as float32 (16x16): the Sylvester Hadamard matrix with row ``i``
-    multiplied by ``RHT_SIGNS[i]``, scaled by ``1/sqrt(16)``.  Every entry is ±0.25."""
+    multiplied by ``RHT_SIGNS[i]``, scaled by ``1/sqrt(16)``.  Every entry is ±0.25.
+    ``random_sign_mask=False``: ``H/4`` without the signs (the reference's ``with_random_sign_mask``)."""
+    _check_bool(random_sign_mask=random_sign_mask)
     h = np.ones((1, 1), dtype=np.float32)
     while h.shape[0] < NVFP4_BLOCK_SIZE:
         h = np.block([[h, h], [h, -h]])
-    return (np.asarray(RHT_SIGNS, dtype=np.float32)[:, None] * h * _F32(0.25)).astype(np.float32)
+    signs = np.asarray(RHT_SIGNS if random_sign_mask else (1,) * NVFP4_BLOCK_SIZE, dtype=np.float32)
+    return (signs[:, None] * h * _F32(0.25)).astype(np.float32)
 
 
-def apply_rht(x: Any) -> Any:
-    """``x.reshape(-1, 16) @ rht_matrix()`` in the input dtype, as TE's reference ``_apply_rht``.
+def apply_rht(x: Any, random_sign_mask: bool = True) -> Any:
+    """``x.reshape(-1, 16) @ rht_matrix(random_sign_mask)`` in the input dtype, as TE's reference
+    ``_apply_rht``.
 
     Runs torch's CPU matmul in ``x``'s dtype (bf16 in, bf16 out; numpy inputs go through torch and
     come back as numpy).  For bf16/fp16 the 16 products (exact: entries are ±1/4) are accumulated
@@ -207,7 +211,7 @@ def apply_rht(x: Any) -> Any:
         t = torch.from_numpy(np.ascontiguousarray(x).view(np.int16).copy()).view(torch.bfloat16)
     else:
         t = torch.from_numpy(np.ascontiguousarray(x).copy())
-    m = torch.from_numpy(rht_matrix()).to(t.dtype)
+    m = torch.from_numpy(rht_matrix(random_sign_mask)).to(t.dtype)
     out = (t.contiguous().reshape(-1, NVFP4_BLOCK_SIZE) @ m).reshape(shape)
     if is_torch_tensor(x):
         return out.to(x.device)

@@ -77,8 +77,15 @@ def quantize_nvfp4_4over6(
     global_amax: Any = None,
     block_2d: bool = False,
     row_scaled: bool = False,
+    reference_zero_handling: bool = False,
+    err_fast_math: bool = False,
 ) -> QuantizedData:
     """TE 4over6 NVFP4 of ``x`` along its last dim (a multiple of 16); see the module docstring.
+
+    ``reference_zero_handling``: the codes of TE's Python reference (``custom_recipes/reference_nvfp4.py``
+    ``cast_to_fp4x2``): a scaled value that is exactly ±0 or NaN gets code 0x0.  ``err_fast_math``: the
+    reference's ``nvfp4_4over6_err_use_fast_math`` error, taken in the E4M3-scaled domain:
+    ``d = fl32(fl32(e2m1(code_s) * s) - fl32(x * S_enc))`` (the product is exact in f16 and float32).
 
     ``block_2d``: 16x16 tiles over the 2-D view (rows a multiple of 16).  ``row_scaled``: one global amax
     per row of the 2-D view (``global_amax`` then has one value per row).  Returns a
@@ -128,10 +135,15 @@ def quantize_nvfp4_4over6(
             v = x2 * inv[..., None]
             codes = encode(v, E2M1, saturate=True)
             codes[np.isnan(v)] = 0x7
+            if reference_zero_handling:
+                codes[(v == 0) | np.isnan(v)] = 0
             deq = decode(codes, E2M1)
             err = np.zeros(bmax.shape, np.float32)
             for i in range(16):  # the kernel's float32 running sum, element by element
-                d = ((deq[..., i] * sf) * amax) / num - x2[..., i]
+                if err_fast_math:
+                    d = deq[..., i] * sf - x2[..., i] * s_enc
+                else:
+                    d = ((deq[..., i] * sf) * amax) / num - x2[..., i]
                 err = err + (np.abs(d) if err_mode == "MAE" else d * d)
             if block_2d:
                 err = np.repeat(_tree16(err.reshape(rows // 16, 16, -1)), 16, axis=0)

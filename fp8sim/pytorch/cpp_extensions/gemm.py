@@ -416,6 +416,26 @@ def _general_gemm(
         raise NotImplementedError("general_gemm: Userbuffers communication overlap (ub, ub_type) is not emulated")
     if out is not None and not out.is_contiguous():
         raise ValueError("Output tensor is not contiguous.")
+    from ..tensor.utils import is_custom
+
+    if is_custom(A) or is_custom(B):  # TE: custom tensors go to their quantizer's qgemm
+        from ..custom_recipes.gemm import custom_gemm
+
+        return custom_gemm(
+            A,
+            B,
+            None,
+            out_dtype,
+            quantization_params,
+            gelu,
+            gelu_in,
+            accumulate,
+            layout,
+            out,
+            bias,
+            use_split_accumulator,
+            grad,
+        )
     if accumulate and out is None:
         raise ValueError("general_gemm: accumulate=True needs the `out` tensor to accumulate into")
     kinds = (_kind(A, "A"), _kind(B, "B"))
