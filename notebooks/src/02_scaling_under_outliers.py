@@ -4,7 +4,8 @@
 # FP8 has 3 (E4M3) or 2 (E5M2) mantissa bits and about 18 binades of range, so a tensor is multiplied by
 # a scale before the cast and the scale is kept for dequantization.  Where that scale comes from, and
 # how many elements share it, decides what survives when activations are heavy-tailed.  This notebook
-# quantizes and dequantizes the same synthetic activations with five recipes, all emulated bit for bit
+# quantizes and dequantizes the same synthetic activations with five recipes (and, at the end, four FP4
+# scale choices), all emulated bit for bit
 # as TransformerEngine computes them:
 #
 # | recipe | element format | one scale per | scale format |
@@ -263,3 +264,45 @@ plt.show()
 #   {0, 0.5, 1, 1.5, 2, 3, 4, 6} times the block scale, about 3.6 binades, so an element a few binades
 #   below the max of its 16-element block is rounded coarsely or to zero: the SNR falls steadily with
 #   magnitude and 17 % of all elements underflow, although each block has its own scale.
+
+# %% [markdown]
+# ## NVFP4's scale choices
+#
+# The E2M1 elements stay; what changes is the block scale.  TE's NVFP4 stores an E4M3 scale per 16
+# elements under a float32 per-tensor scale.  TE PR#3325 prototypes UE5M3 scales (5 exponent bits: a range
+# of 2^-17 .. 114688 instead of E4M3's 2^-9 .. 448, one mantissa bit fewer), Triton's VEC_SIZE=32 shares
+# one E4M3 scale between 32 elements, and OCP's MXFP4 uses a power of two (E8M0) per 32
+# (`fp8sim.scaling.nvfp4_variants`; each variant is a recipe switch in the modules:
+# `NVFP4BlockScaling(fp8sim_nvfp4_variant=...)`).
+
+# %%
+from fp8sim.scaling.nvfp4_variants import quantize_nvfp4_variant  # noqa: E402
+
+fp4 = {
+    "NVFP4-E4M3x16 (TE)": lambda t: quantize_nvfp4(t),
+    "NVFP4-UE5M3x16 (TE PR#3325)": lambda t: quantize_nvfp4_variant(t, "ue5m3x16"),
+    "NVFP4-UE5M3x16, no per-tensor scale": lambda t: quantize_nvfp4_variant(t, "ue5m3x16", second_level_scale=False),
+    "NVFP4-E4M3x32 (Triton VEC_SIZE=32)": lambda t: quantize_nvfp4_variant(t, "e4m3x32"),
+    "MXFP4 (E8M0x32, floor)": lambda t: quantize_mx(t, "e2m1"),
+}
+rows = []
+for name, quantize in fp4.items():
+    deq = quantize(x).dequantize().astype(np.float64)
+    small = np.abs(x64) < amax * 2.0**-8
+    rows.append(
+        [
+            name,
+            f"{snr_db(x64, deq - x64):.1f}",
+            f"{snr_db(x64[small], deq[small] - x64[small]):.1f}",
+            f"{np.mean(deq[x64 != 0] == 0):.2%}",
+        ]
+    )
+md_table(["FP4 recipe", "SNR (dB)", "SNR below amax/256 (dB)", "flushed to zero"], rows)
+
+# %% [markdown]
+# The two 16-element NVFP4 variants give nearly the same SNR on this tensor: with the per-tensor scale,
+# every block scale lands well inside E4M3's range, so UE5M3's wider range buys nothing and its lost
+# mantissa bit costs little (block scales are rounded, the elements carry the precision).  Without the
+# per-tensor scale UE5M3 loses almost nothing: its range alone covers these blocks.  Blocks of 32 share one
+# scale between more elements, so more of them sit far below their block's max; MXFP4's power-of-two
+# scale with OCP's floor rule costs the most.
