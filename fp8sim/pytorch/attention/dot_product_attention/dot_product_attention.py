@@ -22,10 +22,11 @@ from ....scaling.delayed import DelayedScaler, load_state_dicts
 from ..._recompute import _replay_fp8_state
 from ..._rng_tracker import attention_tracker, dropout_fork
 from ...module._fp8_handoff import handoff_of
+from ...module._operands import Operand
 from ...module._params import size_arg
 from ...quantization import _register, current_state, get_recipe
 from . import utils
-from .backends import _Q, AttentionConfig, Quantizer, attention, check_bf16_options
+from .backends import AttentionConfig, Quantizer, attention, check_bf16_options
 from .fp8_boundaries import attach_fp8_output, send_dqkv
 
 __all__ = ["DotProductAttention"]
@@ -386,7 +387,7 @@ class DotProductAttention(nn.Module):
         hs = [handoff_of(t) for t in (q, k, v)] if fp8_io else [None]
         if all(h is not None for h in hs):  # FP8 Q, K, V (fp8_mha): their codes and scales as they are
             to = lambda t: utils.to_bhsd(t, fmt)  # noqa: E731
-            cfg.qkv_in = tuple(_Q(to(h.vals), h.sinv, fmt=h.fmt, codes=to(h.codes)) for h in hs)
+            cfg.qkv_in = tuple(Operand(None, h.fmt, to(h.vals), to(h.codes), h.sinv) for h in hs)
             if cfg.dqkv is not None:
                 cfg.dqkv_out = lambda d: send_dqkv(hs, d, fmt)
         # its delayed-scaling state, stashed/replayed under te.checkpoint; dropout in the tracker fork (TE)
