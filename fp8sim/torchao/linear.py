@@ -28,7 +28,6 @@ added after the GEMM in the output dtype (``out + bias.to(out.dtype)``), so its 
 from __future__ import annotations
 
 import contextvars
-from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -106,7 +105,7 @@ def _cast(x: torch.Tensor, target_dtype: torch.dtype, granularity: ScalingGranul
         # a transposed view (weight.t(), grad_output.t()): cast its contiguous transpose along the other dim and
         # hand back transposed codes, so the dequantized operand has torchao's layout without a copy
         f = _cast(x.t(), target_dtype, granularity, -1 if dim == 0 else 0, pow2)
-        return replace(f, codes=f.codes.t(), scale=f.scale.t() if f.axiswise else f.scale)
+        return f.relaid(f.codes.t(), f.scale.t() if f.axiswise else f.scale)
     fmt = get_format(_FP8_FORMATS[target_dtype])
     axiswise = granularity is ScalingGranularity.AXISWISE
     group = _TP_AMAX_GROUP.get()
@@ -117,9 +116,7 @@ def _cast(x: torch.Tensor, target_dtype: torch.dtype, granularity: ScalingGranul
     q = quantize_torchao(
         x.detach(), fmt, granularity=granularity.value, axiswise_dim=dim, round_scales_to_power_of_2=pow2
     )
-    scale = q.scales if axiswise else q.scales.reshape(())
-    codes = torch.from_numpy(np.ascontiguousarray(q.codes)).to(x.device)
-    return _Float8(codes, torch.from_numpy(np.ascontiguousarray(scale)).to(x.device), fmt, axiswise)
+    return _Float8.of_record(q, axiswise, x.device)
 
 
 _TORCH_CAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -205,7 +202,7 @@ class _Operand(NamedTuple):
 
     def t(self) -> _Operand:
         """The same operand transposed (tensorwise only: a 0-dim scale)."""
-        return _Operand(replace(self.fp8, codes=self.fp8.codes.t()), None if self.values is None else self.values.t())
+        return _Operand(self.fp8.relaid(self.fp8.codes.t()), None if self.values is None else self.values.t())
 
 
 def _reusable(cc_1: Any, cc_2: Any) -> bool:
@@ -347,7 +344,7 @@ class _Float8MatMul(torch.autograd.Function):
                 config.cast_config_weight,
                 gemms.output,
                 out_dtype,
-                None if weight_fp8 is None else replace(weight_fp8, codes=weight_fp8.codes.t()),
+                None if weight_fp8 is None else weight_fp8.relaid(weight_fp8.codes.t()),
             )
         # the backward GEMMs recast input and weight; where that cast is the same, keep this one (saves time)
         reuse = gemms.output.accumulator == gemms.grad_weight.accumulator

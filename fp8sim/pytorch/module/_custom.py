@@ -85,7 +85,7 @@ def custom_operand(quantizer: Any, x: torch.Tensor, k_axis: int) -> Operand:
 
     if isinstance(quantizer, IdentityQuantizer):
         held = quantizer(x.detach())._hp_data
-        return Operand(held.float(), None, high_precision=True)  # type: ignore[arg-type]
+        return Operand(held.float(), None, high_precision=True)
     if not hasattr(quantizer, "quantize"):
         raise TypeError(
             f"CustomRecipe qfactory returned {type(quantizer).__name__}; fp8sim's modules take TE quantizers "

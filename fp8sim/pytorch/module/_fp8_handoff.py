@@ -14,15 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from ...formats import FloatFormat
 from ...recipe import DelayedScaling, tensor_format
-from ...scaling.amax import amax_nan_skipping_tensor
-from ...scaling.current import compute_scale_from_amax
+from ...scaling.current import quantize_current_scaling
 from ...scaling.quantized import QuantizedData
-from ._operands import PER_TENSOR, Operand, cast_per_tensor, quantize_operand
+from ._operands import PER_TENSOR, Operand, quantize_operand
 
 __all__ = ["ATTR", "FP8Handoff", "attach", "handoff_of", "boundary_cast"]
 
@@ -129,9 +127,8 @@ def boundary_cast(d: torch.Tensor, recipe: Any, forward: bool, scaler: Any, inde
         return quantize_operand(d, recipe, "input" if forward else "grad", 1, scaler=scaler, index=index)
     fmt = tensor_format(recipe.fp8_format, forward)
     da = d.to(act)
-    amax = np.float32(amax_nan_skipping_tensor(da))
-    scale = compute_scale_from_amax(amax, fmt.max, pow2=bool(recipe.use_power_2_scales), eps=0.0)
-    return cast_per_tensor(da, fmt, scale)
+    q = quantize_current_scaling(da.detach(), fmt, pow2=bool(recipe.use_power_2_scales), eps=0.0)
+    return Operand.of_per_tensor(q, da.device)
 
 
 def attach_output(module: Any, out: torch.Tensor, fp8_io: dict | None) -> torch.Tensor:

@@ -40,12 +40,14 @@ PER_TENSOR = (DelayedScaling, Float8CurrentScaling)
 
 @dataclass
 class Operand:
-    """A quantized operand: ``dq`` (float32 dequantized values, the operand's shape; None for
-    per-tensor recipes until :meth:`dequant` asks) and, for per-tensor recipes, ``vals`` (decoded
-    codes), ``codes`` (uint8), ``scale_inv`` (float32) and ``fmt``."""
+    """A quantized GEMM operand, a torch view of a :class:`~fp8sim.scaling.QuantizedData` record ``qt``
+    (the modules' GEMMs and the attention core): ``dq`` (float32 dequantized values, the operand's
+    shape; None for per-tensor recipes until :meth:`dequant` asks) and, for per-tensor recipes,
+    ``vals`` (decoded codes), ``codes`` (uint8), ``scale_inv`` (float32) and ``fmt``.  ``fmt`` None:
+    a high-precision operand (``dq`` as it is; the attention core's unquantized GEMMs)."""
 
     dq: torch.Tensor | None
-    fmt: FloatFormat
+    fmt: FloatFormat | None
     vals: torch.Tensor | None = None
     codes: torch.Tensor | None = None
     scale_inv: float | None = None
@@ -68,11 +70,13 @@ class Operand:
         return self.dq
 
     def t(self) -> Operand:
+        """The operand transposed in its last two dims (a batch of matrices stays a batch)."""
+        tr = lambda x: None if x is None else x.transpose(-1, -2)  # noqa: E731
         return Operand(
-            None if self.dq is None else self.dq.t(),
+            tr(self.dq),
             self.fmt,
-            None if self.vals is None else self.vals.t(),
-            None if self.codes is None else self.codes.t(),
+            tr(self.vals),
+            tr(self.codes),
             self.scale_inv,
             self.qt,
             not self.transposed,

@@ -51,62 +51,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from ....cast import decode, encode
 from ....formats import FloatFormat
+from ....scaling.amax import amax_nan_skipping_tensor
+from ....scaling.quantized import QuantizedData
+from ...module._operands import Operand
 
 __all__ = ["AttentionConfig", "Quantizer", "attention", "check_bf16_options"]
 
 
-@dataclass
-class _Q:
-    """A quantized tensor: decoded values and a per-tensor ``sinv`` (float32), or block-dequantized ``dq``."""
-
-    vals: torch.Tensor | None = None
-    sinv: float | None = None
-    dq: torch.Tensor | None = None
-    fmt: FloatFormat | None = None
-    codes: torch.Tensor | None = None
-
-    def value(self) -> torch.Tensor:
-        if self.dq is not None:
-            return self.dq
-        return self.vals * torch.tensor(self.sinv, dtype=torch.float32)
-
-    def t(self) -> _Q:
-        tr = lambda x: None if x is None else x.transpose(-1, -2)  # noqa: E731
-        return _Q(tr(self.vals), self.sinv, tr(self.dq), self.fmt, tr(self.codes))
-
-
 def _amax(*xs: torch.Tensor) -> np.float32:
-    """max|x| over the tensors, NaN skipped as TE's ``fmaxf`` reduction (one ``aminmax`` pass)."""
-    out = np.float32(0)
-    for x in xs:
-        if not x.numel():
-            continue
-        lo, hi = torch.aminmax(x.detach())
-        a = max(float(hi), -float(lo))
-        if a != a:  # rare: skip the NaNs
-            t = x.detach().abs()
-            a = float(torch.where(torch.isnan(t), torch.zeros((), dtype=t.dtype), t).max())
-        out = np.fmax(out, np.float32(a))
-    return out
-
-
-def _torch_fp8(fmt: FloatFormat) -> Any:
-    return {"e4m3": getattr(torch, "float8_e4m3fn", None), "e5m2": getattr(torch, "float8_e5m2", None)}.get(fmt.name)
-
-
-def _cast_per_tensor(x: torch.Tensor, fmt: FloatFormat, scale: np.float32) -> _Q:
-    """``satfinite(RN(fl32(x) * scale))``: clamp then torch's RN cast, which equals the satfinite cast
-    for every non-NaN input (spec 2.3; checked against ml_dtypes on 6e8 float32 patterns, torch 2.13)."""
-    scaled = x.detach().float() * torch.tensor(float(scale), dtype=torch.float32)
-    sinv = float(np.float32(1) / np.float32(scale))
-    dt = _torch_fp8(fmt)
-    if dt is None:
-        codes = encode(scaled, fmt, saturate=True)
-        return _Q(decode(codes, fmt), sinv, fmt=fmt, codes=codes)
-    q = scaled.clamp_(-fmt.max, fmt.max).to(dt)
-    return _Q(q.float(), sinv, fmt=fmt, codes=q.view(torch.uint8))
+    """max|x| over the tensors, NaN skipped (the scaling layer's amax of each, TE's ``fmaxf`` reduction)."""
+    return np.fmax.reduce([np.float32(amax_nan_skipping_tensor(x)) for x in xs], initial=np.float32(0))
 
 
 @dataclass
@@ -120,7 +75,9 @@ class Quantizer:
     scaler: Any = None
     index: int = 0
 
-    def __call__(self, *xs: torch.Tensor, axis: int = -1) -> list[_Q]:
+    def __call__(self, *xs: torch.Tensor, axis: int = -1) -> list[Operand]:
+        """The tensors quantized by the scaling layer (:class:`~fp8sim.scaling.QuantizedData` records, as
+        torch operands): one scale over all of them for the per-tensor kinds (TE's ``combine_and_quantize``)."""
         if self.kind == "mxfp8":
             from ....scaling.mx import quantize_mx
 
@@ -129,18 +86,29 @@ class Quantizer:
                 q = quantize_mx(
                     x.detach().float().contiguous().numpy(), self.fmt, axis=axis, scale_rule="rceil", flavor="te"
                 )
-                out.append(_Q(dq=torch.from_numpy(q.dequantize()), fmt=self.fmt))
+                out.append(Operand(torch.from_numpy(q.dequantize()), self.fmt, qt=q))
             return out
-        amax = _amax(*xs)
-        if self.kind == "delayed":
-            hist = self.scaler.amax_history
-            hist[0, self.index] = np.fmax(hist[0, self.index], amax)
+        if self.kind == "delayed":  # the slot's scale; each amax joins its staging row
             scale = np.float32(self.scaler.scale[self.index])
-        else:
-            from ....scaling.current import compute_scale_from_amax
+            return [_per_tensor(self.scaler.quantize(self.index, x.detach()), x, scale) for x in xs]
+        from ....scaling.current import compute_scale_from_amax, quantize_with_scale
 
-            scale = np.float32(compute_scale_from_amax(amax, self.fmt.max))
-        return [_cast_per_tensor(x, self.fmt, scale) for x in xs]
+        scale = np.float32(compute_scale_from_amax(_amax(*xs), self.fmt.max))
+        return [_per_tensor(quantize_with_scale(x.detach(), scale, self.fmt), x, scale) for x in xs]
+
+
+def _per_tensor(q: QuantizedData, x: torch.Tensor, scale: np.float32) -> Operand:
+    """The GEMM operand of ``q``, the per-tensor record of ``x`` cast with ``scale``: its codes, their values
+    and ``scale_inv``.  A NaN of ``fl32(x * scale)`` keeps torch's float8 cast convention, which the attention
+    core has always used (code ``0x7F | sign`` in E4M3 and E5M2, decoded by torch with its NaN payload); the
+    record holds the scaling layer's NaN codes (ml_dtypes: E5M2 ``0x7E | sign``)."""
+    codes = torch.from_numpy(q.codes).to(x.device)
+    scaled = x.detach().float() * torch.tensor(float(scale), dtype=torch.float32)
+    nan = torch.isnan(scaled)
+    if bool(nan.any()):
+        sign = torch.signbit(scaled).to(torch.uint8) << 7
+        codes = torch.where(nan, sign | 0x7F, codes)
+    return Operand(None, q.fmt, codes.view(q.fmt.torch_dtype).float(), codes, float(q.scales.reshape(-1)[0]), qt=q)
 
 
 @dataclass
@@ -164,9 +132,9 @@ class AttentionConfig:
     profile: str | None = None  # the region's device profile, by name (plans)
     on_backward_end: Any = None  # callable run after the backward (TE: the first module updates scales)
     # FP8 boundaries (TE's Float8Tensor inputs/outputs of FusedAttnFunc; per-tensor recipes):
-    qkv_in: tuple | None = None  # Q, K, V already in FP8 (``_Q``s): the QKV quantizer is skipped
-    do_in: Any = None  # callable -> the FP8 dO (``_Q``) that the consumer's backward wrote, or None
-    dqkv_out: Any = None  # callable taking the FP8 dQ, dK, dV (``_Q``s) when the inputs were FP8
+    qkv_in: tuple | None = None  # Q, K, V already in FP8 (``Operand``s): the QKV quantizer is skipped
+    do_in: Any = None  # callable -> the FP8 dO (``Operand``) that the consumer's backward wrote, or None
+    dqkv_out: Any = None  # callable taking the FP8 dQ, dK, dV (``Operand``s) when the inputs were FP8
     pv_bf16: bool = False  # MXFP8 only: P, V and O of the PV GEMM in BF16 (cuDNN-frontend PR#983)
     dqkv_bf16: bool = False  # MXFP8 only: the dQ, dK, dV GEMMs on BF16 operands (cuDNN-frontend PR#1123)
     saved: dict = field(default_factory=dict)
@@ -185,7 +153,7 @@ def check_bf16_options(pv_bf16: Any, dqkv_bf16: Any, recipe: str | None = None, 
         )
 
 
-def _record(a: _Q, b: _Q, accumulator: Any, role: str, cfg: Any) -> Any:
+def _record(a: Operand, b: Operand, accumulator: Any, role: str, cfg: Any) -> Any:
     """The plan of one FP8 attention GEMM (cuDNN's kernel: the accumulator's model, no split-K) for ``fp8sim
     explain``; the accumulator to compute with (None under a dry recorder)."""
     from ....gemm.plans import current_recorder
@@ -209,15 +177,15 @@ def _record(a: _Q, b: _Q, accumulator: Any, role: str, cfg: Any) -> Any:
     return None if rec.dry else accumulator
 
 
-def _mm(a: _Q, b: _Q, accumulator: str | None, role: str = "", cfg: Any = None) -> torch.Tensor:
+def _mm(a: Operand, b: Operand, accumulator: str | None, role: str = "", cfg: Any = None) -> torch.Tensor:
     """Batched ``a @ b`` in float32 with the per-tensor scales applied after the sum.  ``accumulator`` models
     FP8 GEMMs: high-precision operands (the F16 backward of ``NVTE_FP8_DPA_BWD=0``, BF16 P/V) sum in float32."""
     accumulator = _record(a, b, accumulator, role, cfg)
     if a.vals is None or b.vals is None:
         if accumulator is not None and (a.fmt is not None or b.fmt is not None):
             raise NotImplementedError("fp8sim runs MXFP8 attention GEMMs only with accumulator=None")
-        return torch.matmul(a.value(), b.value())
-    alpha = torch.tensor(np.float32(a.sinv) * np.float32(b.sinv), dtype=torch.float32)
+        return torch.matmul(a.dequant(), b.dequant())
+    alpha = torch.tensor(np.float32(a.scale_inv) * np.float32(b.scale_inv), dtype=torch.float32)
     if accumulator is None:
         return torch.matmul(a.vals, b.vals) * alpha
     from ....gemm import scaled_mm
@@ -231,8 +199,8 @@ def _mm(a: _Q, b: _Q, accumulator: str | None, role: str = "", cfg: Any = None) 
             scaled_mm(
                 ac[i].contiguous().numpy(),
                 bc[i].contiguous().numpy(),
-                np.float32(a.sinv),
-                np.float32(b.sinv),
+                np.float32(a.scale_inv),
+                np.float32(b.scale_inv),
                 out_dtype="float32",
                 accumulator=accumulator,
                 a_format=a.fmt,
@@ -245,20 +213,21 @@ def _mm(a: _Q, b: _Q, accumulator: str | None, role: str = "", cfg: Any = None) 
     return torch.stack(outs).reshape(*lead, ac.shape[-2], bc.shape[-1])
 
 
-def _hp(x: torch.Tensor) -> _Q:
-    return _Q(dq=x)
+def _hp(x: torch.Tensor) -> Operand:
+    return Operand(x, None)
 
 
-def _bf16(x: torch.Tensor) -> _Q:
+def _bf16(x: torch.Tensor) -> Operand:
     """``x`` rounded to BF16 (torch's cast: RN-even), held as float32 values."""
-    return _Q(dq=x.detach().to(torch.bfloat16).to(torch.float32))
+    return Operand(x.detach().to(torch.bfloat16).to(torch.float32), None)
 
 
-def _expand(x: _Q, groups: int) -> _Q:
+def _expand(x: Operand, groups: int) -> Operand:
+    """K, V (and their gradients' operands) repeated over the query heads of each GQA group."""
     if groups == 1:
         return x
     rep = lambda t: None if t is None else t.repeat_interleave(groups, dim=1)  # noqa: E731
-    return _Q(rep(x.vals), x.sinv, rep(x.dq), x.fmt, rep(x.codes))
+    return Operand(rep(x.dq), x.fmt, rep(x.vals), rep(x.codes), x.scale_inv)
 
 
 def _softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -270,7 +239,7 @@ def _softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return p.masked_fill(empty, 0.0)
 
 
-def _scores(q: _Q, k: _Q, cfg: AttentionConfig) -> torch.Tensor:
+def _scores(q: Operand, k: Operand, cfg: AttentionConfig) -> torch.Tensor:
     s = _mm(q, k.t(), cfg.accumulator, "QK^T", cfg)
     if cfg.bias_type == "pre_scale_bias":
         return (s + cfg.bias) * cfg.softmax_scale
@@ -322,7 +291,7 @@ class _Attention(torch.autograd.Function):
             pq = cfg.s(pd, axis=-1)[0] if cfg.s is not None else _hp(pd)
             o = _mm(pq, _expand(vq, groups), cfg.accumulator, "PV", cfg)
         oq = cfg.o(o)[0] if cfg.o is not None else None
-        out = oq.value() if oq is not None else o
+        out = oq.dequant() if oq is not None else o
         cfg.saved["oq"] = oq
         ctx.cfg, ctx.groups, ctx.keep = cfg, groups, keep
         ctx.quant = (qq, kq, vq, pq)
@@ -371,7 +340,7 @@ class _Attention(torch.autograd.Function):
         if ctx.keep is not None:
             dp = dp * ctx.keep / (1.0 - cfg.dropout_p)
         o_used = out
-        delta = (do_row.value() * o_used).sum(dim=-1, keepdim=True)
+        delta = (do_row.dequant() * o_used).sum(dim=-1, keepdim=True)
         ds = p * (dp - delta)
         if fp8 and cfg.dqkv_bf16:
             ds_row = ds_col = _bf16(ds)
@@ -389,7 +358,7 @@ class _Attention(torch.autograd.Function):
             dqkv = cfg.dqkv(dq, dk, dv)
             if cfg.dqkv_out is not None:  # FP8 inputs: dQ, dK, dV go back in FP8 (TE: is_input_fp8)
                 cfg.dqkv_out(dqkv)
-            dq, dk, dv = (t.value() for t in dqkv)
+            dq, dk, dv = (t.dequant() for t in dqkv)
         if cfg.on_backward_end is not None:
             cfg.on_backward_end()
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None

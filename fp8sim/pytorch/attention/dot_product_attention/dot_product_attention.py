@@ -22,10 +22,11 @@ from ....scaling.delayed import DelayedScaler, load_state_dicts
 from ..._recompute import _replay_fp8_state
 from ..._rng_tracker import attention_tracker, dropout_fork
 from ...module._fp8_handoff import handoff_of
+from ...module._operands import Operand
 from ...module._params import size_arg
 from ...quantization import _register, current_state, get_recipe
-from . import utils
-from .backends import _Q, AttentionConfig, Quantizer, attention, check_bf16_options
+from . import padding, utils
+from .backends import AttentionConfig, Quantizer, attention, check_bf16_options
 from .fp8_boundaries import attach_fp8_output, send_dqkv
 
 __all__ = ["DotProductAttention"]
@@ -338,7 +339,8 @@ class DotProductAttention(nn.Module):
 
         thd = None
         if fmt == "thd":
-            qb, kb, vb, thd = self._thd_inputs(
+            qb, kb, vb, thd = padding.thd_inputs(
+                self.attention_type,
                 q,
                 k,
                 v,
@@ -356,11 +358,13 @@ class DotProductAttention(nn.Module):
                 raise AssertionError(f"Queries, keys and values must be 4D tensors when qkv_format={fmt!r}!")
             qb, kb, vb = (utils.to_bhsd(x, fmt) for x in (q, k, v))
             if "padding" in mask_type and attention_mask is None:
-                attention_mask = self._padding_mask_from_cu_seqlens(qb, kb, cu_seqlens_q, cu_seqlens_kv)
+                attention_mask = padding.padding_mask_from_cu_seqlens(
+                    self.attention_type, qb, kb, cu_seqlens_q, cu_seqlens_kv
+                )
         b, _, sq, _ = qb.shape
         skv = kb.shape[2]
         if "padding" in mask_type:
-            self._check_padding_mask(attention_mask, b, sq, skv)
+            padding.check_padding_mask(self.attention_type, attention_mask, b, sq, skv)
         elif mask_type == "arbitrary":
             if attention_mask is None:
                 raise AssertionError("attention_mask must be given for attn_mask_type='arbitrary'")
@@ -386,7 +390,7 @@ class DotProductAttention(nn.Module):
         hs = [handoff_of(t) for t in (q, k, v)] if fp8_io else [None]
         if all(h is not None for h in hs):  # FP8 Q, K, V (fp8_mha): their codes and scales as they are
             to = lambda t: utils.to_bhsd(t, fmt)  # noqa: E731
-            cfg.qkv_in = tuple(_Q(to(h.vals), h.sinv, fmt=h.fmt, codes=to(h.codes)) for h in hs)
+            cfg.qkv_in = tuple(Operand(None, h.fmt, to(h.vals), to(h.codes), h.sinv) for h in hs)
             if cfg.dqkv is not None:
                 cfg.dqkv_out = lambda d: send_dqkv(hs, d, fmt)
         # its delayed-scaling state, stashed/replayed under te.checkpoint; dropout in the tracker fork (TE)
@@ -445,91 +449,11 @@ class DotProductAttention(nn.Module):
             region = st.modules
             cfg.on_backward_end = lambda: [m._update_backward_scales() for m in list(region)]
 
-    def _padding_mask_from_cu_seqlens(
-        self, qb: torch.Tensor, kb: torch.Tensor, cu_q: torch.Tensor | None, cu_kv: torch.Tensor | None
-    ) -> Any:
-        if cu_q is None:
-            raise AssertionError("Please provide attention_mask for padding!")
-        cu_kv = cu_q if cu_kv is None else cu_kv
-        b = qb.shape[0]
-        for name, cu, s in (("cu_seqlens_q", cu_q, qb.shape[2]), ("cu_seqlens_kv", cu_kv, kb.shape[2])):
-            _check_cu_seqlens(name, cu, b)
-            if int((cu[1:] - cu[:-1]).max()) > s:
-                raise ValueError(f"{name} has a sequence longer than the tensor's sequence dimension ({s})")
-
-        def pad(cu: torch.Tensor, s: int) -> torch.Tensor:
-            lens = (cu[1 : b + 1] - cu[:b]).view(b, 1)
-            return (torch.arange(s).view(1, s) >= lens).view(b, 1, 1, s)
-
-        mq = pad(cu_q, qb.shape[2])
-        return mq if self.attention_type == "self" else (mq, pad(cu_kv, kb.shape[2]))
-
-    def _check_padding_mask(self, mask: Any, b: int, sq: int, skv: int) -> None:
-        if mask is None:
-            raise AssertionError("Please provide attention_mask for padding!")
-        masks = (mask, mask) if self.attention_type == "self" else mask
-        if self.attention_type == "cross" and (not isinstance(mask, (tuple, list)) or len(mask) != 2):
-            raise ValueError("attention_mask for cross attention with a padding mask is a tuple (mask_q, mask_kv)")
-        for name, m, s in (("query", masks[0], sq), ("key/value", masks[1], skv)):
-            if m.dtype != torch.bool or tuple(m.shape) != (b, 1, 1, s):
-                raise ValueError(
-                    f"attention_mask ({name}) for a padding mask must be a bool tensor of shape "
-                    f"[batch_size, 1, 1, seqlen] = {[b, 1, 1, s]}; got {m.dtype} {list(m.shape)}"
-                )
-
-    def _thd_inputs(self, q, k, v, mask_type, cu_q, cu_kv, cu_q_pad, cu_kv_pad, max_q, max_kv) -> tuple:  # noqa: ANN001
-        if not all(x.dim() == 3 for x in (q, k, v)):
-            raise AssertionError("Queries, keys and values must be 3D tensors when qkv_format = thd!")
-        if "padding" not in mask_type:
-            raise AssertionError("Attention mask type must be padding or padding_causal for qkv_format=thd!")
-        if cu_q is None or cu_kv is None:
-            raise AssertionError("cu_seqlens_q and cu_seqlens_kv can not be None when qkv_format = thd!")
-        if not (cu_q.shape == cu_kv.shape and cu_q.dim() == 1):
-            raise AssertionError("cu_seqlens_q and cu_seqlens_q must both have shape [batch_size + 1]!")
-        if cu_q.dtype != torch.int32 or cu_kv.dtype != torch.int32:
-            raise AssertionError("cu_seqlens_q and cu_seqlens_q must both be in dtype torch.int32!")
-        b = cu_q.shape[0] - 1
-        off_q = (cu_q if cu_q_pad is None else cu_q_pad)[:-1]
-        off_kv = (cu_kv if cu_kv_pad is None else cu_kv_pad)[:-1]
-        for name, cu, pad, t in (
-            ("cu_seqlens_q", cu_q, cu_q_pad, q.shape[0]),
-            ("cu_seqlens_kv", cu_kv, cu_kv_pad, k.shape[0]),
-        ):
-            _check_cu_seqlens(name, cu, b)
-            end = cu if pad is None else pad
-            if pad is not None:
-                _check_cu_seqlens(name + "_padded", pad, b)
-                if bool(((pad[1:] - pad[:-1]) < (cu[1:] - cu[:-1])).any()):
-                    raise ValueError(f"{name}_padded leaves less room than {name} for some sequence")
-            if int(end[-1]) > t:
-                raise ValueError(f"{name} ends at {int(end[-1])}, beyond the tensor's {t} tokens")
-        lens_q, lens_kv = cu_q[1:] - cu_q[:-1], cu_kv[1:] - cu_kv[:-1]
-        sq = int(lens_q.max()) if max_q is None else max_q
-        skv = int(lens_kv.max()) if max_kv is None else max_kv
-        if int(lens_q.max()) > sq or int(lens_kv.max()) > skv:
-            raise ValueError("max_seqlen_q / max_seqlen_kv is smaller than the longest sequence in cu_seqlens")
-        qb = utils.thd_to_bhsd(q, cu_q, off_q, sq)
-        kb = utils.thd_to_bhsd(k, cu_kv, off_kv, skv)
-        vb = utils.thd_to_bhsd(v, cu_kv, off_kv, skv)
-        mq = (torch.arange(sq).view(1, sq) >= lens_q.view(b, 1)).view(b, 1, 1, sq)
-        mkv = (torch.arange(skv).view(1, skv) >= lens_kv.view(b, 1)).view(b, 1, 1, skv)
-        mask = mq if self.attention_type == "self" and sq == skv and torch.equal(mq, mkv) else (mq, mkv)
-        if self.attention_type == "self" and not isinstance(mask, torch.Tensor):
-            raise ValueError("self attention with qkv_format='thd' needs cu_seqlens_q == cu_seqlens_kv")
-        return qb, kb, vb, {"mask": mask, "cu_q": cu_q, "off_q": off_q}
-
     def extra_repr(self) -> str:
         return (
             f"num_attention_heads={self.num_attention_heads}, kv_channels={self.hidden_size_per_attention_head_k}, "
             f"num_gqa_groups={self.num_gqa_groups}, qkv_format={self.qkv_format}, attn_mask_type={self.attn_mask_type}"
         )
-
-
-def _check_cu_seqlens(name: str, cu: torch.Tensor, b: int) -> None:
-    if cu.dim() != 1 or cu.shape[0] < b + 1:
-        raise ValueError(f"{name} must have shape [batch_size + 1] = [{b + 1}]; got {list(cu.shape)}")
-    if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()):
-        raise ValueError(f"{name} must start at 0 and be non-decreasing; got {cu.tolist()}")
 
 
 def _attention_preset(acc: Any) -> Any:

@@ -11,9 +11,10 @@ import torch
 
 from ....recipe import tensor_format
 from ...module._fp8_handoff import FP8Handoff, attach
+from ...module._operands import Operand
 from ...quantization import get_recipe
 from . import utils
-from .backends import _Q, AttentionConfig, Quantizer
+from .backends import AttentionConfig, Quantizer
 
 __all__ = ["attach_fp8_output", "send_dqkv"]
 
@@ -24,19 +25,19 @@ def attach_fp8_output(out: torch.Tensor, cfg: AttentionConfig, fmt: str, heads: 
     dO that the consumer's backward writes (``Linear(fp8_grad=True)``) replaces the dO cast."""
     oq = cfg.saved.get("oq")
     if oq is not None:
-        h = FP8Handoff(utils.from_bhsd(oq.vals, fmt), utils.from_bhsd(oq.codes, fmt), oq.sinv, oq.fmt)
+        h = FP8Handoff(utils.from_bhsd(oq.vals, fmt), utils.from_bhsd(oq.codes, fmt), oq.scale_inv, oq.fmt)
     else:
         (cq,) = Quantizer("current", tensor_format(get_recipe().fp8_format, True))(out)
-        h = FP8Handoff(cq.vals, cq.codes, cq.sinv, cq.fmt)
+        h = FP8Handoff(cq.vals, cq.codes, cq.scale_inv, cq.fmt)
         out = out + (h.dequant(out.dtype) - out).detach()  # the value TE's Float8Tensor O dequantizes to
     shape4 = (*out.shape[:2], heads, -1)
 
-    def dO() -> _Q | None:
+    def dO() -> Operand | None:
         g = h.grad
         if g is None:
             return None
         vals, codes = (utils.to_bhsd(t.reshape(shape4), fmt) for t in (g.vals, g.codes))
-        return _Q(vals, g.sinv, fmt=g.fmt, codes=codes)
+        return Operand(None, g.fmt, vals, codes, g.sinv)
 
     cfg.do_in = dO
     return attach(out, h)
@@ -45,7 +46,7 @@ def attach_fp8_output(out: torch.Tensor, cfg: AttentionConfig, fmt: str, heads: 
 def send_dqkv(hs: list, d: list, fmt: str) -> None:
     """The FP8 dQ, dK, dV (``[b, h, s, d]``) back to the producers of FP8 Q, K, V, in their layout."""
     back = (lambda t: t.permute(2, 0, 1, 3)) if fmt == "sbhd" else (lambda t: t.permute(0, 2, 1, 3))
-    grads = [FP8Handoff(back(g.vals), back(g.codes), g.sinv, g.fmt) for g in d]
+    grads = [FP8Handoff(back(g.vals), back(g.codes), g.scale_inv, g.fmt) for g in d]
     if hs[0].on_grad is not None:
         hs[0].on_grad(*grads)
     else:
