@@ -233,3 +233,19 @@ def test_ue5m3_is_an_ml_dtypes_format_and_not_claimed_for_cuda() -> None:
     assert list(fp8sim.CONVENTIONS["ml_dtypes_0_7"].encode(x, "ue5m3")) == want
     with pytest.raises(ValueError, match="convention 'satfinite' has no ue5m3; it covers: e4m3, e5m2"):
         fp8sim.CONVENTIONS["satfinite"].encode(x, "ue5m3")
+
+
+def test_conventions_mapping_finds_aliases_as_get_convention_does() -> None:
+    """``fp8sim.CONVENTIONS["te"]`` raised KeyError while ``get_convention("te")`` worked (issue 29 leftover):
+    the mapping resolves the aliases, lists each preset once, and names the known ones for a bad key."""
+    import fp8sim
+
+    for alias in ("te", "cuda", "transformer_engine"):
+        assert fp8sim.CONVENTIONS[alias] is fp8sim.CONVENTIONS["satfinite"] is fp8sim.get_convention(alias)
+        assert alias in fp8sim.CONVENTIONS and alias not in list(fp8sim.CONVENTIONS)
+    assert len(fp8sim.CONVENTIONS) == len(set(fp8sim.CONVENTIONS)) == len(list(fp8sim.CONVENTIONS.values()))
+    with pytest.raises(KeyError, match=r"unknown convention 'nope'; known: ml_dtypes, .*\bte\b"):
+        fp8sim.CONVENTIONS["nope"]
+    assert {} not in fp8sim.CONVENTIONS  # an unhashable key is simply absent
+    with pytest.raises(TypeError):
+        fp8sim.CONVENTIONS["x"] = None  # read-only, as the MappingProxyType was

@@ -15,6 +15,7 @@ rule so results made with another ml_dtypes can be reproduced (:data:`ML_DTYPES_
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
@@ -312,8 +313,34 @@ _PRESETS = (
     *(_ml_dtypes_preset(rule) for rule in ML_DTYPES_RULES),
 )
 
-CONVENTIONS: MappingProxyType = MappingProxyType({c.name: c for c in _PRESETS})
 _ALIASES = {"cuda": "satfinite", "te": "satfinite", "transformer_engine": "satfinite"}
+
+
+class _Presets(Mapping):
+    """The presets by name, read-only; an alias (``CONVENTIONS["te"]``) finds its preset as
+    :func:`get_convention` does, while iteration and ``len`` list each preset once, by its own name."""
+
+    def __init__(self, presets: dict[str, Convention]) -> None:
+        self._presets = presets
+
+    def __getitem__(self, name: object) -> Convention:
+        key = _ALIASES.get(name, name) if isinstance(name, str) else name
+        try:
+            return self._presets[key]
+        except (KeyError, TypeError):
+            raise KeyError(f"unknown convention {name!r}; known: {', '.join([*self._presets, *_ALIASES])}") from None
+
+    def __iter__(self):  # noqa: ANN204
+        return iter(self._presets)
+
+    def __len__(self) -> int:
+        return len(self._presets)
+
+    def __repr__(self) -> str:
+        return f"CONVENTIONS({list(self._presets)})"
+
+
+CONVENTIONS: Mapping[str, Convention] = _Presets({c.name: c for c in _PRESETS})
 
 
 def get_convention(name: str | Convention) -> Convention:
