@@ -580,3 +580,13 @@ def test_rht_cast_fusion_uses_every_drawn_word_once(ty, tx, seed):
     drawn = np.concatenate(drawn)
     used = np.concatenate([rw.reshape(-1), cw.reshape(-1)])
     assert used.size == drawn.size and np.array_equal(np.sort(used), np.sort(drawn))
+
+
+def test_philox_block_words_refuses_an_absurd_thread_count_before_allocating() -> None:
+    """``n_threads`` up to 2^40 was accepted and then tried to allocate 16 TiB (issue 29's rule: absurd sizes
+    are ValueErrors naming the argument before any allocation)."""
+    from fp8sim.cast.te_nvfp4_sr import te_philox_block_words
+
+    with pytest.raises(ValueError, match=r"n_threads must be an int in \[0, 134217728\], got 1099511627775"):
+        te_philox_block_words(1, 0, 2**40 - 1)
+    assert te_philox_block_words(1, 0, 0).shape == (0, 4)
