@@ -587,6 +587,8 @@ def test_philox_block_words_refuses_an_absurd_thread_count_before_allocating() -
     are ValueErrors naming the argument before any allocation)."""
     from fp8sim.cast.te_nvfp4_sr import te_philox_block_words
 
-    with pytest.raises(ValueError, match=r"n_threads must be an int in \[0, 134217728\], got 1099511627775"):
+    with pytest.raises(ValueError, match=r"n_threads must be an int in \[1, 134217728\], got 1099511627775"):
         te_philox_block_words(1, 0, 2**40 - 1)
-    assert te_philox_block_words(1, 0, 0).shape == (0, 4)
+    with pytest.raises(ValueError, match=r"n_threads must be an int in \[1, 134217728\], got 0"):  # crashed in reshape
+        te_philox_block_words(1, 0, 0)
+    assert te_philox_block_words(1, 0, 1).shape == (1, 4)

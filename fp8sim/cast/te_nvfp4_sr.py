@@ -104,7 +104,7 @@ def te_philox_block_words(seed: int, block: int, n_threads: int, *, rounds: int 
     ``0 .. n_threads - 1`` (TE's per-thread state after ``init(seed, thread, block)``)."""
     seed, block = _check("seed", seed, 0, 2**64), _check("block", block, 0, 2**64)
     # bounded before allocating: 2^27 threads are 2 GiB of words (a kernel launch of TE has far fewer)
-    return _thread_words(seed, block, _check("n_threads", n_threads, 0, 2**27 + 1), 4, rounds)
+    return _thread_words(seed, block, _check("n_threads", n_threads, 1, 2**27 + 1), 4, rounds)
 
 
 def _check(name: str, v: object, lo: int, hi: int) -> int:
