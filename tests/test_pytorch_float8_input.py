@@ -1,7 +1,7 @@
-"""A TE ``Float8Tensor`` passed into ``Linear`` is used as it is (issue 25): TE ``module/linear.py`` skips the
-INPUT quantizer for a ``QuantizedTensorStorage`` input (``if not isinstance(inputmat, QuantizedTensorStorage):
-inputmat = input_quantizer(inputmat)``), so the GEMM reads the tensor's own codes and ``scale_inv`` and its
-amax joins no amax history.
+"""A TE ``Float8Tensor`` (and, below, an MXFP8 / FP8 block / NVFP4 tensor) passed into ``Linear`` is used
+as it is (issue 25): TE ``module/linear.py`` skips the INPUT quantizer for a ``QuantizedTensorStorage`` input
+(``if not isinstance(inputmat, QuantizedTensorStorage): inputmat = input_quantizer(inputmat)``), so the GEMM
+reads the tensor's own codes and ``scale_inv`` and its amax joins no amax history.
 
 The oracle is exact arithmetic: every input value is twice an E4M3 value (``scale_inv`` 2), every weight
 an E4M3 value (delayed scaling's first step casts with scale 1), so each product and each sum of 32 of
@@ -265,4 +265,13 @@ def test_quantized_input_without_its_columnwise_copy_fails_in_wgrad_as_te() -> N
         y.sum().backward()
     lin.weight.requires_grad_(False)  # no wgrad: the rowwise copy is all TE reads
     with te.autocast(enabled=True, recipe=MXFP8BlockScaling()):
+        lin(xt)
+
+
+def test_block_scaled_input_to_a_sequence_parallel_column_layer_is_refused() -> None:
+    """TE all-gathers a quantized input as it is (linear.py 378-419); fp8sim refuses it before any collective."""
+    lin = te.Linear(64, 64, tp_size=2, parallel_mode="column", sequence_parallel=True)
+    lin.tp_group = object()  # never reached: the refusal comes first
+    xt = MXFP8Quantizer(DType.kFloat8E4M3)(torch.ones(64, 64))
+    with te.autocast(enabled=True, recipe=MXFP8BlockScaling()), pytest.raises(NotImplementedError, match="MXFP8Tensor"):
         lin(xt)
