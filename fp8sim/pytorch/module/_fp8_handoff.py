@@ -21,6 +21,7 @@ from ...recipe import DelayedScaling, tensor_format
 from ...scaling.current import quantize_current_scaling
 from ...scaling.quantized import QuantizedData
 from ._operands import PER_TENSOR, Operand, quantize_operand
+from ._quantized_input import check_input_scaling
 
 __all__ = ["ATTR", "FP8Handoff", "attach", "handoff_of", "boundary_cast"]
 
@@ -82,7 +83,9 @@ def fp8_boundaries(inp: Any, fp8_output: bool, fp8_grad: bool) -> dict | None:
     """The FP8-boundary options of one Linear/LayerNormLinear call (``LinearOptions`` fields), or None.
     Outside FP8 autocast TE ignores ``fp8_output``/``fp8_grad`` (``linear.py`` ``_get_quantizers``: no
     quantizers when FP8 is off), and so does fp8sim.  Inside, fp8sim emulates them under the per-tensor
-    recipes (DelayedScaling, Float8CurrentScaling) and refuses them under the block recipes."""
+    recipes (DelayedScaling, Float8CurrentScaling) and refuses them under the block recipes.  A TE quantized
+    tensor input is used as it is: ``input_fp8`` (a ``Float8Tensor``) or ``input_q`` (MXFP8, FP8 block,
+    NVFP4), its scaling mode checked against the recipe's weight as TE's GEMM checks it."""
     from ...recipe import Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling, Recipe
     from ..quantization import current_state, get_recipe
 
@@ -104,12 +107,15 @@ def fp8_boundaries(inp: Any, fp8_output: bool, fp8_grad: bool) -> dict | None:
                 " GRAD_INPUT quantizer, rowwise only: a block-scaled FP8 hand-off is not emulated)"
             )
         raise NotImplementedError(msg)
-    h = handoff_of(inp)
-    if h is None and isinstance(recipe, PER_TENSOR):
-        h = float8_input(inp)
-    if h is None and not (fp8_output or fp8_grad):
+    h, q_in = handoff_of(inp), None
+    if h is None and check_input_scaling(inp, recipe):  # a TE quantized tensor: used as it is (_quantized_input)
+        if isinstance(recipe, PER_TENSOR):
+            h = float8_input(inp)
+        else:
+            q_in = inp
+    if h is None and q_in is None and not (fp8_output or fp8_grad):
         return None
-    return {"input_fp8": h, "fp8_output": fp8_output, "fp8_grad": fp8_grad}
+    return {"input_fp8": h, "input_q": q_in, "fp8_output": fp8_output, "fp8_grad": fp8_grad}
 
 
 def boundary_cast(d: torch.Tensor, recipe: Any, forward: bool, scaler: Any, index: int, act: torch.dtype) -> Operand:

@@ -20,6 +20,7 @@ from ._fp8_handoff import FP8Handoff, boundary_cast
 from ._gemm import GemmSite, gemm
 from ._gemm_plan import DEFAULT, out_name, record_plan
 from ._operands import Operand
+from ._quantized_input import input_operand
 
 __all__ = ["fp8_linear", "hp_linear", "LinearOptions"]
 
@@ -37,6 +38,9 @@ class LinearOptions:
     output_fp32: bool = False
     # FP8 boundaries (TE ``Linear(fp8_output=, fp8_grad=)`` and a ``Float8Tensor`` input; per-tensor recipes):
     input_fp8: FP8Handoff | None = None  # the input's codes and scale_inv: the INPUT quantizer is skipped
+    # a TE block-scaled tensor input (MXFP8, FP8 block, NVFP4): its rowwise copy for fprop, its columnwise
+    # copy for wgrad, the INPUT quantizer skipped (``_quantized_input``)
+    input_q: Any = None
     fp8_output: bool = False  # the output written in FP8 with the OUTPUT slot (fwd index 2)
     fp8_grad: bool = False  # dgrad written in FP8 with the GRAD_INPUT slot (bwd index 1)
     out_handoff: FP8Handoff | None = None  # set by forward when fp8_output; its ``grad`` feeds backward
@@ -85,9 +89,12 @@ class _FP8Linear(torch.autograd.Function):
         x = inp.reshape(-1, inp.shape[-1])
         per_tensor = module._per_tensor(recipe)
         h_in = opts.input_fp8 if per_tensor else None
+        q_in = opts.input_q if not per_tensor else None
         if h_in is not None:  # TE: a Float8Tensor input is used as it is (no amax, no cast)
             k = x.shape[-1]
             x_row = Operand(None, h_in.fmt, h_in.vals.reshape(-1, k), h_in.codes.reshape(-1, k), h_in.sinv)
+        elif q_in is not None:  # TE linear.py 423-424: any quantized input as it is, its rowwise copy
+            x_row = input_operand(q_in, columnwise=False)
         else:
             x_row = module._quantize(x, recipe, "input", 1)
         w_row, w_col = module._weight_operands(weight, recipe, is_first_microbatch)
@@ -104,7 +111,10 @@ class _FP8Linear(torch.autograd.Function):
             out = out + bias.float()
         ctx.override = override
         if override is None:
-            ctx.x_col = x_row if per_tensor else module._quantize(x, recipe, "input", 0)
+            if q_in is not None:  # TE linear.py 1175-1177: the columnwise copy, asked for in the backward
+                ctx.x_col = lambda: input_operand(q_in, columnwise=True)
+            else:
+                ctx.x_col = x_row if per_tensor else module._quantize(x, recipe, "input", 0)
             ctx.w_col = w_col
         elif override == "dequantized":
             ctx.x_col, ctx.w_col = x_row.dequant().to(act_dtype), w_row.dequant().to(act_dtype)
@@ -160,6 +170,8 @@ class _FP8Linear(torch.autograd.Function):
                 dgrad = gq.dequant()
             dy_col = dy_row if module._per_tensor(recipe) else module._quantize(dy, recipe, "grad", 0)
             x_col = ctx.x_col
+            if callable(x_col):  # a quantized input's columnwise copy, read where TE reads it: wgrad only
+                x_col = x_col() if ctx.needs_input_grad[1] or opts.fuse_wgrad_accumulation else None
 
             main_grad = getattr(opts.weight_param, "main_grad", None) if opts.fuse_wgrad_accumulation else None
             wgrad_out = act if main_grad is None else main_grad.dtype  # TE linear.py: main_grad's dtype when fused

@@ -278,6 +278,12 @@ def tp_linear(
     if mode == "column":
         slot: dict = {}
         h_in = (io or {}).get("input_fp8")
+        if module.sequence_parallel and (io or {}).get("input_q") is not None:
+            # TE linear.py 378-419: the quantized input all-gathered as it is (gather_along_first_dim)
+            raise NotImplementedError(
+                f"fp8sim: a {type(io['input_q']).__name__} input to a column-parallel layer with "
+                "sequence_parallel=True (TE all-gathers the block-scaled data as it is) is not emulated"
+            )
         if module.sequence_parallel and h_in is not None and _fp8_per_tensor() is not None:
             x = fio.GatherFP8Input.apply(inp, h_in, module.tp_group, slot)  # TE gathers an FP8 input as it is
         elif module.sequence_parallel:
@@ -330,6 +336,7 @@ def _with_io(fp8_io: dict | None, io: dict | None) -> dict | None:
     merged.update(fp8_output=io["fp8_output"], fp8_grad=io["fp8_grad"])
     if io.get("input_fp8") is not None and merged.get("input_fp8") is None:
         merged["input_fp8"] = io["input_fp8"]
+    merged["input_q"] = io.get("input_q")  # a block-scaled input is never gathered here (tp_linear refuses it)
     return merged
 
 
