@@ -18,6 +18,7 @@ without RHT changes nothing (TE ignores it there); what TE's ``quantize_impl`` r
 ``RuntimeError``.  ``nvfp4_use_4over6``: TE's 4over6 kernel
 (``fp8sim.scaling.quantize_nvfp4_4over6``; ``quantize_4over6_nvfp4.cuh``) for both copies, the columnwise one
 on the transposed tensor with the same global amax (1x16 blocks or 16x16 tiles, row-scaled rowwise), and
+the candidate error in f16 when ``NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH`` is set, and
 dequantization with the tensor's ``_nvfp4_e4m3_max`` (``dequantize_nvfp4.cuh``: ``1 / (6 * E4M3_MAX)``).
 """
 
@@ -32,10 +33,10 @@ import torch
 from ...formats import get_format
 from ...scaling.nvfp4 import RHT_SIGNS, apply_rht, dequantize_nvfp4, quantize_nvfp4, rht_matrix
 from ...scaling.nvfp4_4over6 import (
-    check_no_err_fast_math,
     dequantize_nvfp4_te,
     quantize_nvfp4_4over6,
     quantize_nvfp4_4over6_columnwise,
+    te_err_use_fast_math,
 )
 from ...scaling.nvfp4_te_sr import (
     TE_RNG_ELTS_PER_THREAD,
@@ -161,7 +162,7 @@ class NVFP4Quantizer(Quantizer):
 
     def _check_4over6(self, tensor: torch.Tensor) -> None:
         """TE's 4over6 refusals (``dispatch/quantize.cuh`` and ``quantize_4over6_nvfp4.cuh`` ``quantize_4over6``)."""
-        check_no_err_fast_math()
+        self._err_fast_math = te_err_use_fast_math()  # TE reads the variable on every cast
         rows, cols = flatten_2d(tuple(tensor.shape))
         if self.row_scaled_nvfp4 and self.columnwise_usage:
             raise RuntimeError(
@@ -217,6 +218,7 @@ class NVFP4Quantizer(Quantizer):
                     e4m3_max=self.nvfp4_e4m3_max,
                     global_amax=amax,
                     block_2d=self.with_2d_quantization,
+                    err_fast_math=self._err_fast_math,
                 )
             elif te_sr:
                 q = te_sr.columnwise
@@ -264,8 +266,10 @@ class NVFP4Quantizer(Quantizer):
             global_amax=amax,
             block_2d=self.with_2d_quantization,
             row_scaled=self.row_scaled_nvfp4,
+            err_fast_math=self._err_fast_math,
         )
 
+    _err_fast_math = False  # NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH at the current cast (_check_4over6)
     _supplied_amax: float | None = None  # quantize_with_amax: the producer's amax for both copies
 
     def quantize_with_amax(self, tensor: torch.Tensor, amax: Any) -> NVFP4Tensor:
