@@ -52,6 +52,7 @@ class Operand:
     qt: Any = None  # block recipes: the QuantizedData record (codes and block scales)
     transposed: bool = False  # ``qt`` holds the transpose of this operand
     high_precision: bool = False  # a CustomRecipe's IdentityQuantizer slot: ``dq`` holds the values as they are
+    custom: Any = None  # a CustomRecipe slot's custom tensor (``.custom`` True): the GEMM is its quantizer's qgemm
 
     @classmethod
     def of_per_tensor(cls, q: QuantizedData, device: Any = None) -> Operand:
@@ -77,6 +78,7 @@ class Operand:
             self.qt,
             not self.transposed,
             self.high_precision,
+            self.custom,
         )
 
 
