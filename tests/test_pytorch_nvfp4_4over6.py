@@ -47,9 +47,11 @@ def _amax(vals) -> np.float32:
     return a
 
 
-def _kernel(x: np.ndarray, g: np.float32, emax: int, mode: str, tile2d: bool):
+def _kernel(x: np.ndarray, g: np.float32, emax: int, mode: str, tile2d: bool, fast: bool = False):
     """TE's 4over6 kernel on the 2-D float32 ``x`` (blocks of 16 along the last dim), global amax ``g``:
-    (codes, one scale per row and block)."""
+    (codes, one scale per row and block).  ``fast``: ``Cfg::err_use_fast_math``, the error of
+    ``accumulate_fp16_scaled_error_pair`` (lines 231-243): ``mul.rn.f16x2`` of the f16 E2M1 value and the
+    f16 E4M3 scale (``cvt.rn.f16x2.e2m1x2`` / ``cvt.rn.f16x2.e4m3x2``), widened, minus ``fl32(x * S_enc)``."""
     rows, cols = x.shape
     num = F(6 * emax)
     s_enc = F(min(F(num / g), FMAX)) if g != 0 else F(1)
@@ -72,7 +74,11 @@ def _kernel(x: np.ndarray, g: np.float32, emax: int, mode: str, tile2d: bool):
                 for v in blk:
                     c, q = _e2m1(F(v * inv))
                     cs.append(c)
-                    d = F(F(F(F(q * sf) * g) / num) - v)
+                    if fast:
+                        cand_h = np.float16(np.float16(q) * np.float16(sf))  # numpy rounds the f16 product once
+                        d = F(F(cand_h) - F(v * s_enc))
+                    else:
+                        d = F(F(F(F(q * sf) * g) / num) - v)
                     err = F(err + (abs(d) if mode == "MAE" else F(d * d)))
                 cand[r].append((cs, sc, err))
         for r in range(rows):
@@ -170,14 +176,56 @@ def test_nvfp4_quantizer_4over6_refuses_what_te_refuses(kw: dict, shape: tuple, 
         te.NVFP4Quantizer(nvfp4_use_4over6=True, **kw)(torch.randn(shape))
 
 
-def test_nvfp4_4over6_err_fast_math_env_is_refused_not_ignored(monkeypatch) -> None:
-    """``csrc/quantizer.cpp`` lines 2692-2696: ``NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH`` switches TE to the f16
-    error path, which fp8sim does not emulate; "0" keeps the exact path."""
+# 16-element blocks on which TE's exact and f16 candidate errors pick different scales with global amax
+# _G (found by search; the test checks they do, with the reference above)
+_G = 4.053129
+_SPLIT = {
+    "MAE": [1.2677323818206787, 0.8979771137237549, -0.10564436763525009, -0.21128873527050018,
+            -0.8451549410820007, 1.056443691253662, 0.8979771137237549, -1.056443691253662, 0.528221845626831,
+            0.42257747054100037, 0.6338661909103394, 0.42257747054100037, 0.2641109228134155,
+            0.10564436763525009, -1.056443691253662, 0.5810440182685852],
+    "MSE": [-1.2677323818206787, 0.3169330954551697, -1.1092658042907715, 1.2677323818206787,
+            0.21128873527050018, 0.052822183817625046, 0.10564436763525009, -0.36975526809692383,
+            -0.7923327684402466, -0.5810440182685852, 0.7395105361938477, -0.4753996431827545, -0.0,
+            0.3169330954551697, 1.0036214590072632, 0.15846654772758484],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode,tile2d", [("MAE", False), ("MSE", False), ("MSE", True)])
+def test_nvfp4_4over6_err_fast_math_env_takes_the_f16_error_as_te_kernel(monkeypatch, mode: str, tile2d: bool):
+    """``csrc/quantizer.cpp`` lines 2692-2696: ``NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH=1`` switches TE's kernel
+    to the f16 candidate error (``_kernel(fast=True)``) for both copies.  Negative control: row 0's first
+    block picks differently on the two error paths (1x16 cases), so ignoring the variable fails."""
+    x = _x((32, 64), seed=11, dtype=torch.float32).clamp(-1, 1)
+    x[0, :16] = torch.tensor(_SPLIT[mode])
+    x[1, 16] = _G  # the global amax
+    xf = x.numpy()
+    g = _amax(xf)
     monkeypatch.setenv("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH", "1")
-    with pytest.raises(NotImplementedError, match="NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH"):
+    q = te.NVFP4Quantizer(nvfp4_use_4over6=True, nvfp4_e4m3_max=256, nvfp4_4over6_err_mode=mode,
+                          with_2d_quantization=tile2d)  # fmt: skip
+    t = q(x)
+    for data, scale, src in (
+        (t._rowwise_data, t._rowwise_scale_inv, xf),
+        (t._columnwise_data, t._columnwise_scale_inv, np.ascontiguousarray(xf.T)),
+    ):
+        want_c, want_s = _kernel(src, g, 256, mode, tile2d, fast=True)
+        np.testing.assert_array_equal(_unpack(data.reshape(src.shape[0], -1)), want_c)
+        np.testing.assert_array_equal(scale[: src.shape[0], : src.shape[1] // 16].numpy(), want_s)
+    exact_c, exact_s = _kernel(xf, g, 256, mode, tile2d)
+    if not tile2d:
+        assert exact_s[0, 0] != _kernel(xf, g, 256, mode, tile2d, fast=True)[1][0, 0]
+    monkeypatch.setenv("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH", "0")  # read on every cast, as TE's getenv
+    np.testing.assert_array_equal(_unpack(q(x)._rowwise_data), exact_c)
+
+
+@pytest.mark.parametrize("value", ["2", "yes", "-1"])
+def test_nvfp4_4over6_err_fast_math_env_bad_value_is_an_error(monkeypatch, value: str) -> None:
+    """TE ``getenv<bool>`` (``common/util/system.h``): ``istringstream >> bool`` takes 0 or 1, else
+    "Invalid environment variable value"."""
+    monkeypatch.setenv("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH", value)
+    with pytest.raises(ValueError, match="Invalid environment variable value"):
         te.NVFP4Quantizer(nvfp4_use_4over6=True)(torch.randn(16, 16))
-    monkeypatch.setenv("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH", "0")
-    te.NVFP4Quantizer(nvfp4_use_4over6=True)(torch.randn(16, 16))
 
 
 @pytest.mark.parametrize("scope", ["weights", "activations", "all"])

@@ -162,8 +162,9 @@ def test_nvfp4_layout_and_values(kw: dict) -> None:
     want_amax = np.asarray(row.global_amax, np.float32).reshape(-1)
     assert np.array_equal(t._amax_rowwise.numpy(), want_amax)
     assert torch.equal(t.dequantize(dtype=torch.float32), torch.from_numpy(dequantize_nvfp4(row, "te")))
-    col = quantize_nvfp4(x.t().contiguous(), flavor="te", block_2d=two_d, rht=kw.get("with_rht", False))
-    assert t._amax_columnwise.item() == col.global_amax
+    rs = kw.get("row_scaled_nvfp4", False)  # row-scaled: one amax per column of x (TE's columnwise amax)
+    col = quantize_nvfp4(x.t().contiguous(), flavor="te", block_2d=two_d, rht=kw.get("with_rht", False), row_scaled=rs)
+    assert np.array_equal(t._amax_columnwise.numpy(), np.asarray(col.global_amax, np.float32).reshape(-1))
     t.update_usage(rowwise_usage=False)
     assert torch.equal(t.dequantize(dtype=torch.float32), torch.from_numpy(dequantize_nvfp4(col, "te")).t())
 

@@ -19,14 +19,17 @@ With ``E = e4m3_max`` (TE's default for 4over6 tensors: 256; else 448), all floa
 (``reduce_group_sum_16``: rows ``i + 8``, then ``i + 4``, ``i + 2``, ``i + 1``).  ``row_scaled``: one global
 amax per row (``ROW_SCALED_NVFP4``).  TE's columnwise copy (``quantize_stage_colwise``) is this same
 computation on the transposed 2-D tensor with the same global amax (:func:`quantize_nvfp4_4over6` of
-``x.T``).  :func:`dequantize_nvfp4_te` is TE's ``dequantize_fp4_kernel`` for either E4M3 max.  TE's
-``fast_math`` error path (f16 arithmetic) is not emulated: :func:`check_no_err_fast_math` refuses
-``NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH``.
+``x.T``).  :func:`dequantize_nvfp4_te` is TE's ``dequantize_fp4_kernel`` for either E4M3 max.  ``err_fast_math``
+(TE's ``NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH``, read by :func:`te_err_use_fast_math`): the kernel's
+``accumulate_fp16_scaled_error_pair``, the error taken in the E4M3-scaled domain,
+``d = fl32(f16(f16(e2m1(code_s)) * f16(s)) - fl32(x * S_enc))``; the f16 product is exact (2 x 4 significant
+bits, within f16's range), so this is ``fl32(fl32(e2m1(code_s) * s) - fl32(x * S_enc))``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -41,7 +44,7 @@ __all__ = [
     "quantize_nvfp4_4over6",
     "quantize_nvfp4_4over6_columnwise",
     "dequantize_nvfp4_te",
-    "check_no_err_fast_math",
+    "te_err_use_fast_math",
 ]
 
 ERR_MODES = ("MAE", "MSE")
@@ -83,8 +86,9 @@ def quantize_nvfp4_4over6(
     """TE 4over6 NVFP4 of ``x`` along its last dim (a multiple of 16); see the module docstring.
 
     ``reference_zero_handling``: the codes of TE's Python reference (``custom_recipes/reference_nvfp4.py``
-    ``cast_to_fp4x2``): a scaled value that is exactly ±0 or NaN gets code 0x0.  ``err_fast_math``: the
-    reference's ``nvfp4_4over6_err_use_fast_math`` error, taken in the E4M3-scaled domain:
+    ``cast_to_fp4x2``): a scaled value that is exactly ±0 or NaN gets code 0x0.  ``err_fast_math``: TE's
+    fast-math candidate error (the kernel's ``accumulate_fp16_scaled_error_pair``, the reference's
+    ``nvfp4_4over6_err_use_fast_math``), taken in the E4M3-scaled domain:
     ``d = fl32(fl32(e2m1(code_s) * s) - fl32(x * S_enc))`` (the product is exact in f16 and float32).
 
     ``block_2d``: 16x16 tiles over the 2-D view (rows a multiple of 16).  ``row_scaled``: one global amax
@@ -169,7 +173,13 @@ def quantize_nvfp4_4over6(
 
 
 def quantize_nvfp4_4over6_columnwise(
-    x: Any, *, err_mode: str = "MAE", e4m3_max: int = 256, global_amax: Any = None, block_2d: bool = False
+    x: Any,
+    *,
+    err_mode: str = "MAE",
+    e4m3_max: int = 256,
+    global_amax: Any = None,
+    block_2d: bool = False,
+    err_fast_math: bool = False,
 ) -> QuantizedData:
     """TE's columnwise 4over6 copy (``quantize_stage_colwise``): the 2-D view ``(M, K)`` transposed to
     ``(K, M)``, blocks of 16 along ``M`` (a multiple of 16), with ``x``'s global amax (the kernel reads the
@@ -183,7 +193,12 @@ def quantize_nvfp4_4over6_columnwise(
     if global_amax is None:
         global_amax = np.fmax.reduce(np.abs(x2).reshape(-1), initial=_F32(0))
     return quantize_nvfp4_4over6(
-        np.ascontiguousarray(x2.T), err_mode=err_mode, e4m3_max=e4m3_max, global_amax=global_amax, block_2d=block_2d
+        np.ascontiguousarray(x2.T),
+        err_mode=err_mode,
+        e4m3_max=e4m3_max,
+        global_amax=global_amax,
+        block_2d=block_2d,
+        err_fast_math=err_fast_math,
     )
 
 
@@ -200,15 +215,14 @@ def dequantize_nvfp4_te(codes: np.ndarray, scales: np.ndarray, amax: Any, e4m3_m
         return decode(codes, E2M1) * expand_blocks(final.astype(np.float32), (1, 16))
 
 
-def check_no_err_fast_math() -> None:
-    """Refuse ``NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH`` set true (TE ``getenv<bool>``: an integer, nonzero is
-    true), whose f16 error path fp8sim does not emulate, rather than silently compute the exact one."""
+def te_err_use_fast_math() -> bool:
+    """``NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH`` as TE's ``getenv<bool>`` reads it (``common/util/system.h``:
+    unset or empty is false, else ``istringstream >> bool``: a leading 0 or 1, anything else an error);
+    TE's quantizer reads it on every cast (``csrc/quantizer.cpp`` ``NVFP4Quantizer::quantize_impl``)."""
     value = os.environ.get("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH", "")
-    try:
-        on = bool(value) and int(value) != 0
-    except ValueError:
-        raise ValueError(f"NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH: Invalid environment variable value {value!r}") from None
-    if on:
-        raise NotImplementedError(
-            "NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH=1 (TE's f16 4over6 candidate error) is not emulated by fp8sim"
-        )
+    if not value:
+        return False
+    m = re.match(r"\s*[+-]?(\d+)", value)
+    if m is None or int(m.group(0)) not in (0, 1):
+        raise ValueError(f"NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH: Invalid environment variable value {value!r}")
+    return int(m.group(0)) == 1

@@ -7,7 +7,10 @@ output per GEMM) and ``2 * num_gemms`` backward slots (grad_output, grad_input),
 output and grad-input slots ``None`` unless ``output_quantizer_role`` / ``grad_input_quantizer_role`` are
 set.  Each GEMM operand is then the slot quantizer's tensor, read as cuBLAS reads it; an
 ``IdentityQuantizer`` slot enters the GEMM in its high-precision dtype (TE ``general_gemm`` dequantizes
-it), and two such operands make a high-precision GEMM.  ``DelayedScalingRequest`` slots share one
+it), and two such operands make a high-precision GEMM.  A custom quantizer's tensor (``.custom`` True: TE's
+``NVFP4QuantizerRef``, ``CurrentScalingQuantizerRef``) goes, as in TE's ``general_gemm``, to
+``custom_recipes.gemm.custom_gemm``, i.e. its quantizer's ``qgemm`` (the module's bias enters that GEMM).
+``DelayedScalingRequest`` slots share one
 delayed-scaling state per direction, registered in the global amax buffer as the built-in recipe's.
 """
 
@@ -86,10 +89,12 @@ def custom_operand(quantizer: Any, x: torch.Tensor, k_axis: int) -> Operand:
     if isinstance(quantizer, IdentityQuantizer):
         held = quantizer(x.detach())._hp_data
         return Operand(held.float(), None, high_precision=True)
+    if getattr(quantizer, "custom", False):  # TE's reference quantizers: general_gemm hands them to custom_gemm
+        return Operand(None, None, custom=quantizer.quantize(x.detach()))
     if not hasattr(quantizer, "quantize"):
         raise TypeError(
             f"CustomRecipe qfactory returned {type(quantizer).__name__}; fp8sim's modules take TE quantizers "
             "(Float8Quantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer, Float8BlockQuantizer, "
-            "NVFP4Quantizer, IdentityQuantizer) or a DelayedScalingRequest"
+            "NVFP4Quantizer, IdentityQuantizer), custom quantizers (.custom True) or a DelayedScalingRequest"
         )
     return operand_of_tensor(quantizer(x.detach()), k_axis == 0)

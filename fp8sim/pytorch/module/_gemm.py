@@ -34,6 +34,7 @@ def gemm(
     out_dtype: Any = None,
     site: GemmSite | None = None,
     addend: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``a @ b`` (float32 result, the scales applied; the bias and the output rounding are the caller's).
     ``which``: "fprop", "dgrad" or "wgrad"; ``out_dtype``: the dtype TE's GEMM writes (a profile's split
@@ -41,7 +42,12 @@ def gemm(
     for ``accumulator``.  ``addend``: ``C`` of an accumulating GEMM (TE's ``accumulate=True``, beta = 1:
     wgrad into ``main_grad``), float32; cuBLASLt's epilogue ``alpha * acc + beta * C`` is one float32 FMA,
     so with an accumulator (not None) and per-tensor scales the result is ``fma(acc, fl32(sa * sb), C)``,
-    rounded once; the default path and block scales add it after (two roundings)."""
+    rounded once; the default path and block scales add it after (two roundings).  ``bias``: only for
+    custom operands (:func:`_custom_gemm`), where it enters the quantizer's ``qgemm``; else the caller's."""
+    if a.custom is not None or b.custom is not None:
+        return _custom_gemm(a, b, which, out_dtype, addend, bias)
+    if bias is not None:
+        raise ValueError("gemm(bias=...) is for custom operands; the caller adds the bias otherwise")
     if a.high_precision or b.high_precision:
         return _high_precision_gemm(a, b, which, addend)
     per_tensor = a.vals is not None and b.vals is not None
@@ -95,6 +101,33 @@ def _high_precision_gemm(a: Operand, b: Operand, which: str, addend: torch.Tenso
         )
     out = torch.matmul(a.dq, b.dq)
     return out if addend is None else out + addend
+
+
+# layout, grad, use_split_accumulator (TE module/base.py _2X_ACC_*: a CustomRecipe has no fp8_gemm_* to override)
+_CUSTOM_LAYOUT = {"fprop": ("TN", False, False), "dgrad": ("NN", True, True), "wgrad": ("NT", True, True)}
+
+
+def _custom_gemm(
+    a: Operand, b: Operand, which: str, out_dtype: Any, addend: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``a @ b`` of two custom tensors as TE's ``general_gemm`` runs it: ``custom_gemm(A, B, layout, grad)``
+    with cuBLAS's operand order (``A`` = ``b``'s tensor: the weight for fprop/dgrad, the input for wgrad),
+    so the quantizer's ``qgemm`` takes ``(x.data, w.data)``, ``(dy.data, w.data_t)`` or
+    ``(dy.data_t, x.data_t)``, split accumulation as TE's Linear asks (fprop no, dgrad/wgrad yes); its
+    result is in ``out_dtype`` (returned widened to float32, exact)."""
+    from ..custom_recipes.gemm import custom_gemm
+
+    if addend is not None:  # TE's custom_gemm drops out= and accumulate=: main_grad would never see the GEMM
+        raise NotImplementedError(
+            "fuse_wgrad_accumulation with a custom-quantizer GEMM: TE's custom_gemm ignores out/accumulate"
+        )
+    if not isinstance(out_dtype, torch.dtype):
+        raise NotImplementedError(f"a custom-quantizer GEMM writes a torch dtype; the {which} GEMM asks {out_dtype!r}")
+    layout, grad, split = _CUSTOM_LAYOUT[which]
+    out = custom_gemm(
+        b.custom, a.custom, out_dtype=out_dtype, layout=layout, bias=bias, use_split_accumulator=split, grad=grad
+    )[0]
+    return out.reshape(-1, out.shape[-1]).float()
 
 
 def _codes_and_scales(op: Operand) -> tuple[np.ndarray, np.ndarray]:

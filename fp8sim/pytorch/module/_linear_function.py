@@ -98,6 +98,7 @@ class _FP8Linear(torch.autograd.Function):
         else:
             x_row = module._quantize(x, recipe, "input", 1)
         w_row, w_col = module._weight_operands(weight, recipe, is_first_microbatch)
+        custom = x_row.custom is not None  # TE's custom_gemm: the bias goes to the quantizer's qgemm
         out = gemm(
             x_row,
             w_row.t(),
@@ -106,8 +107,9 @@ class _FP8Linear(torch.autograd.Function):
             accumulator,
             out_dtype=_gemm_out(recipe, opts.fp8_output, True, act_dtype),
             site=opts.site,
+            bias=bias if custom else None,
         )
-        if bias is not None:  # cuBLAS's epilogue: float32 sum with the (already cast) bias, one rounding
+        if bias is not None and not custom:  # cuBLAS's epilogue: float32 sum with the (already cast) bias, one rounding
             out = out + bias.float()
         ctx.override = override
         if override is None:

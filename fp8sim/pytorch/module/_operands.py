@@ -54,6 +54,7 @@ class Operand:
     qt: Any = None  # block recipes: the QuantizedData record (codes and block scales)
     transposed: bool = False  # ``qt`` holds the transpose of this operand
     high_precision: bool = False  # a CustomRecipe's IdentityQuantizer slot: ``dq`` holds the values as they are
+    custom: Any = None  # a CustomRecipe slot's custom tensor (``.custom`` True): the GEMM is its quantizer's qgemm
 
     @classmethod
     def of_per_tensor(cls, q: QuantizedData, device: Any = None) -> Operand:
@@ -81,6 +82,7 @@ class Operand:
             self.qt,
             not self.transposed,
             self.high_precision,
+            self.custom,
         )
 
 
@@ -223,9 +225,8 @@ def _nvfp4_4over6(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, qp: Any
     role's QParams; RHT and stochastic rounding refused as TE refuses them); the columnwise copy is the
     kernel on the transposed operand with the same global amax."""
     from ...formats import E2M1
-    from ...scaling.nvfp4_4over6 import check_no_err_fast_math, quantize_nvfp4_4over6, quantize_nvfp4_4over6_columnwise
+    from ...scaling.nvfp4_4over6 import quantize_nvfp4_4over6, quantize_nvfp4_4over6_columnwise, te_err_use_fast_math
 
-    check_no_err_fast_math()
     if qp.random_hadamard_transform:
         raise ValueError("NVFP4 4over6 quantization does not support RHT.")
     if qp.stochastic_rounding:
@@ -234,6 +235,7 @@ def _nvfp4_4over6(x: torch.Tensor, recipe: NVFP4BlockScaling, kind: str, qp: Any
         err_mode=recipe.nvfp4_4over6_err_mode,
         e4m3_max=256 if _4over6_scope(recipe.nvfp4_4over6_e4m3_use_256, kind) else 448,
         block_2d=qp.fp4_2d_quantization,
+        err_fast_math=te_err_use_fast_math(),  # NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH, read per cast as TE does
     )
     xf = x.detach().float()
     q = quantize_nvfp4_4over6_columnwise(xf, **kw) if columnwise else quantize_nvfp4_4over6(xf.contiguous(), **kw)

@@ -7,8 +7,10 @@ random Hadamard transform when ``with_rht`` (its amax then taken after the trans
 (element 2i in the low nibble), rowwise ``(*shape[:-1], K/2)`` and columnwise ``(K, M/2)``; E4M3
 block scales (uint8) of shape ``(round_up(M, 128), round_up(ceil(K/16), 4))`` and
 ``(round_up(K, 128), round_up(ceil(M/16), 4))``; ``_amax_rowwise`` / ``_amax_columnwise`` float32
-(one per row for ``row_scaled_nvfp4``).  Dequantization is TE's (``dequantize_nvfp4.cuh``, via
-``fp8sim.scaling.dequantize_nvfp4``).  Stochastic rounding uses fp8sim's seeded generator, or TE's
+(for ``row_scaled_nvfp4`` one per row, and one per column for the columnwise copy, TE's
+``compute_columnwise_amax``; that copy needs bf16 input and dims multiples of 32, as TE's kernel).
+Dequantization is TE's (``dequantize_nvfp4.cuh``, via ``fp8sim.scaling.dequantize_nvfp4``).
+Stochastic rounding uses fp8sim's seeded generator, or TE's
 Philox bits when ``te_rng_generator`` is set (``fp8sim.scaling.nvfp4_te_sr``: TE's 1x16 and 16x16 kernels, its
 fused and unfused RHT casts, chosen as TE's dispatch does, the fused one by shape and ``te_sm_arch``);
 ``with_random_sign_mask=False`` transforms with the unsigned Hadamard matrix; ``with_post_rht_amax``
@@ -16,6 +18,7 @@ without RHT changes nothing (TE ignores it there); what TE's ``quantize_impl`` r
 ``RuntimeError``.  ``nvfp4_use_4over6``: TE's 4over6 kernel
 (``fp8sim.scaling.quantize_nvfp4_4over6``; ``quantize_4over6_nvfp4.cuh``) for both copies, the columnwise one
 on the transposed tensor with the same global amax (1x16 blocks or 16x16 tiles, row-scaled rowwise), and
+the candidate error in f16 when ``NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH`` is set, and
 dequantization with the tensor's ``_nvfp4_e4m3_max`` (``dequantize_nvfp4.cuh``: ``1 / (6 * E4M3_MAX)``).
 """
 
@@ -30,10 +33,10 @@ import torch
 from ...formats import get_format
 from ...scaling.nvfp4 import RHT_SIGNS, apply_rht, dequantize_nvfp4, quantize_nvfp4, rht_matrix
 from ...scaling.nvfp4_4over6 import (
-    check_no_err_fast_math,
     dequantize_nvfp4_te,
     quantize_nvfp4_4over6,
     quantize_nvfp4_4over6_columnwise,
+    te_err_use_fast_math,
 )
 from ...scaling.nvfp4_te_sr import (
     TE_RNG_ELTS_PER_THREAD,
@@ -149,10 +152,17 @@ class NVFP4Quantizer(Quantizer):
                 raise RuntimeError("Pre-RHT amax is not supported yet. Use with_post_rht_amax=true instead.")
         if self.nvfp4_use_4over6 and tensor.numel():
             self._check_4over6(tensor)
+        if self.row_scaled_nvfp4 and self.columnwise_usage and tensor.numel():  # dispatch/quantize.cuh
+            rows, cols = flatten_2d(tuple(tensor.shape))
+            if tensor.dtype != torch.bfloat16 or rows % 32 or cols % 32:
+                raise RuntimeError(
+                    "Row-scaled NVFP4 transpose quantization requires BF16 input and dimensions that are "
+                    "multiples of 32."
+                )
 
     def _check_4over6(self, tensor: torch.Tensor) -> None:
         """TE's 4over6 refusals (``dispatch/quantize.cuh`` and ``quantize_4over6_nvfp4.cuh`` ``quantize_4over6``)."""
-        check_no_err_fast_math()
+        self._err_fast_math = te_err_use_fast_math()  # TE reads the variable on every cast
         rows, cols = flatten_2d(tuple(tensor.shape))
         if self.row_scaled_nvfp4 and self.columnwise_usage:
             raise RuntimeError(
@@ -208,6 +218,7 @@ class NVFP4Quantizer(Quantizer):
                     e4m3_max=self.nvfp4_e4m3_max,
                     global_amax=amax,
                     block_2d=self.with_2d_quantization,
+                    err_fast_math=self._err_fast_math,
                 )
             elif te_sr:
                 q = te_sr.columnwise
@@ -218,11 +229,13 @@ class NVFP4Quantizer(Quantizer):
                 amax_t = self._global_amax(xt) if self._supplied_amax is not None else None
                 if amax_t is None and self.with_amax_reduction:  # TE reduces the (post-RHT) columnwise amax too
                     amax_t = self._reduced((apply_rht(xt) if rht else xt).abs().float().nan_to_num(0.0).amax())
-                q = quantize_nvfp4(xt, **common, rht=rht, seed=s2, global_amax=amax_t)
+                # row-scaled: TE's compute_columnwise_amax gives one amax per column of x (per row of x.T),
+                # each block of the transposed copy encoded with its own (tuned 1D kernel, ROW_SCALED_NVFP4)
+                q = quantize_nvfp4(xt, **common, rht=rht, seed=s2, global_amax=amax_t, row_scaled=self.row_scaled_nvfp4)
             out.update(
                 columnwise_data=pack_fp4(torch.from_numpy(q.codes[:k, :m])),
                 columnwise_scale_inv=padded(self._per_row(q.scales), self.get_scale_shape(shape, True), torch.uint8),
-                amax_columnwise=torch.tensor([q.global_amax], dtype=torch.float32),
+                amax_columnwise=torch.as_tensor(np.asarray(q.global_amax, np.float32)).reshape(-1),
             )
         dev = tensor.device
         out = {key: v.to(dev) for key, v in out.items()}
@@ -253,8 +266,10 @@ class NVFP4Quantizer(Quantizer):
             global_amax=amax,
             block_2d=self.with_2d_quantization,
             row_scaled=self.row_scaled_nvfp4,
+            err_fast_math=self._err_fast_math,
         )
 
+    _err_fast_math = False  # NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH at the current cast (_check_4over6)
     _supplied_amax: float | None = None  # quantize_with_amax: the producer's amax for both copies
 
     def quantize_with_amax(self, tensor: torch.Tensor, amax: Any) -> NVFP4Tensor:
