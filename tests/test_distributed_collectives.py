@@ -142,7 +142,28 @@ def test_gloo_itself_refuses_float8(results: list[dict]) -> None:
 def test_reductions_reject_packed_fp4_and_bad_ops() -> None:
     if not hasattr(torch, "float4_e2m1fn_x2"):
         pytest.skip("this torch has no float4_e2m1fn_x2")
-    with pytest.raises(TypeError, match="packed FP4"):
-        fd.wire._reduce_rows(torch.zeros(2, 3, dtype=torch.uint8).view(torch.float4_e2m1fn_x2), "SUM", None)
+    fp4 = torch.float4_e2m1fn_x2
+    with pytest.raises(TypeError, match="^input dtype torch.float4_e2m1fn_x2 cannot be reduced: packed FP4"):
+        fd.wire._reduce_rows(torch.zeros(2, 3, dtype=torch.uint8).view(fp4), "SUM", None)
+    with pytest.raises(TypeError, match="^output dtype torch.float4_e2m1fn_x2 cannot be reduced: packed FP4"):
+        fd.wire._reduce_rows(torch.zeros(2, 3, dtype=torch.float8_e4m3fn), "SUM", fp4)
     with pytest.raises(ValueError, match="op must be ReduceOp.SUM, ReduceOp.MAX or ReduceOp.MIN"):
         fd.wire._op_name(dist.ReduceOp.PRODUCT)
+
+
+_TIE = (32768.0, 4096.0, 2.0**-16)  # e5m2: 2^15, half its spacing (an exact tie), the smallest subnormal
+
+
+def _three_rank_sum(rank: int, world: int) -> np.ndarray:
+    t = torch.tensor([_TIE[rank]]).to(torch.float8_e5m2)
+    fd.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.view(torch.uint8).numpy().copy()
+
+
+def test_float8_sum_rounds_the_float64_sum_once() -> None:
+    """32768 + 4096 is an e5m2 tie; rank 2's 2^-16 breaks it upward in float64 (40960).  A float32 sum loses
+    2^-16 (below half an ulp of 36864) and ties to even (32768); a sum rounded per step does too."""
+    want = np.array([(_TIE[0] + _TIE[1]) + _TIE[2]], np.float64).astype(ml_dtypes.float8_e5m2)
+    assert float(want[0]) == 40960.0
+    for rank, got in enumerate(ranks(_three_rank_sum, world_size=3)):
+        _assert_codes(got, want.view(np.uint8), "float8_e5m2", f"SUM rank {rank}")
