@@ -27,6 +27,7 @@ import argparse
 import fnmatch
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,8 @@ def _recheck(work: Path, pkg: dict, no_tests_too: bool, tests: list[str], globs:
     names = [n.strip() for n, _, v in (ln.rpartition(":") for ln in listing.splitlines()) if v.strip() in wanted]
     names = [n for n in names if not globs or any(fnmatch.fnmatchcase(n, g) for g in globs)]
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", *_mutmut_args(), *(tests or pkg["tests"])]
+    # the tests as they are now in the checkout (mutmut copied them when the run started)
+    shutil.copytree(ROOT / "tests", work / "mutants" / "tests", dirs_exist_ok=True)
     killed = 0
     for name in names:
         env = dict(os.environ, MUTANT_UNDER_TEST=name)

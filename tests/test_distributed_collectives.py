@@ -63,7 +63,7 @@ def _worker(rank: int, world: int, names: list[str]) -> dict:
         }
         if name in _ML:
             src = torch.from_numpy(_payload(rank, world * 8, 3)).view(dt)
-            for op in ("SUM", "MAX"):
+            for op in ("SUM", "MAX", "MIN"):
                 o = torch.empty(8, dtype=dt)
                 fd.reduce_scatter_tensor(o, src, op=getattr(dist.ReduceOp, op))
                 res[f"rs_{op}"] = o.view(torch.uint8).numpy().copy()
@@ -126,7 +126,11 @@ def test_float8_reductions_round_once_from_the_rank_order_float64_result(results
         chunk = [s[q * 8 : (q + 1) * 8] for s in srcs]
         with np.errstate(invalid="ignore", over="ignore"):
             want_sum = chunk[0] + chunk[1]
-            want = {"SUM": want_sum.astype(ml), "MAX": np.maximum(chunk[0], chunk[1]).astype(ml)}
+            want = {
+                "SUM": want_sum.astype(ml),
+                "MAX": np.maximum(chunk[0], chunk[1]).astype(ml),
+                "MIN": np.minimum(chunk[0], chunk[1]).astype(ml),
+            }
         for op, w in want.items():
             got = res[name][f"rs_{op}"]
             _assert_codes(got, w.view(np.uint8), name, f"{op} rank {q}")
