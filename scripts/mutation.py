@@ -2,6 +2,7 @@
 
     python scripts/mutation.py native            # mutate fp8sim/native/*, run its targeted tests
     python scripts/mutation.py native --results  # list the survivors of the last run
+    python scripts/mutation.py native --recheck  # rerun each survivor against the whole selection
     python scripts/mutation.py --list            # the packages and their test selections
 
 Each package runs in its own work folder ``.mutation/<package>/`` (git-ignored), so its results stay
@@ -10,12 +11,23 @@ checkout's ``pyproject.toml`` with ``[tool.mutmut]`` completed from ``[tool.fp8s
 (``only_mutate`` and ``tests``), and links to ``fp8sim/``, ``tests/`` and the files the tests read; mutmut
 copies them into ``mutants/`` there.  Extra arguments go to ``mutmut run`` (mutant names or globs,
 ``--max-children``).
+
+mutmut runs each mutant against the tests that called the mutated function in its coverage pass, which
+sees only the pytest process: code that runs in spawned processes (the gloo ranks of the distributed
+tests) looks untested there.  ``--recheck`` reruns every survivor of the last run (and with
+``--no-tests-too`` every mutant with no covering test) against the package's whole test selection, in
+mutmut's ``mutants/`` tree with the mutant switched on through ``MUTANT_UNDER_TEST``, which spawned
+processes inherit; it prints one verdict per mutant and changes nothing in mutmut's results.  Mutant-name
+globs narrow it, ``--tests "tests/test_x.py ..."`` replaces the selection.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -76,11 +88,41 @@ def _workdir(name: str, pkg: dict) -> Path:
     return work
 
 
+def _mutmut_args() -> list[str]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
+    return list(data["tool"]["mutmut"].get("pytest_add_cli_args", []))
+
+
+def _recheck(work: Path, pkg: dict, no_tests_too: bool, tests: list[str], globs: list[str]) -> int:
+    """Rerun the survivors of the last run against the whole test selection; print the verdicts."""
+    listing = subprocess.run(
+        [sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=work, capture_output=True, text=True
+    ).stdout
+    wanted = {"survived", "no tests"} if no_tests_too else {"survived"}
+    names = [n.strip() for n, _, v in (ln.rpartition(":") for ln in listing.splitlines()) if v.strip() in wanted]
+    names = [n for n in names if not globs or any(fnmatch.fnmatchcase(n, g) for g in globs)]
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", *_mutmut_args(), *(tests or pkg["tests"])]
+    # the tests as they are now in the checkout (mutmut copied them when the run started)
+    shutil.copytree(ROOT / "tests", work / "mutants" / "tests", dirs_exist_ok=True)
+    killed = 0
+    for name in names:
+        env = dict(os.environ, MUTANT_UNDER_TEST=name)
+        rc = subprocess.run(cmd, cwd=work / "mutants", env=env, capture_output=True).returncode
+        verdict = "killed" if rc == 1 else ("survived" if rc == 0 else f"error (pytest exit {rc})")
+        killed += verdict == "killed"
+        print(f"{verdict:22s} {name}", flush=True)
+    print(f"recheck: {killed} of {len(names)} killed by the whole selection")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("package", nargs="?", help="a key of [tool.fp8sim.mutation] in pyproject.toml")
     parser.add_argument("--list", action="store_true", help="list the packages and their test selections")
     parser.add_argument("--results", action="store_true", help="print the survivors of the last run")
+    parser.add_argument("--recheck", action="store_true", help="rerun the survivors against the whole selection")
+    parser.add_argument("--no-tests-too", action="store_true", help="with --recheck: also the untested mutants")
+    parser.add_argument("--tests", help="with --recheck: pytest arguments replacing the package's selection")
     args, rest = parser.parse_known_args(argv)
     packages = _packages()
     if args.list or args.package is None:
@@ -90,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.package not in packages:
         raise SystemExit(f"unknown package {args.package!r}; known: {', '.join(packages)}")
     work = _workdir(args.package, packages[args.package])
+    if args.recheck:
+        tests = shlex.split(args.tests) if args.tests else []
+        return _recheck(work, packages[args.package], args.no_tests_too, tests, rest)
     cmd = [sys.executable, "-m", "mutmut", "results" if args.results else "run", *rest]
     if not args.results and "--max-children" not in rest:
         cmd[4:4] = ["--max-children", "1"]  # 2 shared cores: one worker

@@ -63,7 +63,7 @@ def _worker(rank: int, world: int, names: list[str]) -> dict:
         }
         if name in _ML:
             src = torch.from_numpy(_payload(rank, world * 8, 3)).view(dt)
-            for op in ("SUM", "MAX"):
+            for op in ("SUM", "MAX", "MIN"):
                 o = torch.empty(8, dtype=dt)
                 fd.reduce_scatter_tensor(o, src, op=getattr(dist.ReduceOp, op))
                 res[f"rs_{op}"] = o.view(torch.uint8).numpy().copy()
@@ -126,7 +126,11 @@ def test_float8_reductions_round_once_from_the_rank_order_float64_result(results
         chunk = [s[q * 8 : (q + 1) * 8] for s in srcs]
         with np.errstate(invalid="ignore", over="ignore"):
             want_sum = chunk[0] + chunk[1]
-            want = {"SUM": want_sum.astype(ml), "MAX": np.maximum(chunk[0], chunk[1]).astype(ml)}
+            want = {
+                "SUM": want_sum.astype(ml),
+                "MAX": np.maximum(chunk[0], chunk[1]).astype(ml),
+                "MIN": np.minimum(chunk[0], chunk[1]).astype(ml),
+            }
         for op, w in want.items():
             got = res[name][f"rs_{op}"]
             _assert_codes(got, w.view(np.uint8), name, f"{op} rank {q}")
@@ -142,7 +146,28 @@ def test_gloo_itself_refuses_float8(results: list[dict]) -> None:
 def test_reductions_reject_packed_fp4_and_bad_ops() -> None:
     if not hasattr(torch, "float4_e2m1fn_x2"):
         pytest.skip("this torch has no float4_e2m1fn_x2")
-    with pytest.raises(TypeError, match="packed FP4"):
-        fd.wire._reduce_rows(torch.zeros(2, 3, dtype=torch.uint8).view(torch.float4_e2m1fn_x2), "SUM", None)
+    fp4 = torch.float4_e2m1fn_x2
+    with pytest.raises(TypeError, match="^input dtype torch.float4_e2m1fn_x2 cannot be reduced: packed FP4"):
+        fd.wire._reduce_rows(torch.zeros(2, 3, dtype=torch.uint8).view(fp4), "SUM", None)
+    with pytest.raises(TypeError, match="^output dtype torch.float4_e2m1fn_x2 cannot be reduced: packed FP4"):
+        fd.wire._reduce_rows(torch.zeros(2, 3, dtype=torch.float8_e4m3fn), "SUM", fp4)
     with pytest.raises(ValueError, match="op must be ReduceOp.SUM, ReduceOp.MAX or ReduceOp.MIN"):
         fd.wire._op_name(dist.ReduceOp.PRODUCT)
+
+
+_TIE = (32768.0, 4096.0, 2.0**-16)  # e5m2: 2^15, half its spacing (an exact tie), the smallest subnormal
+
+
+def _three_rank_sum(rank: int, world: int) -> np.ndarray:
+    t = torch.tensor([_TIE[rank]]).to(torch.float8_e5m2)
+    fd.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.view(torch.uint8).numpy().copy()
+
+
+def test_float8_sum_rounds_the_float64_sum_once() -> None:
+    """32768 + 4096 is an e5m2 tie; rank 2's 2^-16 breaks it upward in float64 (40960).  A float32 sum loses
+    2^-16 (below half an ulp of 36864) and ties to even (32768); a sum rounded per step does too."""
+    want = np.array([(_TIE[0] + _TIE[1]) + _TIE[2]], np.float64).astype(ml_dtypes.float8_e5m2)
+    assert float(want[0]) == 40960.0
+    for rank, got in enumerate(ranks(_three_rank_sum, world_size=3)):
+        _assert_codes(got, want.view(np.uint8), "float8_e5m2", f"SUM rank {rank}")

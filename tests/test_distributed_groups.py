@@ -48,3 +48,12 @@ def test_bad_presets_and_sizes_name_the_allowed_values() -> None:
         group_ranks(ParallelLayout(), "tpdp")
     with pytest.raises(ValueError, match="tp must be an int >= 1, got 0"):
         ParallelLayout(tp=0)
+
+
+def test_coords_accept_exactly_the_ranks_of_the_world() -> None:
+    layout = ParallelLayout(tp=2, dp=2)
+    assert [layout.coords(r)["tp"] for r in range(4)] == [0, 1, 0, 1]  # tp fastest
+    assert [layout.coords(r)["dp"] for r in range(4)] == [0, 0, 1, 1]
+    for bad in (-1, 4):
+        with pytest.raises(ValueError, match=f"rank {bad} out of range for world size 4"):
+            layout.coords(bad)

@@ -21,7 +21,9 @@ deterministic one.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import sys
 import time
 
 import numpy as np
@@ -35,6 +37,8 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
 
 from _dist import RankFailure, ranks  # noqa: E402
+
+from fp8sim.collectives.spawn import run_ranks  # noqa: E402
 
 BOUND_S = 30.0  # a failure must be reported well before the 120 s hang deadline
 
@@ -80,6 +84,35 @@ def test_a_hung_rank_fails_at_the_deadline() -> None:
     with pytest.raises(RankFailure, match=r"did not finish within 5.0 s") as info:
         ranks(_hangs, timeout=5.0)
     assert 1 in info.value.ranks
+
+
+_SET_IN_THE_PARENT = False  # a rank that imports this module afresh (spawn, forkserver) sees False
+
+
+def _describe(rank: int, world: int) -> tuple:
+    return rank, world, torch.get_num_threads(), multiprocessing.current_process().daemon, _SET_IN_THE_PARENT
+
+
+def test_run_ranks_defaults_two_fresh_daemonic_single_threaded_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The documented defaults: 2 ranks, one torch thread each, started by "spawn" (a fresh interpreter: a
+    forked rank would see the parent's change to this module); daemonic, so no rank outlives the test."""
+    monkeypatch.setattr(sys.modules[__name__], "_SET_IN_THE_PARENT", True)
+    assert run_ranks(_describe) == [(0, 2, 1, True, False), (1, 2, 1, True, False)]
+
+
+def test_run_ranks_forkserver_runs_a_world_of_one() -> None:
+    assert run_ranks(_describe, world_size=1, start_method="forkserver", threads=2) == [(0, 1, 2, True, False)]
+
+
+def test_run_ranks_arguments_name_the_allowed_values() -> None:
+    with pytest.raises(ValueError, match="world_size must be an int >= 1, got 0"):
+        run_ranks(_describe, world_size=0)
+    for bad in (0, -1.0):
+        with pytest.raises(ValueError, match=f"timeout must be positive seconds, got {bad!r}"):
+            run_ranks(_describe, timeout=bad)
+    # a timeout of 1 s is valid: the start method is what this call gets wrong
+    with pytest.raises(ValueError, match="start_method must be 'spawn' or 'forkserver', got 'fork'"):
+        run_ranks(_describe, timeout=1.0, start_method="fork")
 
 
 def _amax_run(rank: int, world: int) -> np.ndarray:

@@ -93,6 +93,52 @@ def test_a_declared_gpu_marker_is_kept(pytester: pytest.Pytester, load: list[str
     assert "the project's own gpu marker" in markers and "compute capability >= 8.9" not in markers
 
 
+def test_ini_option_false_keeps_the_plugin_inert(pytester: pytest.Pytester, load: list[str]) -> None:
+    """``fp8sim = false`` is read as a bool (a non-empty string would be truthy)."""
+    pytester.makeini("[pytest]\nfp8sim = false\n")
+    pytester.makepyfile(SAMPLE)
+    result = pytester.runpytest(*load)
+    result.assert_outcomes(passed=1, errors=1)
+    assert "fp8sim: plugin enabled" not in result.stdout.str()
+
+
+def test_a_declared_gpu_marker_with_arguments_is_kept(pytester: pytest.Pytester, load: list[str]) -> None:
+    """A marker line ``gpu(capability): ...`` declares ``gpu`` too: pytest's own marker syntax."""
+    pytester.makeini("[pytest]\nmarkers =\n    gpu(capability): the project's own gpu marker\n")
+    markers = pytester.runpytest(*load, "--fp8sim", "--markers").stdout.str()
+    assert "the project's own gpu marker" in markers and "compute capability >= 8.9" not in markers
+
+
+def test_only_gpu_marked_tests_are_skipped(pytester: pytest.Pytester, load: list[str]) -> None:
+    """Other markers (here ``parametrize``, ``filterwarnings``) never trigger the gpu skip."""
+    pytester.makepyfile(
+        """
+import pytest
+
+@pytest.mark.parametrize("x", [1])
+@pytest.mark.filterwarnings("ignore")
+def test_cpu(x):
+    pass
+"""
+    )
+    pytester.runpytest(*load, "--fp8sim").assert_outcomes(passed=1)
+
+
+def test_a_skipped_gpu_test_reports_why(pytester: pytest.Pytester, load: list[str]) -> None:
+    reason = gpu_skip_reason()
+    if reason is None:
+        pytest.skip("this host has a float8-capable CUDA device: gpu tests run")
+    pytester.makepyfile(SAMPLE)
+    result = pytester.runpytest(*load, "--fp8sim", "-rs")
+    result.stdout.fnmatch_lines([f"SKIPPED * {reason}"])
+
+
+def test_help_documents_the_flag_and_the_ini_option(pytester: pytest.Pytester, load: list[str]) -> None:
+    text = " ".join(pytester.runpytest(*load, "--help").stdout.str().split())  # unwrap the columns
+    assert "fp8sim FP8 testing kit: --fp8sim enable fp8sim's plugin: the gpu marker and the fp8_recipe fixture" in text
+    assert "fp8sim (bool): enable fp8sim's plugin (as --fp8sim)" in text
+
+
 def test_loading_by_module_name_too_registers_once(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(SAMPLE)
     _enabled_outcomes(pytester.runpytest("-p", "fp8sim.testing.pytest_plugin", "--fp8sim", "-v"))
