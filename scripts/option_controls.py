@@ -53,14 +53,14 @@ PLANTS = [
     ),
     Plant(
         "recipe.fp8_gemm_fprop/dgrad/wgrad",
-        _MOD + "_gemm.py",
+        _MOD + "_gemm_plan.py",
         "return bool(params.use_split_accumulator)",
         "return _SPLIT[which]",
         _ACC,
     ),
     Plant(
         "TE split constants (recipes without fp8_gemm_*)",
-        _MOD + "_gemm.py",
+        _MOD + "_gemm_plan.py",
         '_SPLIT = {"fprop": False, "dgrad": True, "wgrad": True}',
         '_SPLIT = {"fprop": False, "dgrad": True, "wgrad": False}',
         _ACC,
@@ -118,8 +118,8 @@ PLANTS = [
     Plant(
         "activation_params (clamped_swiglu)",
         _MOD + "_activations.py",
-        "        return lambda x: _clamped_swiglu(x, **params)",
-        "        return lambda x: _clamped_swiglu(x)",
+        "        return lambda x: _clamped_swiglu(x.float(), **params)",
+        "        return lambda x: _clamped_swiglu(x.float())",
         ("tests/test_pytorch_module_semantics.py", "tests/test_pytorch_modules.py", "tests/test_pytorch_module_api.py"),
     ),
     Plant(
@@ -428,8 +428,8 @@ PLANTS = [
     Plant(
         "Float8GemmConfig.use_fast_accum (output)",
         "fp8sim/torchao/linear.py",
-        "_GemmSpec(config.gemm_config_output.use_fast_accum, pad, pow2, acc),",
-        "_GemmSpec(False, pad, pow2, acc),",
+        '_GemmSpec(config.gemm_config_output.use_fast_accum, pad, pow2, acc, site, "fprop"),',
+        '_GemmSpec(False, pad, pow2, acc, site, "fprop"),',
         ("tests/test_torchao_float8.py",),
     ),
 ]
