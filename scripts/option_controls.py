@@ -170,7 +170,12 @@ PLANTS = [
         _MOD + "_operands.py",
         "q = quantize_current_scaling(x.detach(), fmt, pow2=qp.power_2_scale, eps=qp.amax_epsilon)",
         "q = quantize_current_scaling(x.detach(), fmt, pow2=qp.power_2_scale, eps=0.0)",
-        ("tests/test_pytorch_modules.py", "tests/test_pytorch_tensor_quantizers.py", "tests/test_recipe.py"),
+        (
+            "tests/test_pytorch_modules.py",
+            "tests/test_pytorch_tensor_quantizers.py",
+            "tests/test_recipe.py",
+            "tests/test_pytorch_fp8_boundaries_current.py",
+        ),
     ),
     Plant(
         "Float8CurrentScaling.fp8_format",
@@ -181,6 +186,7 @@ PLANTS = [
             "tests/test_pytorch_modules.py",
             "tests/test_pytorch_module_api.py",
             "tests/test_pytorch_tensor_quantizers.py",
+            "tests/test_pytorch_fp8_boundaries_current.py",
         ),
     ),
     Plant(

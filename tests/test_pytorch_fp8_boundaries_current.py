@@ -350,6 +350,32 @@ def test_current_scaling_qparams_of_each_role_reach_its_cast(role: str) -> None:
     assert not (torch.equal(plain[0], want_y) and torch.equal(plain[1], want_dx))
 
 
+@pytest.mark.parametrize("fmt", ["HYBRID", "E4M3"])
+def test_current_scaling_fp8_format_picks_the_gradient_format(fmt: str) -> None:
+    """``Float8CurrentScaling(fp8_format=...)``: TE ``quantization.py`` ``get_fp8_te_dtype``: forward tensors
+    E4M3 in both, the backward ones E5M2 under HYBRID and E4M3 under E4M3 (recipe docstring).  fprop and dgrad
+    bit for bit (exact accumulator) from the current-scaling casts written in ``_gemm_reference.py``; the
+    other gradient format gives other dgrad bits."""
+    from fp8sim.recipe import Format
+
+    torch.manual_seed(23)
+    m = te.Linear(64, 32, bias=False)
+    g = torch.Generator().manual_seed(24)
+    x = torch.randn(16, 64, generator=g).requires_grad_()
+    dy = torch.randn(16, 32, generator=g) * 0.3
+    with te.autocast(recipe=Float8CurrentScaling(fp8_format=Format[fmt]), accumulator="exact"):
+        y = m(x)
+    y.backward(dy)
+    gfmt, other = ("e5m2", "e4m3") if fmt == "HYBRID" else ("e4m3", "e5m2")
+    (vx, _, sx), (vw, _, sw) = _cs_cast(x, "e4m3"), _cs_cast(m.weight, "e4m3")
+    vg, _, sg = _cs_cast(dy, gfmt)
+    _assert_bits(y.detach(), _mm(vx, sx, vw.t(), sw), "fprop")
+    want_dx = _mm(vg, sg, vw, sw)
+    _assert_bits(x.grad, want_dx, "dgrad")
+    ovg, _, osg = _cs_cast(dy, other)
+    assert not torch.equal(_mm(ovg, osg, vw, sw), want_dx)
+
+
 def test_layernorm_linear_fp8_grad_inside_fp8_autocast_is_refused() -> None:
     """TE layernorm_linear.py 1133-1161 hands the dgrad GEMM's FP8 output straight to ``tex.layernorm_bwd`` /
     ``tex.rmsnorm_bwd`` (plain ``at::Tensor`` arguments): not emulated, refused with a message naming it."""
