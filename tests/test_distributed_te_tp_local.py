@@ -23,6 +23,8 @@ def test_tp_arguments_follow_te() -> None:
 
     m = te.Linear(32, 64, tp_size=1, parallel_mode="column", sequence_parallel=True)
     assert m.sequence_parallel is False  # TE: (tp_size > 1) and sequence_parallel
+    for sp in (False, True):  # with two ranks the flag is kept as given (the 2-rank spawn checks what it does)
+        assert te.Linear(32, 64, tp_size=2, parallel_mode="column", sequence_parallel=sp).sequence_parallel is sp
     with pytest.raises(ValueError, match="64 is not divisible by 3"):
         te.Linear(32, 64, tp_size=3, parallel_mode="column")
     qkv = te.Linear(32, 96, tp_size=2, parallel_mode="column", parameters_split=("query", "key", "value"))

@@ -37,6 +37,23 @@ def test_return_bias_returns_the_unadded_bias_in_the_activation_dtype() -> None:
     assert b is not None and torch.equal(b, mlp.fc2_bias) and ln.shape == x.shape
 
 
+def test_layernorm_linear_return_layernorm_output_returns_the_norm_output_last() -> None:
+    """TE layernorm_linear.py LayerNormLinear.forward: with ``return_layernorm_output`` it returns
+    ``(out, ln_out)``, or ``(out, bias, ln_out)`` with ``return_bias``; without it, ``out`` alone.  Outside
+    autocast ``ln_out`` is torch's ``layer_norm`` of the input and ``out`` its ``F.linear``."""
+    torch.manual_seed(5)
+    x = torch.randn(8, 32)
+    m = te.LayerNormLinear(32, 16, return_layernorm_output=True)
+    ln = F.layer_norm(x, (32,), m.layer_norm_weight, m.layer_norm_bias, 1e-5)
+    out, ln_out = m(x)
+    assert torch.equal(ln_out, ln) and torch.equal(out, F.linear(ln, m.weight, m.bias))
+    mb = te.LayerNormLinear(32, 16, return_bias=True, return_layernorm_output=True)
+    ln = F.layer_norm(x, (32,), mb.layer_norm_weight, mb.layer_norm_bias, 1e-5)
+    out, b, ln_out = mb(x)
+    assert torch.equal(ln_out, ln) and torch.equal(b, mb.bias) and torch.equal(out, F.linear(ln, mb.weight))
+    assert isinstance(te.LayerNormLinear(32, 16)(x), torch.Tensor)
+
+
 def test_parameters_split_names_and_sizes_as_te() -> None:
     """TE linear.py Linear.__init__: dict splits name ``{name}_weight``/``{name}_bias`` with the given
     sizes; a tuple splits evenly; the sizes must add up to out_features."""
