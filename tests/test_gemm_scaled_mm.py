@@ -102,6 +102,36 @@ def test_tensor_core_chains_equal_chained_instructions(acc: str, instr: str, eve
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+# torch._scaled_mm(use_fast_accum=) on each GPU (spec 8): fast = one tensor-core chain over all K (cuBLASLt
+# CUBLASLT_MATMUL_DESC_FAST_ACCUM), else the chain promoted to a float32 register every 128 K.
+_DEVICE_CHAINS = {
+    ("hopper", True): ("hopper_wgmma", None),
+    ("hopper", False): ("hopper_wgmma", 128),
+    ("ada", True): ("ada_mma", None),
+    ("ada", False): ("ada_mma", 128),
+    ("blackwell", True): ("blackwell_tcgen05", None),
+    ("blackwell", False): ("blackwell_tcgen05", 128),
+}
+
+
+def test_use_fast_accum_and_device_pick_the_chain_of_that_gpu() -> None:
+    """``scaled_mm(use_fast_accum=, device=)`` without ``accumulator=``: the device's instruction chained over
+    all K when fast, promoted every 128 K otherwise (``_manual_chain`` from single ``dot_add`` calls); the six
+    choices give six different results on this data, so each argument is seen."""
+    rng = np.random.default_rng(7)
+    k = 512
+    a = _codes(rng, (3, k), "e4m3", 1.0) & 0x7F  # positive: the sum grows with K, chains lose low bits
+    b = _codes(rng, (k, 2), "e4m3", 1.0) & 0x7F
+    got = {}
+    for (device, fast), (instr, every) in _DEVICE_CHAINS.items():
+        d = scaled_mm(a, b, np.float32(1), np.float32(1), out_dtype="float32", use_fast_accum=fast, device=device,
+                      a_format="e4m3", b_format="e4m3", strict=False)  # fmt: skip
+        want = _manual_chain(a, b, "e4m3", "e4m3", instr, every or k)
+        assert np.array_equal(d.view(np.uint32), want.view(np.uint32)), (device, fast)
+        got[device, fast] = d.tobytes()
+    assert len(set(got.values())) == len(got)
+
+
 def test_fast_accumulation_error_grows_with_k_while_split_stays_bounded() -> None:
     rng = np.random.default_rng(3)
     errs = {}
