@@ -201,6 +201,18 @@ def test_bias_types_match_reference(bias_type):
     torch.testing.assert_close(_unmerge(out, "bshd", h), ref, rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.parametrize(("init", "call"), [("causal", "no_mask"), ("no_mask", "causal")])
+def test_forward_attn_mask_type_overrides_the_modules(init, call):
+    """TE DotProductAttention.forward: ``attn_mask_type`` given to the call wins over the module's (the
+    module's is used only when the call's is None)."""
+    b, s, h, d = 1, 5, 2, 8
+    q, k, v = _inputs("bshd", b, s, s, h, h, d, torch.float64, seed=6)
+    dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type=init)
+    allow = _ref_mask(b, s, s, call, None, None, None, False)
+    ref = _ref_attention(*(_bhsd(x, "bshd") for x in (q, k, v)), allow, d**-0.5)
+    torch.testing.assert_close(_unmerge(dpa(q, k, v, attn_mask_type=call), "bshd", h), ref, rtol=1e-12, atol=1e-13)
+
+
 def test_backward_matches_autograd_of_float64_reference():
     """Gradients of the explicit softmax backward equal autograd through math SDPA (GQA, causal)."""
     b, s, h, hg, d = 2, 5, 4, 2, 8
