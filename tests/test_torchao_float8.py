@@ -380,6 +380,25 @@ def test_dequantized_fp32_accumulator_equals_torchao_cpu_scaled_mm(
     _assert_runs_equal(_run(ours, x, grad), want)
 
 
+@pytest.mark.parametrize("pad", [False, True])
+def test_pad_inner_dim_pads_each_gemms_k_as_torchao(pad: bool) -> None:
+    """``Float8LinearConfig(pad_inner_dim=True)``: torchao's ``preprocess_addmm`` pads both operands' inner
+    dimension with ``pad_tensor_for_matmul`` (to a multiple of 16) before ``torch._scaled_mm``; the GEMM plans
+    fp8sim records carry that K (fprop K = 40, dgrad 24, wgrad 20: none a multiple of 16)."""
+    from fp8sim.pytorch import record_gemm_plans
+
+    pad_fn = require("torchao.float8.float8_utils").pad_tensor_for_matmul
+    cfg = dataclasses.replace(fs.Float8LinearConfig(), pad_inner_dim=pad)
+    lin = fs.Float8Linear.from_float(nn.Linear(40, 24, bias=False), config=cfg, accumulator="hopper")
+    x = torch.randn(20, 40, requires_grad=True)
+    with record_gemm_plans(model=lin, dry=True) as rec:
+        lin(x).sum().backward()
+    raw = {"fprop": 40, "dgrad": 24, "wgrad": 20}
+    want = {r: pad_fn(torch.zeros(1, k), dims=1).shape[1] if pad else k for r, k in raw.items()}
+    assert {p.role: p.k for p in rec.plans} == want
+    assert not pad or all(want[r] != raw[r] for r in raw)
+
+
 def test_hopper_accumulator_uses_fast_for_output_and_split_for_gradients() -> None:
     """accumulator="hopper" follows each GEMM's use_fast_accum (spec 4.7): output fast, both
     gradient GEMMs split (K = 192 and 160 rows, so promotion every 128 matters); the attribute can be
