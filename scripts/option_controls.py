@@ -148,7 +148,12 @@ PLANTS = [
         _MOD + "base.py",
         "tp_size > 1 and sequence_parallel, tp_group, tp_size",
         "tp_size > 1 and False, tp_group, tp_size",
-        ("tests/test_distributed_te_tp_local.py",),
+        (  # the rule in one process; what the flag does in the 2-rank spawn
+            "tests/test_distributed_te_tp_local.py",
+            "tests/test_distributed_te_tp.py",
+            "-k",
+            "follow_te or (megatron and current)",
+        ),
     ),
     Plant(
         "LayerNormLinear(return_layernorm_output=)",
