@@ -123,7 +123,7 @@ def ops_gemm(
     written = _written_dtype(quantization_params, dtype)
     # wgrad into main_grad (alpha = beta = 1, no bias): C joins cuBLASLt's epilogue FMA, as in the modules
     fused = accumulate and alpha == 1.0 and beta == 1.0 and bias is None
-    addend = out.reshape(left.shape[0], right.shape[1]).float() if fused else None
+    addend = out.reshape(-1, out.shape[-1]).float() if fused else None  # the (M, N) result's layout
     acc = _module_gemm(left, right, mode.recipe, _WHICH[layout], mode.accumulator, out_dtype=written, addend=addend)
     if alpha != 1.0:
         acc = acc * np.float32(alpha)
