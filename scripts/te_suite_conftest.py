@@ -8,8 +8,9 @@ Copy it next to TE's test files as ``conftest.py`` and run them under the shim w
 TE's shared ``tests/pytorch/utils.py`` imports attention internals at module level
 (``InferenceParams``, ``dot_product_attention._attention_backends``, ``get_attention_backend``,
 ``AttentionParams``, ``AttentionLogging``, ``check_set_window_size``, ``FusedAttnBackend``) that only TE's
-attention tests use.  fp8sim does not emulate them; this file puts placeholders under those names so that
-``utils.py`` imports, and any use of one raises ``NotImplementedError`` naming it.  Nothing else is changed.
+attention tests use.  Where fp8sim does not emulate one, this file puts a placeholder under its name so that
+``utils.py`` imports, and any use of it raises ``NotImplementedError`` naming it; a name fp8sim emulates
+(``check_set_window_size``, which ``utils.ModelConfig`` calls) is left as it is.  Nothing else is changed.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def _install() -> None:
     for modname, names in _PLACEHOLDERS.items():
         mod = importlib.import_module(modname)
         for name in names:
-            if name not in vars(mod):
+            # the shim's modules resolve names through __getattr__, so ask hasattr, not vars(); a name fp8sim
+            # emulates (check_set_window_size, ...) must stay the real one: ModelConfig calls it at import
+            if not hasattr(mod, name):
                 setattr(mod, name, _placeholder(f"{modname}.{name}"))
     for modname, names in _MODULES.items():
         mod = types.ModuleType(modname)

@@ -24,6 +24,7 @@ from fp8sim.testing.oracles import require
 torch = require("torch")
 
 import fp8sim.pytorch as te  # noqa: E402
+import fp8sim.pytorch.ops as te_ops  # noqa: E402
 from fp8sim.pytorch.custom_recipes.reference_current_scaling import current_scaling_ref_factory  # noqa: E402
 from fp8sim.pytorch.custom_recipes.reference_nvfp4 import nvfp4_ref_rht_2d_factory  # noqa: E402
 from fp8sim.pytorch.tensor import QuantizerRole  # noqa: E402
@@ -134,3 +135,26 @@ def test_linear_with_current_scaling_reference_factory_adds_the_bias_inside_its_
     twice = (torch.from_numpy(d).to(torch.bfloat16).float() + mod.bias.detach().float()).to(torch.bfloat16)
     assert not torch.equal(want, twice), "the data must tell one rounding from two"
     np.testing.assert_array_equal(_bits(y), _bits(want))
+
+
+def test_ops_linear_with_nvfp4_reference_factory_runs_te_reference_gemms() -> None:
+    """te.ops.Linear: TE's general_gemm hands custom tensors to custom_gemm (cpp_extensions/gemm.py 245-260),
+    with grad=True for BasicLinear's dgrad / wgrad GEMMs (ops/basic/basic_linear.py 922-984)."""
+    torch.manual_seed(5)
+    lin = te_ops.Linear(64, 32, bias=False, dtype=torch.bfloat16)
+    x, dy = _data()
+    x.requires_grad_(True)
+    with te.autocast(enabled=True, recipe=CustomRecipe(qfactory=nvfp4_ref_rht_2d_factory)):
+        y = lin(x)
+    y.backward(dy)
+    w = lin.weight.detach()
+    qx = nvfp4_ref_rht_2d_factory(_role("input")).quantize(x.detach())
+    qw = nvfp4_ref_rht_2d_factory(_role("weight")).quantize(w)
+    qdy = nvfp4_ref_rht_2d_factory(_role("grad_output")).quantize(dy)
+    bf = torch.bfloat16
+    want_y = _nvfp4_gemm(qx.data, qx.scale, qw.data, qw.scale, qx.global_amax_row, qw.global_amax_row, bf)
+    want_dx = _nvfp4_gemm(qdy.data, qdy.scale, qw.data_t, qw.scale_t, qdy.global_amax_row, qw.global_amax_row, bf)
+    want_dw = _nvfp4_gemm(qdy.data_t, qdy.scale_t, qx.data_t, qx.scale_t, qdy.global_amax_col, qx.global_amax_col, bf)
+    np.testing.assert_array_equal(_bits(y), _bits(want_y))
+    np.testing.assert_array_equal(_bits(x.grad), _bits(want_dx))
+    np.testing.assert_array_equal(_bits(lin.weight.grad), _bits(want_dw))

@@ -121,6 +121,29 @@ def test_fuse_wgrad_accumulation_adds_into_main_grad(first_microbatch: bool | No
     assert m.weight.grad is None and torch.equal(m.weight.main_grad, want)
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_fuse_wgrad_accumulation_with_a_frozen_weight_computes_no_wgrad(fp8: bool) -> None:
+    """TE linear.py: ``requires_wgrad`` is the weight's ``requires_grad`` (lines 712, 2008); a frozen weight
+    gets no wgrad and its ``main_grad`` is never read (TE's test_sanity_gradient_accumulation_fusion freezes
+    the weights and sets no main_grad); the input gradient is the same as without the fusion."""
+    torch.manual_seed(3)
+    m = te.Linear(16, 16, fuse_wgrad_accumulation=True)
+    ref = te.Linear(16, 16)
+    with torch.no_grad():
+        ref.weight.copy_(m.weight)
+        ref.bias.copy_(m.bias)
+    m.weight.requires_grad_(False)
+    ref.weight.requires_grad_(False)
+    x, g = torch.randn(16, 16), torch.randn(16, 16)
+    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+    with te.autocast(enabled=fp8, recipe=Float8CurrentScaling()):
+        ys = [m(xs[0]), ref(xs[1])]
+    for y in ys:
+        y.backward(g)
+    assert m.weight.grad is None and not hasattr(m.weight, "main_grad")
+    assert torch.equal(xs[0].grad, xs[1].grad)
+
+
 def test_delay_wgrad_compute_defers_wgrad_to_backward_dw() -> None:
     """TE base.py backward_dw: the stored wgrad GEMM runs and sets ``weight.grad``."""
     torch.manual_seed(4)

@@ -309,3 +309,27 @@ def test_float8_e4m3_reference_cast_is_satfinite() -> None:
     v = np.array([500.0, -1e9, 1.0625 + 2**-12], np.float32)
     out = np.clip(v, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
     assert out.tolist() == [448.0, -448.0, 1.125]
+
+
+def test_fuser_saves_through_tes_saved_tensor_protocol() -> None:
+    """TE ops/fuser.py 224-228: the fused autograd function saves the ops' tensors with prepare_for_saving +
+    save_for_backward and keeps the objects in ``tensor_objects``; TE's test_backward_override.py reads them
+    back with ``restore_from_saved(y.grad_fn.tensor_objects, y.grad_fn.saved_tensors)``.  BasicLinear saves
+    (x_local, w) (basic_linear.py 1044-1053): under backward_override="dequantized", x quantized by current
+    scaling (E4M3: scale = 448 / amax, codes = e4m3(x * scale))."""
+    from fp8sim.pytorch.tensor.quantized_tensor import restore_from_saved
+    from fp8sim.recipe import Float8CurrentScaling
+
+    torch.manual_seed(0)
+    m = te_ops.Linear(32, 16, dtype=torch.float32)
+    x = torch.randn(16, 32, requires_grad=True)
+    with te.autocast(enabled=True, recipe=Float8CurrentScaling(backward_override="dequantized")):
+        y = m(x)
+    saved = restore_from_saved(y.grad_fn.tensor_objects, list(y.grad_fn.saved_tensors))
+    assert len(saved) == 2
+    xs = x.detach().numpy()
+    scale = np.float32(448.0) / np.abs(xs).max()
+    want = (xs * scale).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) / scale
+    np.testing.assert_array_equal(saved[0].dequantize(dtype=torch.float32).numpy(), want)
+    y.sum().backward()
+    assert x.grad is not None and m.weight.grad is not None

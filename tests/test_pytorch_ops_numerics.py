@@ -279,3 +279,23 @@ def test_ops_linear_under_a_device_profile_equals_mmaemu(profile: str, mmaemu_pr
         warnings.simplefilter("ignore")  # mmaemu warns that TE-caller split decisions are experimental
         want = mmaemu.scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16, use_fast_accum=True, profile=mmaemu_profile)
     assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.parametrize("layout", ["NN", "NT"])
+def test_quantized_gemm_accumulates_into_out_with_beta_one(layout: str) -> None:
+    """The fused epilogue TE's BackwardLinearAdd / wgrad-into-main_grad use (general_gemm with accumulate=True,
+    alpha = beta = 1, no bias): result = op_B(B) @ op_A(A) + out.  Small integers keep every product and sum
+    exact, so the float64 reference is the only possible answer whatever the summation order."""
+    from fp8sim.pytorch.constants import DType
+    from fp8sim.pytorch.ops._gemm import ops_gemm
+    from fp8sim.pytorch.tensor.float8_tensor import Float8Quantizer
+
+    q = Float8Quantizer(torch.ones(1), torch.zeros(1), DType.kFloat8E4M3)
+    g = torch.Generator().manual_seed(1)
+    a = torch.randint(-4, 5, (16, 32), generator=g).float()
+    b = torch.randint(-4, 5, (16, 8) if layout == "NT" else (8, 16), generator=g).float()
+    prod = b.double().T @ a.double() if layout == "NT" else b.double() @ a.double()
+    out = torch.randint(-8, 9, tuple(prod.shape), generator=g).to(torch.bfloat16)
+    want = (prod + out.double()).to(torch.bfloat16)
+    got = ops_gemm(q(a), q(b), layout=layout, out_dtype=torch.bfloat16, accumulate=True, out=out.clone(), beta=1.0)
+    assert torch.equal(got, want)

@@ -200,3 +200,25 @@ def test_grouped_linear_single_param_flags_are_gated_as_te() -> None:
     from fp8sim.pytorch.module import is_module_grouped_tensor_path_supported
 
     assert is_module_grouped_tensor_path_supported(recipe.MXFP8BlockScaling(), torch.bfloat16) is False
+
+
+def test_module_fp8_meta_under_custom_recipe_shows_the_delayed_scaling_slots_state() -> None:
+    """TE's test_custom_recipe_ds_multi_step reads ``module.fp8_meta["scaling_fwd"].amax_history``: under a
+    CustomRecipe it is the CustomRecipeState whose amax_history is its DelayedScalingRequest slots' shared
+    state (quantization.py CustomRecipeState).  After one step the amaxes of x and W sit in the last row,
+    rolled there by _update_amax_history (quantization.py 1077-1088: roll by -1, row 0 zeroed)."""
+    from fp8sim.recipe import CustomRecipe, Format
+
+    torch.manual_seed(0)
+    m = te.Linear(32, 16, bias=False, params_dtype=torch.bfloat16)
+    rec = CustomRecipe(qfactory=lambda role: DelayedScalingRequest(fp8_format=Format.HYBRID))
+    x = torch.randn(8, 32, dtype=torch.bfloat16, requires_grad=True)
+    with te.autocast(enabled=True, recipe=rec):
+        y = m(x)
+    y.float().sum().backward()
+    meta = m.fp8_meta
+    assert meta["recipe"] is rec
+    hist = meta["scaling_fwd"].amax_history
+    assert torch.all(hist[0] == 0)
+    assert hist[-1, 0].item() == x.abs().max().item() and hist[-1, 1].item() == m.weight.abs().max().item()
+    assert meta["scaling_bwd"].amax_history[-1, 0].item() == 1.0  # dy = ones

@@ -111,3 +111,50 @@ def test_tex_dequantize_takes_a_te_dtype(tex) -> None:  # noqa: ANN001
     assert got.dtype == torch.bfloat16 and torch.equal(got, t.dequantize().to(torch.bfloat16))
     with pytest.raises(ValueError, match="otype"):
         tex.dequantize(t, tex.DType.kFloat8E4M3)
+
+
+@pytest.mark.parametrize("zero_centered_gamma", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layernorm_bwd_is_float32_layernorm_gradient_from_saved_statistics(tex, dtype, zero_centered_gamma) -> None:  # noqa: ANN001
+    """normalization.cpp 13-60: ``layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin, zero_centered_gamma)``
+    -> ``[dx, dgamma, dbeta]`` shaped like x / gamma / gamma; the kernel works in float32 with gamma + 1
+    when zero-centred.  Reference: torch autograd through F.layer_norm in float32, rounded once."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 40, generator=gen).to(dtype)
+    gamma = (torch.randn(40, generator=gen) * 0.1).to(dtype)
+    dz = torch.randn(6, 40, generator=gen).to(dtype)
+    eps = 1e-5
+    x32 = x.float().requires_grad_(True)
+    g32 = gamma.float().requires_grad_(True)
+    b32 = torch.zeros(40, requires_grad=True)
+    y = torch.nn.functional.layer_norm(x32, (40,), g32 + 1 if zero_centered_gamma else g32, b32, eps)
+    ref = torch.autograd.grad(y, (x32, g32, b32), dz.float())
+    mu = x.float().mean(-1)
+    rsigma = torch.rsqrt(x.float().var(-1, unbiased=False) + eps)
+    dx, dgamma, dbeta = tex.layernorm_bwd(dz, x, mu, rsigma, gamma, 0, zero_centered_gamma)
+    assert (dx.dtype, dgamma.dtype, dbeta.dtype) == (dtype, dtype, dtype)
+    # statistics computed apart may differ from F.layer_norm's in the last bit: compare at float32 accuracy
+    torch.testing.assert_close(dx, ref[0].to(dtype), rtol=1e-5 if dtype == torch.float32 else 1.6e-2, atol=1e-5)
+    torch.testing.assert_close(dgamma, ref[1].to(dtype), rtol=1e-5 if dtype == torch.float32 else 1.6e-2, atol=1e-5)
+    torch.testing.assert_close(dbeta, dz.double().sum(0).to(dtype))  # dbeta = the sum of dz over the rows
+
+
+def test_layernorm_bwd_from_the_forwards_own_statistics_is_bit_exact(tex) -> None:  # noqa: ANN001
+    """With the statistics torch's LayerNorm forward saved, the gradient equals autograd's bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 64, generator=gen)
+    gamma, beta = torch.randn(64, generator=gen), torch.zeros(64)
+    dz = torch.randn(5, 64, generator=gen)
+    _, mean, rstd = torch.native_layer_norm(x, [64], gamma, beta, 1e-5)
+    xg, gg = x.clone().requires_grad_(True), gamma.clone().requires_grad_(True)
+    ref = torch.autograd.grad(torch.nn.functional.layer_norm(xg, (64,), gg, beta, 1e-5), (xg, gg), dz)
+    dx, dgamma, _ = tex.layernorm_bwd(dz, x, mean.view(-1), rstd.view(-1), gamma, 8, False)
+    assert torch.equal(dx, ref[0]) and torch.equal(dgamma, ref[1])
+
+
+def test_cpp_extensions_reexports_the_extensions_functions(tex) -> None:  # noqa: ANN001
+    """TE's cpp_extensions/__init__.py does ``from transformer_engine_torch import *``: TE's
+    test_backward_override.py imports ``general_gemm, layernorm_bwd`` from there."""
+    from transformer_engine.pytorch.cpp_extensions import general_gemm, layernorm_bwd
+
+    assert layernorm_bwd is tex.layernorm_bwd and callable(general_gemm)

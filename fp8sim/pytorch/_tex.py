@@ -4,7 +4,8 @@ TE binds these in ``pytorch/csrc/extensions/pybind.cpp`` (d0067d0): the ``DType`
 integer value, lines 195-207), ``FP8FwdTensors`` / ``FP8BwdTensors`` (lines 734-751, values from
 ``csrc/common.h``), ``quantize(tensor, quantizer, output=None, noop=None)`` and
 ``dequantize(input, otype)`` (``csrc/extensions/cast.cpp``), ``fused_multi_row_padding`` /
-``fused_multi_row_unpadding`` (``csrc/extensions/padding.cpp``, ``common/util/padding.cu``).  Under ``fp8sim run`` (or
+``fused_multi_row_unpadding`` (``csrc/extensions/padding.cpp``, ``common/util/padding.cu``) and
+``layernorm_bwd`` (``csrc/extensions/normalization.cpp`` 13-60).  Under ``fp8sim run`` (or
 ``fp8sim.shim.install()``) ``import transformer_engine_torch`` is this module; any other name of
 the extension raises ``NotImplementedError`` naming it.
 """
@@ -27,6 +28,7 @@ __all__ = [
     "dequantize",
     "fused_multi_row_padding",
     "fused_multi_row_unpadding",
+    "layernorm_bwd",
 ]
 
 
@@ -125,3 +127,35 @@ def fused_multi_row_unpadding(
         for padded, rows in zip(input_row_list, unpadded_input_row_list, strict=True):
             output[dst : dst + rows].copy_(input[src : src + rows])
             src, dst = src + padded, dst + rows
+
+
+def layernorm_bwd(
+    dz: torch.Tensor,
+    x: torch.Tensor,
+    mu: torch.Tensor,
+    rsigma: torch.Tensor,
+    gamma: torch.Tensor,
+    sm_margin: int,
+    zero_centered_gamma: bool,
+) -> list[torch.Tensor]:
+    """``[dx, dgamma, dbeta]`` of LayerNorm over the last dimension of the 2-D ``x`` from its saved float32
+    statistics ``mu`` / ``rsigma`` (one per row), computed in float32 (``gamma + 1`` when zero-centred) and
+    rounded once to ``x``'s / ``gamma``'s dtype, the arithmetic of fp8sim's LayerNorm modules' backward.
+    ``sm_margin`` only sizes the CUDA grid and changes no value."""
+    del sm_margin
+    x32 = x.detach().contiguous().float()
+    g32 = gamma.detach().contiguous().float()
+    if zero_centered_gamma:
+        g32 = g32 + 1
+    rows = x32.shape[0]
+    dx, dg, db = torch.ops.aten.native_layer_norm_backward(
+        dz.detach().contiguous().float().view(x32.shape),
+        x32,
+        [x32.shape[-1]],
+        mu.detach().float().reshape(rows, 1),
+        rsigma.detach().float().reshape(rows, 1),
+        g32,
+        torch.zeros_like(g32),
+        [True, True, True],
+    )
+    return [dx.to(x.dtype), dg.to(gamma.dtype), db.to(gamma.dtype)]

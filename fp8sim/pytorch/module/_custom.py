@@ -98,3 +98,17 @@ def custom_operand(quantizer: Any, x: torch.Tensor, k_axis: int) -> Operand:
             "NVFP4Quantizer, IdentityQuantizer), custom quantizers (.custom True) or a DelayedScalingRequest"
         )
     return operand_of_tensor(quantizer(x.detach()), k_axis == 0)
+
+
+def custom_fp8_meta(module: Any) -> dict[str, Any]:
+    """TE's ``fp8_meta`` entries under a ``CustomRecipe``: ``recipe`` and, where ``DelayedScalingRequest``
+    slots exist, ``scaling_fwd`` / ``scaling_bwd`` as live ``(scale, amax_history)`` of those slots' shared
+    delayed-scaling state (TE ``quantization.py`` ``CustomRecipeState._ds_state``)."""
+    state = module.__dict__.get("_custom_state")
+    if state is None:
+        return {}
+    meta: dict[str, Any] = {"recipe": state[0]}
+    for key, scaler in zip(("scaling_fwd", "scaling_bwd"), state[2], strict=True):
+        if scaler is not None:
+            meta[key] = (torch.from_numpy(scaler.scale), torch.from_numpy(scaler.amax_history))
+    return meta

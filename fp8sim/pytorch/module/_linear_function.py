@@ -206,6 +206,8 @@ def _wgrad(ctx: Any, wgrad_fn: Any) -> torch.Tensor | None:
     w = opts.weight_param
     if not ctx.needs_input_grad[1] and not opts.fuse_wgrad_accumulation:
         return None
+    if w is not None and not w.requires_grad:  # TE linear.py 712/2008: no wgrad (nor main_grad) for a frozen weight
+        return None
     if opts.wgrad_store is not None:
         opts.wgrad_store.append((wgrad_fn, ctx.dtypes[1]))
         return None

@@ -394,6 +394,11 @@ class TransformerEngineBaseModule(nn.Module):
                     scale = torch.from_numpy(np.concatenate([sc.scale for sc in scalers]))
                     hist = torch.from_numpy(np.concatenate([sc.amax_history for sc in scalers], axis=1))
                 meta[key] = _ScalingMeta(scale, hist)
+        if isinstance(self._last_recipe, CustomRecipe):
+            from ._custom import custom_fp8_meta
+
+            for key, value in custom_fp8_meta(self).items():
+                meta[key] = _ScalingMeta(*value) if key.startswith("scaling") else value
         return meta
 
     # -- checkpoints -----------------------------------------------------------------------------

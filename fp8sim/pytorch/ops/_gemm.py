@@ -9,7 +9,8 @@ bits, as they do on a GPU where both call the same cuBLAS GEMM.
 :func:`fp8sim.pytorch.module._gemm.gemm` with the autocast region's ``accumulator`` (None: exact products
 summed in float32, the modules' default).  The epilogue is cuBLAS's in float32: ``alpha * acc``, ``+ bias``,
 ``+ beta * out``, then one rounding to the output dtype, or an FP8 output quantized from the float32 values.
-High-precision operands and row-scaled NVFP4 operands go through ``general_gemm`` itself.
+High-precision operands, row-scaled NVFP4 operands and custom tensors (a ``CustomRecipe``'s reference
+quantizers: their ``qgemm``) go through ``general_gemm`` itself.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..cpp_extensions.gemm import general_gemm, validate_gemm_scale
 from ..module._gemm import gemm as _module_gemm
 from ..module._operands import operand_of_tensor as _operand
 from ..tensor import NVFP4TensorStorage
+from ..tensor.utils import is_custom
 from ._common import is_quantized_tensor
 
 __all__ = ["GemmMode", "ops_gemm"]
@@ -90,6 +92,13 @@ def ops_gemm(
     if layout not in _WHICH:
         raise AssertionError(f"GEMM layout {layout} not supported.")
     A, B = _unwrap(A), _unwrap(B)
+    if is_custom(A) or is_custom(B):
+        # TE general_gemm (cpp_extensions/gemm.py 245-260) hands custom tensors to custom_gemm before any other
+        # check; BasicLinear passes grad=True to its dgrad ("NN") and wgrad ("NT") GEMMs (basic_linear.py 922-984)
+        kwargs = dict(layout=layout, out=out, bias=bias, accumulate=accumulate, alpha=alpha, beta=beta)
+        return general_gemm(
+            A, B, out_dtype=out_dtype, quantization_params=quantization_params, grad=layout != "TN", **kwargs
+        )[0]
     quantized = (is_quantized_tensor(A), is_quantized_tensor(B))
     if quantized[0] != quantized[1]:
         raise TypeError(
@@ -114,7 +123,7 @@ def ops_gemm(
     written = _written_dtype(quantization_params, dtype)
     # wgrad into main_grad (alpha = beta = 1, no bias): C joins cuBLASLt's epilogue FMA, as in the modules
     fused = accumulate and alpha == 1.0 and beta == 1.0 and bias is None
-    addend = out.reshape(left.shape[0], right.shape[1]).float() if fused else None
+    addend = out.reshape(-1, out.shape[-1]).float() if fused else None  # the (M, N) result's layout
     acc = _module_gemm(left, right, mode.recipe, _WHICH[layout], mode.accumulator, out_dtype=written, addend=addend)
     if alpha != 1.0:
         acc = acc * np.float32(alpha)

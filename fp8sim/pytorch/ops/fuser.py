@@ -20,6 +20,7 @@ import torch
 
 from ...recipe import DelayedScaling, Recipe
 from ..quantization import FP8GlobalStateManager, _register, current_state, reduce_and_update_fp8_tensors
+from ..tensor.quantized_tensor import prepare_for_saving, restore_from_saved
 from . import op as _op
 from .op import BasicOperation, FusedOperation, FusibleOperation, OperationContext
 
@@ -107,7 +108,9 @@ class _OperationFuserAutogradFunction(torch.autograd.Function):
                 start = len(to_save)
                 to_save.extend(c.to_save or ())
                 c.to_save, c._saved_tensors_range = None, (start, len(to_save))
-            func_ctx.saved = to_save  # kept as attributes: quantized tensors stay whole
+            # TE fuser.py 226-228: storages give their buffers to save_for_backward, the objects stay on the ctx
+            tensors_to_save, func_ctx.tensor_objects = prepare_for_saving(*to_save)
+            func_ctx.save_for_backward(*tensors_to_save)
             st = current_state()
             first_module = False
             if fuser.first_op_requiring_backward < n and st.enabled:
@@ -128,8 +131,9 @@ class _OperationFuserAutogradFunction(torch.autograd.Function):
     def backward(func_ctx: Any, grad_output: torch.Tensor, *grad_extra_outputs: torch.Tensor) -> tuple:
         fuser: OperationFuser = func_ctx.fuser
         ctxs, basic_ops = func_ctx.basic_op_ctxs, func_ctx.basic_ops
+        saved = restore_from_saved(func_ctx.tensor_objects, list(func_ctx.saved_tensors))
         for c in ctxs:
-            c.saved_tensors = tuple(func_ctx.saved[slice(*c._saved_tensors_range)])
+            c.saved_tensors = tuple(saved[slice(*c._saved_tensors_range)])
             c._saved_tensors_range = None
         if len(grad_extra_outputs) != func_ctx.num_extra_outputs:
             raise ValueError(
