@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 import fp8sim.run.shim as shim
+from fp8sim.testing.oracles import require
+
+require("torch")  # the shim resolves transformer_engine to fp8sim.pytorch (not in the lean session)
 
 CONFTEST = Path(__file__).resolve().parents[1] / "scripts" / "te_suite_conftest.py"
 
