@@ -65,8 +65,10 @@ class MultiheadAttention(nn.Module):
     attention_type="self", fuse_qkv_params=False, zero_centered_gamma=False,
     qkv_weight_interleaved=True, rotary_pos_interleaved=False, bias=True, normalization="LayerNorm",
     qkv_format="sbhd")``; ``forward(hidden_states, attention_mask=None, encoder_output=None, ...,
-    rotary_pos_emb=None, ...)``.  Tensor/sequence parallelism with ``set_parallel_mode=True`` (module
-    docstring); userbuffers are not emulated."""
+    rotary_pos_emb=None, ...)``.  ``return_bias=True``: ``proj`` leaves its bias out of the GEMM and forward
+    returns ``(out, bias)`` (then ``ln_out`` with ``return_layernorm_output``), TE's order; the QKV GEMMs keep
+    theirs.  Tensor/sequence parallelism with ``set_parallel_mode=True`` (module docstring); userbuffers are
+    not emulated."""
 
     def __init__(
         self,
@@ -135,13 +137,11 @@ class MultiheadAttention(nn.Module):
             raise AssertionError(f"attention_type {attention_type} not supported")
         if layer_number is not None and layer_number <= 0:
             raise AssertionError("layer_number must be a positive integer")
-        if return_bias:
-            raise NotImplementedError("fp8sim's MultiheadAttention does not emulate return_bias")
         self.qkv_format, self.attn_mask_type, self.window_size = qkv_format, attn_mask_type, window_size
         self.bottom_right_diagonal = bottom_right_diagonal
         self.layer_number = 1 if layer_number is None else layer_number
         self.input_layernorm, self.attention_type = input_layernorm, attention_type
-        self.return_layernorm_output = return_layernorm_output
+        self.return_layernorm_output, self.return_bias = return_layernorm_output, return_bias
         self.params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
         self.num_attention_heads = num_attention_heads
         self.qkv_weight_interleaved = qkv_weight_interleaved if fuse_qkv_params else False
@@ -208,9 +208,8 @@ class MultiheadAttention(nn.Module):
             name=None if name is None else name + ".core_attention",
         )
         proj_mode = "row" if set_parallel_mode else None
-        self.proj = Lin(
-            self.hidden_size_q, hidden_size, parallel_mode=proj_mode, **{**kw, "init_method": output_layer_init_method}
-        )
+        proj_kw = {**kw, "init_method": output_layer_init_method, "return_bias": return_bias}
+        self.proj = Lin(self.hidden_size_q, hidden_size, parallel_mode=proj_mode, **proj_kw)
 
     def set_tensor_parallel_group(self, tp_group: Any) -> None:
         """TE: this module's tensor parallel group (``TransformerLayer.set_tensor_parallel_group`` sets every
@@ -342,9 +341,10 @@ class MultiheadAttention(nn.Module):
             fp8_output=dpa_fp8_output,
         )
         out = self.proj(context, is_first_microbatch=is_first_microbatch, fp8_grad=proj_fp8_grad)
+        outputs = out if self.return_bias else (out,)  # proj returns (out, bias) when it leaves its bias unadded
         if self.input_layernorm and self.return_layernorm_output:
-            return out, ln_out
-        return out
+            outputs += (ln_out,)
+        return outputs if len(outputs) > 1 else outputs[0]
 
 
 def _split_fp8(mixed: torch.Tensor, parts: tuple, split: Callable) -> None:
