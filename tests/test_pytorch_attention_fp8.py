@@ -438,3 +438,140 @@ def test_mxfp8_block_scales_leak_future_tokens_inside_a_block():
     assert not torch.equal(a, b)
     a, b = _causal_outputs(Float8CurrentScaling(fp8_dpa=True), q, k, v, 47, 100.0)
     assert not torch.equal(a, b)  # current scaling: the global amax moves every scale
+
+
+# -- CustomRecipe: TE maps the qfactory's slot quantizers onto the same points --------------------------------
+# TE dot_product_attention.py get_quantizer_roles (roles of the 9 + 6 slots), utils.py get_attention_quantizers
+# (slots META_QKV/O/S, META_DQKV/DO/DP; FP8 quantizer classes only), backends.py _qkv_quantizer_type (the flow
+# follows the QKV slot's class: "delayed", "current" with O and dQKV in F16, "mxfp8" with S and dP nulled).
+
+
+def _custom(factory):
+    from fp8sim.recipe import CustomRecipe
+
+    return CustomRecipe(qfactory=factory, fp8_dpa=True)
+
+
+def _dpa_factory(qkv, o, s, do, dp, dqkv, record=None):
+    """A qfactory giving DPA's roles the quantizers built by the callables (TE's boundary hint roles for
+    O and dQKV have no module type and ``dpa_output`` / ``dpa_grad_input`` in their name)."""
+
+    def factory(role):
+        if record is not None:
+            record.append(role)
+        if role.module_type == "dpa":
+            return {"qkv": qkv, "s": s, "do": do, "dp": dp}[role.tensor_type]()
+        return (o if "dpa_output" in role.name else dqkv)()
+
+    return factory
+
+
+def _cs(dt):
+    return lambda: te.Float8CurrentScalingQuantizer(dt)
+
+
+def _ds(**kw):
+    from fp8sim.pytorch.quantization import DelayedScalingRequest
+
+    return lambda: DelayedScalingRequest(**kw)
+
+
+def test_custom_recipe_te_zoo_factory_is_current_scaling_with_delayed_s_dp():
+    """TE's ``nvfp4_linear_fp8_dpa_factory``: QKV/O/dO/dQKV current scaling (E4M3 / E5M2), S/dP delayed
+    (history 1, most_recent): the current-scaling flow, bit for bit against the reference's casts, two steps
+    (step 2's S/dP scales: fp8_max / step 1's amax); the factory sees TE's 9 + 6 roles."""
+    from fp8sim.pytorch.custom_recipes.quantizer_factory_zoo import nvfp4_linear_fp8_dpa_factory
+
+    roles = []
+
+    def factory(role):
+        roles.append(role)
+        return nvfp4_linear_fp8_dpa_factory(role)
+
+    b, s, h, d = 1, 16, 2, 16
+    dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal", name="core_attention")
+    recipe = _custom(factory)
+    scales = {"s": 1.0, "dp": 1.0}
+    for step in range(2):
+        q, k, v, do = _data(b, s, h, d, seed=20 + step)
+        amax: dict[str, float] = {}
+        ref_out, ref_grads = reference(*(_bhsd(t) for t in (q, k, v, do)), d**-0.5, True, "current", scales, amax)
+        out, grads = _run(dpa, recipe, q, k, v, do)
+        _assert_bits(_bhsd(out.reshape(b, s, h, d)), ref_out, f"O step {step}")
+        for name, g, r in zip("QKV", grads, ref_grads, strict=True):
+            _assert_bits(_bhsd(g), r, f"d{name} step {step}")
+        scales = {n: float(np.float32(fmax) / np.float32(amax[n])) for n, fmax in (("s", 448), ("dp", 57344))}
+    names = [(r.module_type, r.tensor_type, r.name) for r in roles]
+    dpa_role = [("dpa", t, "core_attention") for t in ("qkv", "s", "do", "dp")]
+    assert (
+        names
+        == [dpa_role[0]] * 3
+        + [("", "", "core_attention.dpa_output")] * 3
+        + [dpa_role[1]] * 3
+        + [("", "", "core_attention.dpa_grad_input")] * 2
+        + [dpa_role[2]] * 2
+        + [dpa_role[3]] * 2
+    )  # built once per recipe object (TE's CustomRecipeState)
+
+
+def test_custom_recipe_delayed_requests_run_the_delayed_flow():
+    """Every DPA slot a ``DelayedScalingRequest`` (HYBRID): the QKV slot is a Float8Quantizer, so TE runs the
+    delayed flow (O and dQKV quantized too); step 1: every scale 1."""
+    b, s, h, d = 2, 16, 2, 16
+    q, k, v, do = _data(b, s, h, d, seed=5)
+    ds = _ds(amax_history_len=4)
+    dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="no_mask")
+    out, grads = _run(dpa, _custom(_dpa_factory(ds, ds, ds, ds, ds, ds)), q, k, v, do)
+    ones = dict.fromkeys(SCALES, 1.0)
+    ref_out, ref_grads = reference(*(_bhsd(t) for t in (q, k, v, do)), d**-0.5, False, "delayed", ones)
+    _assert_bits(_bhsd(out.reshape(b, s, h, d)), ref_out, "O")
+    for name, g, r in zip("QKV", grads, ref_grads, strict=True):
+        _assert_bits(_bhsd(g), r, f"d{name}")
+
+
+def test_custom_recipe_mxfp8_quantizers_run_the_mxfp8_flow():
+    """MXFP8Quantizer(E4M3) in every DPA slot: the MXFP8 flow, S and dP nulled (TE get_attention_quantizers)."""
+    b, s, h, d = 1, 128, 1, 32
+    q, k, v, do = _data(b, s, h, d, seed=3)
+    mxq = lambda: te.MXFP8Quantizer(te.DType.kFloat8E4M3)  # noqa: E731
+    dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal")
+    out, grads = _run(dpa, _custom(_dpa_factory(*[mxq] * 6)), q, k, v, do, accumulator=None)
+    ref_out, ref_grads = reference(*(_bhsd(t) for t in (q, k, v, do)), d**-0.5, True, "mxfp8")
+    _assert_bits(_bhsd(out.reshape(b, s, h, d)), ref_out, "O")
+    for name, g, r in zip("QKV", grads, ref_grads, strict=True):
+        _assert_bits(_bhsd(g), r, f"d{name}")
+
+
+def test_custom_recipe_slot_dtype_is_used():
+    """Negative control: an E5M2 QKV slot changes O (the slot's own dtype is honoured, not the recipe's)."""
+    b, s, h, d = 1, 16, 2, 16
+    q, k, v, do = _data(b, s, h, d, seed=2)
+    E4q, E5q = te.DType.kFloat8E4M3, te.DType.kFloat8E5M2
+    outs = []
+    for qkv_dt in (E4q, E5q):
+        f = _dpa_factory(_cs(qkv_dt), _cs(E4q), _ds(amax_history_len=1), _cs(E5q), _ds(amax_history_len=1), _cs(E5q))
+        dpa = DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal")
+        outs.append(_run(dpa, _custom(f), q, k, v, do)[0])
+    ref_out, _ = reference(*(_bhsd(t) for t in (q, k, v, do)), d**-0.5, True, "current", {"s": 1.0, "dp": 1.0})
+    _assert_bits(_bhsd(outs[0].reshape(b, s, h, d)), ref_out, "O")
+    assert not torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize(
+    "slot, make, err, match",
+    [
+        ("qkv", lambda: te.NVFP4Quantizer(), TypeError, "but QKV quantizer is NVFP4Quantizer"),
+        ("s", _cs(te.DType.kFloat8E4M3), NotImplementedError, "delayed-scaling S slot"),
+        ("qkv", lambda: te.Float8CurrentScalingQuantizer(te.DType.kFloat8E4M3, force_pow_2_scales=True),
+         NotImplementedError, "force_pow_2_scales"),
+    ],
+)  # fmt: skip
+def test_custom_recipe_unsupported_slot_quantizers_are_refused(slot, make, err, match):
+    """TE's TypeError for a non-FP8 DPA quantizer; fp8sim's NotImplementedError for what it does not model."""
+    parts = {"qkv": _cs(te.DType.kFloat8E4M3), "o": _cs(te.DType.kFloat8E4M3), "s": _ds(amax_history_len=1)}
+    parts.update({"do": _cs(te.DType.kFloat8E5M2), "dp": _ds(amax_history_len=1), "dqkv": _cs(te.DType.kFloat8E5M2)})
+    parts[slot] = make
+    q, k, v, do = _data(1, 16, 2, 16, seed=2)
+    dpa = DotProductAttention(2, 16, qkv_format="bshd")
+    with pytest.raises(err, match=match):
+        _run(dpa, _custom(_dpa_factory(**parts)), q, k, v, do)

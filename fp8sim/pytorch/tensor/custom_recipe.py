@@ -74,6 +74,7 @@ class CustomQuantizers:
 
     quantizers: list[Any]
     scaler: DelayedScaler | None
+    ds_slots: list[int] = dataclasses.field(default_factory=list)  # slot i <- scaler index ds_slots.index(i)
 
 
 def custom_recipe_quantizers(
@@ -138,4 +139,4 @@ def custom_recipe_quantizers(
         scaler = DelayedScaler(inner, n=len(ds), forward=forward)
     for (idx, _), q in zip(ds, delayed_scaling_quantizers(scaler), strict=True):
         raw[idx] = q
-    return CustomQuantizers(raw, scaler)
+    return CustomQuantizers(raw, scaler, [idx for idx, _ in ds])

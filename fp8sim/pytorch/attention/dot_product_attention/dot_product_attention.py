@@ -147,8 +147,10 @@ class DotProductAttention(nn.Module):
         self.accumulator = accumulator
         self.mxfp8_softmax = mxfp8_softmax
         self.pv_bf16, self.dqkv_bf16 = pv_bf16, dqkv_bf16
+        self.name = name
         self.fwd: DelayedScaler | None = None
         self.bwd: DelayedScaler | None = None
+        self._custom_scalers: tuple | None = None  # a CustomRecipe step's delayed-scaling states (fwd, bwd)
         self.group: Any = None
 
     # -- FP8 state (TE's fp8_meta of a 3-GEMM module) ------------------------------------------------
@@ -162,12 +164,14 @@ class DotProductAttention(nn.Module):
                     new.scale, new.amax_history = prev.scale, prev.amax_history
 
     def _update_forward_scales(self) -> None:
-        if self.fwd is not None:
-            self.fwd.update(group=self.group)
+        fwd = self.fwd if self._custom_scalers is None else self._custom_scalers[0]
+        if fwd is not None:
+            fwd.update(group=self.group)
 
     def _update_backward_scales(self) -> None:
-        if self.bwd is not None:
-            self.bwd.update(group=self.group)
+        bwd = self.bwd if self._custom_scalers is None else self._custom_scalers[1]
+        if bwd is not None:
+            bwd.update(group=self.group)
 
     def get_extra_state(self) -> torch.Tensor:
         """TE's ``_extra_state`` (the base module's format): an empty uint8 tensor before any FP8 step,
@@ -425,18 +429,29 @@ class DotProductAttention(nn.Module):
             return
         if bias_type != "no_bias":
             raise NotImplementedError("fp8sim's FP8 attention emulates core_attention_bias_type='no_bias' only")
-        if fp8_output and isinstance(recipe, MXFP8BlockScaling):
+        self._custom_scalers, o_cast = None, None
+        if recipe.custom():  # TE: the flow follows the QKV slot's quantizer class
+            from .custom_recipe import custom_attention_quantizers
+
+            kind, quantizers, o_cast = custom_attention_quantizers(self, recipe, self.mxfp8_softmax == "mxfp8")
+            self._custom_scalers = self.__dict__["_custom_state"][2]
+            mx = kind == "mxfp8"
+        else:
+            mx, quantizers = isinstance(recipe, MXFP8BlockScaling), None
+        if fp8_output and mx:
             raise NotImplementedError("fp8sim's DotProductAttention returns O in high precision under MXFP8")
-        if isinstance(recipe, MXFP8BlockScaling) and (sq % 128 or skv % 128 or dqk % 32 or dv % 32):
+        if mx and (sq % 128 or skv % 128 or dqk % 32 or dv % 32):
             raise AssertionError(
                 "MXFP8 quantization requires s_q % 128 == 0, s_kv % 128 == 0, d_qk % 32 == 0, d_v % 32"
                 f" == 0. Found s_q={sq}, s_kv={skv}, d_qk={dqk}, d_v={dv}."
             )
         if recipe.fp8_format == Format.E5M2:
             raise AssertionError('DotProductAttention only supports "E4M3" and "E5M2" FP8 data types.')
-        check_bf16_options(self.pv_bf16, self.dqkv_bf16, type(recipe).__name__, isinstance(recipe, MXFP8BlockScaling))
-        for name, qz in self._quantizers(recipe).items():
+        check_bf16_options(self.pv_bf16, self.dqkv_bf16, type(recipe).__name__, mx)
+        for name, qz in (quantizers if quantizers is not None else self._quantizers(recipe)).items():
             setattr(cfg, name, qz)
+        if o_cast is not None:
+            cfg.saved["o_cast"] = o_cast
         cfg.pv_bf16, cfg.dqkv_bf16 = self.pv_bf16, self.dqkv_bf16
         cfg.bwd_fp8 = bool(int(os.getenv("NVTE_FP8_DPA_BWD", "1")))
         acc = st.accumulator if st.accumulator is not None else self.accumulator

@@ -27,7 +27,8 @@ def attach_fp8_output(out: torch.Tensor, cfg: AttentionConfig, fmt: str, heads: 
     if oq is not None:
         h = FP8Handoff(utils.from_bhsd(oq.vals, fmt), utils.from_bhsd(oq.codes, fmt), oq.scale_inv, oq.fmt)
     else:
-        (cq,) = Quantizer("current", tensor_format(get_recipe().fp8_format, True))(out)
+        o_cast = cfg.saved.get("o_cast") or Quantizer("current", tensor_format(get_recipe().fp8_format, True))
+        (cq,) = o_cast(out)
         h = FP8Handoff(cq.vals, cq.codes, cq.scale_inv, cq.fmt)
         out = out + (h.dequant(out.dtype) - out).detach()  # the value TE's Float8Tensor O dequantizes to
     shape4 = (*out.shape[:2], heads, -1)
