@@ -519,3 +519,29 @@ def test_transformer_layer_with_tp_size_2_builds_te_shards_and_needs_a_group():
         te.TransformerLayer(32, 64, 2, tp_size=2)
     one = te.TransformerLayer(32, 64, 2, tp_size=1, set_parallel_mode=True, sequence_parallel=True)
     assert not one.sequence_parallel and tuple(one.self_attention.proj.weight.shape) == (32, 32)
+
+
+def test_submodule_names_reach_custom_recipe_roles():
+    """TE names the GEMM submodules after the parent (``transformer.py``: ``.self_attention``,
+    ``.layernorm_mlp``; ``multi_head_attention.py``: ``.layernorm_linear_qkv``, ``.core_attention``, ``.proj``),
+    and a ``CustomRecipe`` factory sees those names in ``QuantizerRole.name`` (TE's
+    test_custom_recipe.py ``test_custom_recipe_quantization_targets``)."""
+    from fp8sim.pytorch.custom_recipes.quantizer_factories import current_scaling_factory
+    from fp8sim.recipe import CustomRecipe
+
+    names = set()
+
+    def factory(role):
+        if role is not None:
+            names.add(role.name)
+        return current_scaling_factory(role)
+
+    layer = te.TransformerLayer(32, 64, 4, hidden_dropout=0.0, attention_dropout=0.0, name="tl0")
+    with te.autocast(recipe=CustomRecipe(qfactory=factory)):
+        layer(torch.randn(8, 2, 32)).sum().backward()
+    want = {f"tl0.self_attention.{n}" for n in ("layernorm_linear_qkv", "proj")}
+    want |= {f"tl0.layernorm_mlp.{n}" for n in ("fc1", "fc2")}
+    assert want <= names, sorted(names)
+    assert layer.self_attention.core_attention.name == "tl0.self_attention.core_attention"
+    unnamed = te.MultiheadAttention(32, 4)
+    assert unnamed.proj.name is None and unnamed.qkv.name is None  # TE: None without a parent name

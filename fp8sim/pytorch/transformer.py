@@ -226,6 +226,7 @@ class TransformerLayer(nn.Module):
             zero_centered_gamma=zero_centered_gamma,
             params_dtype=params_dtype,
             device=device,
+            name=None if name is None else name + ".layernorm_mlp",
             **tp_kw,
         )
         if output_layernorm:

@@ -171,26 +171,51 @@ class MultiheadAttention(nn.Module):
             "normalization": normalization,
         }
         LNL, Lin = _module.LayerNormLinear, _module.Linear
+
+        def sub(suffix: str) -> str | None:  # TE names the submodules after the parent (QuantizerRole.name)
+            return None if name is None else name + "." + suffix
+
         if attention_type == "self":
             out = self.hidden_size_q + 2 * self.hidden_size_kv
             split = None  # TE: separate query/key/value parameters unless fuse_qkv_params
             if not fuse_qkv_params:
                 split = {"query": self.hidden_size_q, "key": self.hidden_size_kv, "value": self.hidden_size_kv}
             if input_layernorm:
-                self.layernorm_qkv = LNL(hidden_size, out, parameters_split=split, parallel_mode=qkv_mode, **ln_kw)
+                self.layernorm_qkv = LNL(
+                    hidden_size,
+                    out,
+                    parameters_split=split,
+                    parallel_mode=qkv_mode,
+                    name=sub("layernorm_linear_qkv"),
+                    **ln_kw,
+                )
             else:
-                self.qkv = Lin(hidden_size, out, parameters_split=split, parallel_mode=qkv_mode, **kw)
+                self.qkv = Lin(
+                    hidden_size, out, parameters_split=split, parallel_mode=qkv_mode, name=sub("linear_qkv"), **kw
+                )
         else:
             if input_layernorm:
                 q_split = None if fuse_qkv_params else ("query",)
                 self.layernorm_query = LNL(
-                    hidden_size, self.hidden_size_q, parameters_split=q_split, parallel_mode=qkv_mode, **ln_kw
+                    hidden_size,
+                    self.hidden_size_q,
+                    parameters_split=q_split,
+                    parallel_mode=qkv_mode,
+                    name=sub("layernorm_linear_q"),
+                    **ln_kw,
                 )
             else:
-                self.query_layer = Lin(hidden_size, self.hidden_size_q, parallel_mode=qkv_mode, **kw)
+                self.query_layer = Lin(
+                    hidden_size, self.hidden_size_q, parallel_mode=qkv_mode, name=sub("linear_q"), **kw
+                )
             kv_split = None if fuse_qkv_params else ("key", "value")
             self.key_value = Lin(
-                hidden_size, 2 * self.hidden_size_kv, parameters_split=kv_split, parallel_mode=qkv_mode, **kw
+                hidden_size,
+                2 * self.hidden_size_kv,
+                parameters_split=kv_split,
+                parallel_mode=qkv_mode,
+                name=sub("linear_kv"),
+                **kw,
             )
         self.core_attention = DotProductAttention(
             num_attention_heads,
@@ -205,10 +230,10 @@ class MultiheadAttention(nn.Module):
             tp_group=tp_group,
             sequence_parallel=sequence_parallel,
             get_rng_state_tracker=get_rng_state_tracker,
-            name=None if name is None else name + ".core_attention",
+            name=sub("core_attention"),
         )
         proj_mode = "row" if set_parallel_mode else None
-        proj_kw = {**kw, "init_method": output_layer_init_method, "return_bias": return_bias}
+        proj_kw = {**kw, "init_method": output_layer_init_method, "return_bias": return_bias, "name": sub("proj")}
         self.proj = Lin(self.hidden_size_q, hidden_size, parallel_mode=proj_mode, **proj_kw)
 
     def set_tensor_parallel_group(self, tp_group: Any) -> None:
