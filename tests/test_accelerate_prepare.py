@@ -119,7 +119,9 @@ def _wrapper_chain(forward: Any) -> list[str]:
     while forward is not None:
         func = getattr(forward, "__func__", forward)
         code = getattr(func, "__code__", None)
-        names.append(code.co_qualname if code is not None else type(func).__name__)
+        name = code.co_qualname if code is not None else type(func).__name__
+        # mutmut's trampolines rename a mutated function x_NAME__mutmut_orig: the chain is the same
+        names.append(re.sub(r"^x_(\w+?)__mutmut_orig\b", r"\1", name))
         forward = getattr(func, "__wrapped__", None)
     return names
 
