@@ -104,6 +104,23 @@ def test_first_and_last_filter_quirk_warns_and_documented_excludes_the_models_fi
     assert _converted(model, fs.Float8Linear) == ["1"]
 
 
+def test_first_and_last_filter_warns_only_on_a_leaf_linear_and_names_the_remedy() -> None:
+    """The quirk warning is for a non-root Linear seen alone; a container or a root Linear gets none."""
+    model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fa.UpstreamQuirkWarning)
+        assert fa.filter_first_and_last_linear_layers(model, "blocks") == aao.filter_first_and_last_linear_layers(
+            model, "blocks"
+        )
+        assert fa.filter_first_and_last_linear_layers(model[0], "") == aao.filter_first_and_last_linear_layers(
+            model[0], ""
+        )
+    with pytest.warns(fa.UpstreamQuirkWarning) as record:
+        fa.filter_first_and_last_linear_layers(model[1], "1")
+    message = str(record[0].message)
+    assert "'1'" in message and "convert_model_to_fp8_ao(..., documented=True) applies it to the whole model" in message
+
+
 def test_root_linear_is_not_converted_in_place() -> None:
     model = nn.Linear(32, 32)
     assert fa.convert_model_to_fp8_ao(model, module_filter_func=lambda m, fqn: True) is None

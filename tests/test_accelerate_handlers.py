@@ -267,6 +267,28 @@ def test_truth_values_match_accelerate(value: str, monkeypatch: pytest.MonkeyPat
     )
 
 
+@pytest.mark.parametrize("value", ["yes", "off"])
+def test_truth_values_have_accelerates_types(value: str) -> None:
+    """1/0 by default and True/False with to_bool, as accelerate: equality alone cannot tell 1 from True."""
+    theirs = [aenv.str_to_bool(value), aenv.str_to_bool(value, False), aenv.str_to_bool(value, True)]
+    ours = [fa.str_to_bool(value), fa.str_to_bool(value, to_bool=False), fa.str_to_bool(value, to_bool=True)]
+    assert [(type(v), v) for v in ours] == [(type(v), v) for v in theirs]
+
+
+@pytest.mark.parametrize("value", [None, "fp8", "no"])
+def test_parse_choice_from_env_matches_accelerate(value: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    if value is None:
+        monkeypatch.delenv("FP8SIM_TEST_CHOICE", raising=False)
+    else:
+        monkeypatch.setenv("FP8SIM_TEST_CHOICE", value)
+    from fp8sim.accelerate._env import parse_choice_from_env  # used by prepare; not re-exported
+
+    assert parse_choice_from_env("FP8SIM_TEST_CHOICE") == aenv.parse_choice_from_env("FP8SIM_TEST_CHOICE")
+    assert parse_choice_from_env("FP8SIM_TEST_CHOICE", "bf16") == aenv.parse_choice_from_env(
+        "FP8SIM_TEST_CHOICE", "bf16"
+    )
+
+
 def test_clear_environment_empties_and_restores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FP8SIM_TEST_VAR", "kept")
     with fa.clear_environment():
