@@ -118,7 +118,8 @@ def test_first_and_last_filter_warns_only_on_a_leaf_linear_and_names_the_remedy(
     with pytest.warns(fa.UpstreamQuirkWarning) as record:
         fa.filter_first_and_last_linear_layers(model[1], "1")
     message = str(record[0].message)
-    assert "'1'" in message and "convert_model_to_fp8_ao(..., documented=True) applies it to the whole model" in message
+    remedy = "layer (convert_model_to_fp8_ao(..., documented=True) applies it to the whole model) (reproduced"
+    assert "'1'" in message and remedy in message
 
 
 def test_root_linear_is_not_converted_in_place() -> None:
