@@ -309,6 +309,19 @@ def test_fp8_recipe_kwargs_emits_accelerates_future_warning() -> None:
     assert messages[0] == messages[1] and len(messages[0]) == 1
 
 
+def test_fp8_recipe_kwargs_warnings_point_at_the_callers_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FutureWarning and the opt_level quirk warning name the user's line that built the kwargs (accelerate's
+    FutureWarning names its own dataclasses.py)."""
+    with pytest.warns(FutureWarning) as record:
+        fa.FP8RecipeKwargs()
+    assert [w.filename for w in record if w.category is FutureWarning] == [__file__]
+    monkeypatch.setenv("ACCELERATE_FP8_OPT_LEVEL", "O1")
+    with pytest.warns((fa.UpstreamQuirkWarning, FutureWarning)) as record:
+        fa.FP8RecipeKwargs(backend="MSAMP")
+    assert [w.filename for w in record if w.category is fa.UpstreamQuirkWarning] == [__file__]
+    assert [w.filename for w in record if w.category is FutureWarning] == [__file__]
+
+
 @pytest.mark.filterwarnings("ignore:FP8RecipeKwargs is deprecated:FutureWarning")
 def test_fp8_recipe_kwargs_opt_level_quirk_and_documented_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Spec 7.3: MSAMPRecipeKwargs.__post_init__ never runs, so opt_level stays None (upstream too)."""
