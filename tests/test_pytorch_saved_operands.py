@@ -155,3 +155,69 @@ def test_ops_linear_dequantized_saves_its_internal_quantizers_storages(name: str
     dw_ref = torch.zeros(96, 64, dtype=torch.bfloat16)
     dw_ref[perm] = x_dq
     assert torch.equal(lin.weight.grad, dw_ref)
+
+
+# TE module/grouped_linear.py ``_GroupedLinear.forward`` (lines 893-1000): one autograd node whose saved
+# tensors are ``[*inputmats, *weights_fp8, *saved_weights, *biases]``; "dequantized" keeps each split's rowwise
+# FP8 input and weight (update_usage rowwise only, lines 905-913), "high_precision" forces
+# ``save_original_input`` (lines 658-661): the whole input in slot 0, None in the other input slots, and the
+# original weights in ``saved_weights`` (lines 920-926).
+GROUPED = {k: RECIPES[k] for k in ("current", "mxfp8", "block", "nvfp4")}
+
+
+@pytest.mark.parametrize("name", list(GROUPED))
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_grouped_linear_dequantized_saves_tes_layout_and_backward_reads_their_dequantize(name: str, bias: bool) -> None:
+    make, cls = GROUPED[name]
+    splits = [32, 32, 64] if name == "nvfp4" else [64, 0, 32, 32]  # TE: NVFP4 splits of 64 rows
+    n = len(splits)
+    torch.manual_seed(5)
+    mod = te.GroupedLinear(n, 64, 96, bias=bias, params_dtype=torch.bfloat16)
+    x = (torch.randn(sum(splits), 64) * 2).to(torch.bfloat16).requires_grad_()
+    with te.autocast(recipe=make(backward_override="dequantized")):
+        y = mod(x, splits)
+    assert type(y.grad_fn).__name__ == "_GroupedLinearBackward"
+    assert y.grad_fn.backward_override == "dequantized"
+    assert not y.grad_fn.fp8 and not y.grad_fn.reduce_and_update_bwd_fp8_tensors
+    saved = restore_from_saved(y.grad_fn.tensor_objects, list(y.grad_fn.saved_tensors))
+    assert len(saved) == 4 * n
+    for t in saved[: 2 * n]:
+        _check_rowwise_storage(t, cls)
+    assert all(t is None for t in saved[2 * n : 3 * n])
+    assert [t is None for t in saved[3 * n :]] == [not bias] * n
+    assert [t.size(0) for t in saved[:n]] == splits
+    x_dq = [t.dequantize(dtype=torch.bfloat16) for t in saved[:n]]
+    w_dq = [t.dequantize(dtype=torch.bfloat16) for t in saved[n : 2 * n]]
+    dys, perms = zip(*(_one_hot_dy(m, 96, torch.bfloat16) for m in splits), strict=True)
+    dy = torch.cat(dys)
+    y.backward(dy)
+    assert torch.equal(x.grad, torch.cat([w[p] for w, p in zip(w_dq, perms, strict=True)]))
+    for i in range(n):
+        dw_ref = torch.zeros(96, 64, dtype=torch.bfloat16)
+        dw_ref[perms[i]] = x_dq[i]
+        assert torch.equal(getattr(mod, f"weight{i}").grad, dw_ref), i
+        if bias:
+            assert torch.equal(getattr(mod, f"bias{i}").grad, dys[i].sum(0)), i
+
+
+def test_grouped_linear_high_precision_saves_the_whole_input_in_slot_0_and_the_weights() -> None:
+    mod = te.GroupedLinear(2, 64, 32, bias=False, params_dtype=torch.bfloat16)
+    x = torch.randn(64, 64, dtype=torch.bfloat16, requires_grad=True)
+    with te.autocast(recipe=Float8CurrentScaling(backward_override="high_precision")):
+        y = mod(x, [32, 32])
+    saved = restore_from_saved(y.grad_fn.tensor_objects, list(y.grad_fn.saved_tensors))
+    assert type(saved[0]) is torch.Tensor and torch.equal(saved[0], x.detach()) and saved[1] is None
+    for t in saved[2:4]:
+        _check_rowwise_storage(t, Float8TensorStorage)
+    assert all(torch.equal(t, getattr(mod, f"weight{i}").detach()) for i, t in enumerate(saved[4:6]))
+
+
+@pytest.mark.parametrize("override", [None, "high_precision", "dequantized"])
+def test_grouped_linear_grad_fn_shows_tes_backward_state(override: str | None) -> None:
+    """TE grouped_linear.py 967-1000: an override turns ``fp8`` and the backward reduce-and-update off."""
+    mod = te.GroupedLinear(2, 64, 32)
+    with te.autocast(recipe=Float8CurrentScaling(backward_override=override)):
+        y = mod(torch.randn(64, 64, requires_grad=True), [32, 32])
+    assert y.grad_fn.backward_override == override
+    assert y.grad_fn.fp8 is (override is None)
+    assert y.grad_fn.reduce_and_update_bwd_fp8_tensors is (override is None)

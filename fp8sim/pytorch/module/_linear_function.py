@@ -47,6 +47,9 @@ class LinearOptions:
     fp8_grad: bool = False  # dgrad written in FP8 with the GRAD_INPUT slot (bwd index 1)
     out_handoff: FP8Handoff | None = None  # set by forward when fp8_output; its ``grad`` feeds backward
     site: GemmSite | None = None  # which module GEMM this is (messages, plans)
+    # one split of a grouped function (``_grouped_function``): the forward runs now on this stand-in
+    # context and the grouped function's node runs the backward
+    split_ctx: Any = None
 
 
 def _gemm_out(recipe: Recipe, fused_fp8: bool, forward: bool, act: torch.dtype) -> Any:
@@ -245,7 +248,10 @@ def _override_operands(ctx: Any, act: torch.dtype) -> tuple[torch.Tensor, torch.
     """``(x, w)`` of the override's backward GEMMs from the saved tensors: the saved FP8 storages
     dequantized to the activation dtype (TE: ``dequantize(dtype=activation_dtype)``), or the original
     input and weight in the activation dtype."""
-    x_s, w_s, w_orig, _ = restore_from_saved(ctx.tensor_objects, list(ctx.saved_tensors))
+    saved = getattr(ctx, "saved_operands", None)  # a grouped function hands each split its own
+    if saved is None:
+        saved = restore_from_saved(ctx.tensor_objects, list(ctx.saved_tensors))
+    x_s, w_s, w_orig, _ = saved
     if ctx.override == "dequantized":
         x, w = (t.dequantize(dtype=act) if isinstance(t, QuantizedTensorStorage) else t for t in (x_s, w_s))
     else:
@@ -310,13 +316,22 @@ class _HPLinear(torch.autograd.Function):
         return dgrad, wgrad, dbias, None, None
 
 
-hp_linear = _HPLinear.apply
+def hp_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, opts: LinearOptions, first_mb: Any) -> Any:
+    """The high-precision linear (:class:`_HPLinear`); a split of a grouped function runs on its context."""
+    if opts.split_ctx is not None:
+        return opts.split_ctx.run(_HPLinear, (x, w, b, opts, first_mb))
+    return _HPLinear.apply(x, w, b, opts, first_mb)
 
 
 def _region_modules() -> list:
     return current_state().modules
 
 
-# fp8_linear(inp, weight, bias, gemm_state, recipe, accumulator, is_first_microbatch, first, act_dtype, opts)
-# (``act_dtype``: output and dgrad dtype; the input may be a float32 producer output)
-fp8_linear = _FP8Linear.apply
+def fp8_linear(*args: Any) -> Any:
+    """``fp8_linear(inp, weight, bias, gemm_state, recipe, accumulator, is_first_microbatch, first, act_dtype,
+    opts)`` (``act_dtype``: output and dgrad dtype; the input may be a float32 producer output); a split of
+    a grouped function runs on its context."""
+    opts = args[9]
+    if opts is not None and opts.split_ctx is not None:
+        return opts.split_ctx.run(_FP8Linear, args)
+    return _FP8Linear.apply(*args)

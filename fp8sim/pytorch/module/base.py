@@ -288,8 +288,10 @@ class TransformerEngineBaseModule(nn.Module):
         weight_param: Any = None,
         output_fp32: bool = False,
         fp8_io: dict | None = None,
+        split_ctx: Any = None,
     ) -> torch.Tensor:
-        """``x w^T + b`` for GEMM ``name``; FP8 inside autocast.  ``act_dtype``: the activation dtype
+        """``x w^T + b`` for GEMM ``name``; FP8 inside autocast.  ``split_ctx``: see ``_grouped_function``.
+        ``act_dtype``: the activation dtype
         when ``x`` is a float32 producer output quantized straight to FP8 (TE's fused kernels);
         ``output_fp32``: the FP8 output rounded to the activation dtype, held in float32."""
         st = current_state()
@@ -330,6 +332,7 @@ class TransformerEngineBaseModule(nn.Module):
                 wgrad_store=getattr(self, "wgrad_store", None),
                 output_fp32=output_fp32,
                 site=GemmSite(self, name),
+                split_ctx=split_ctx,
                 **(fp8_io or {}),
             )
             if fp8_io:  # fp8_output: the caller reads ``opts.out_handoff``
@@ -347,9 +350,8 @@ class TransformerEngineBaseModule(nn.Module):
                 for idx, t in ((0, x), (1, w)):  # TE overwrites the staging amax (a NaN passes)
                     g.fwd.amax_history[0, idx] = np.float32(_calibration_amax(t))
         x, w, b = x.to(act), w.to(act), None if b is None else b.to(act)
-        opts = LinearOptions(
-            weight_param, getattr(self, "fuse_wgrad_accumulation", False), getattr(self, "wgrad_store", None)
-        )
+        fuse, store = getattr(self, "fuse_wgrad_accumulation", False), getattr(self, "wgrad_store", None)
+        opts = LinearOptions(weight_param, fuse, store, split_ctx=split_ctx)
         return hp_linear(x, w, b, opts, is_first_microbatch)
 
     def _tp_linear(

@@ -23,6 +23,7 @@ from torch import nn
 from ..._util.args import as_int
 from ..utils import resolve_grouped_linear_single_param_flags
 from ._gemm_state import _GemmState
+from ._grouped_function import grouped_linear
 from ._params import resolve_params_dtype, size_arg
 from .base import TransformerEngineBaseModule, get_default_init_method, init_method_constant, no_torch_dynamo
 
@@ -153,17 +154,7 @@ class GroupedLinear(TransformerEngineBaseModule):
         x = inp.reshape(-1, inp.shape[-1])
         if any(m < 0 for m in splits) or sum(splits) != x.shape[0]:
             raise ValueError(f"m_splits {splits} must be >= 0 and sum to the {x.shape[0]} input rows")
-        outs = []
-        for i, part in enumerate(torch.split(x, splits)):
-            w = getattr(self, f"weight{i}")
-            b = getattr(self, f"bias{i}") if self.use_bias else None
-            if part.shape[0] == 0:  # nothing to quantize: an empty output, and zero gradients
-                act = self._activation_dtype(inp)
-                bb = b.to(act) if b is not None and self.apply_bias else None
-                outs.append(nn.functional.linear(part.to(act), w.to(act), bb))
-                continue
-            outs.append(self._linear(f"gemm{i}", part, w, b if self.apply_bias else None, is_first_microbatch, None, w))
-        out = torch.cat(outs).reshape(*inp.shape[:-1], self.out_features)
+        out = grouped_linear(self, inp, splits, is_first_microbatch)
         if self.return_bias:
             act = self._activation_dtype(inp)
             return out, [getattr(self, n).to(act) for n in self.bias_names]
