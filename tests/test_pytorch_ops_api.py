@@ -204,8 +204,11 @@ def test_situglu_and_clamped_swiglu_parameters_change_the_output() -> None:
 
 def test_refusals_name_what_needs_cuda() -> None:
     """Userbuffers (peer-to-peer GPU buffers), cuDNN normalization and CuTe grouped-MLP kernels are refused."""
-    with pytest.raises(NotImplementedError, match="Userbuffers"):
+    with pytest.raises(NotImplementedError, match="Userbuffers .*needs CUDA.*several GPUs.*not emulated"):
         te_ops.BasicLinear(16, 16, userbuffers_options={"comm_name": "qkv"})
+    for make in (te.Linear, te.LayerNormLinear, te.LayerNormMLP):  # issue 27: a refusal says it needs CUDA
+        with pytest.raises(NotImplementedError, match=f"{make.__name__}: Userbuffers .*needs CUDA.*not emulated"):
+            make(16, 16, ub_overlap_ag=True)
     with pytest.raises(NotImplementedError, match="Userbuffers"):
         te_ops.fused.UserbuffersForwardLinear()
     with pytest.raises(NotImplementedError, match="CuTe"):

@@ -221,3 +221,110 @@ def test_grouped_linear_grad_fn_shows_tes_backward_state(override: str | None) -
     assert y.grad_fn.backward_override == override
     assert y.grad_fn.fp8 is (override is None)
     assert y.grad_fn.reduce_and_update_bwd_fp8_tensors is (override is None)
+
+
+def _norm_autograd_reference(
+    normalization: str, x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor | None, d_ln: torch.Tensor
+) -> torch.Tensor:
+    """dx of the float32 norm by torch's autograd (F.layer_norm, or RMSNorm as torch ops), in bf16."""
+    x32 = x.detach().float().requires_grad_()
+    if normalization == "LayerNorm":
+        y = torch.nn.functional.layer_norm(x32, (x.shape[-1],), gamma.float(), beta.float(), 1e-5)
+    else:
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5) * gamma.float()
+    (dx,) = torch.autograd.grad(y, x32, d_ln.float())
+    return dx.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("name", ["current", "mxfp8", "block", "nvfp4"])
+@pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
+def test_layernorm_linear_dequantized_saves_tes_layout_and_the_norm_backward_reads_it(
+    name: str, normalization: str
+) -> None:
+    """TE layernorm_linear.py 526-537 (saved ``[inputmat, weightmat, weight, bias, ln_weight, ln_out, mu,
+    rsigma]``), 768-772 / 853-857 (the backward GEMMs read the dequantized ln_out and weight) and 1139-1163
+    (dx: the norm backward from the saved statistics).  Reference: one-hot ``dy`` picks rows of the
+    dequantized weight (d ln_out) and of the dequantized ln_out (dW); dx is torch's autograd of the float32
+    norm fed that d ln_out."""
+    make, cls = RECIPES[name]
+    torch.manual_seed(7)
+    mod = te.LayerNormLinear(64, 96, bias=True, params_dtype=torch.bfloat16, normalization=normalization)
+    with torch.no_grad():
+        mod.layer_norm_weight.normal_(1, 0.2)
+        if mod.layer_norm_bias is not None:
+            mod.layer_norm_bias.normal_()
+    x = (torch.randn(2, 16, 64) * 3 + 1).to(torch.bfloat16).requires_grad_()
+    with te.autocast(recipe=make(backward_override="dequantized")):
+        y = mod(x)
+    assert type(y.grad_fn).__name__ == "_FP8LinearBackward"
+    saved = restore_from_saved(y.grad_fn.tensor_objects, list(y.grad_fn.saved_tensors))
+    assert len(saved) == 8
+    inputmat, w_st, w_orig, b, ln_w, ln_st, mu, rsigma = saved
+    assert type(inputmat) is torch.Tensor and torch.equal(inputmat, x.detach().reshape(32, 64))
+    _check_rowwise_storage(w_st, cls)
+    _check_rowwise_storage(ln_st, cls)
+    assert w_orig is mod.weight and torch.equal(b, mod.bias.detach())
+    assert ln_w.dtype == torch.bfloat16 and torch.equal(ln_w, mod.layer_norm_weight.detach())
+    x64 = x.detach().double().reshape(32, 64)
+    if normalization == "LayerNorm":
+        assert mu.dtype == torch.float32 and mu.shape == (32,)
+        assert torch.allclose(mu.double(), x64.mean(-1), rtol=1e-6, atol=1e-6)
+        var = x64.var(-1, unbiased=False)
+    else:
+        assert mu is None
+        var = x64.pow(2).mean(-1)
+    assert rsigma.dtype == torch.float32 and rsigma.shape == (32,)
+    assert torch.allclose(rsigma.double(), (var + 1e-5).rsqrt(), rtol=1e-5)
+    ln_dq, w_dq = ln_st.dequantize(dtype=torch.bfloat16), w_st.dequantize(dtype=torch.bfloat16)
+    dy, perm = _one_hot_dy(32, 96, torch.bfloat16)
+    y.backward(dy.reshape(2, 16, 96))
+    d_ln = w_dq[perm]
+    dx_ref = _norm_autograd_reference(normalization, x.reshape(32, 64), ln_w, mod.layer_norm_bias, d_ln)
+    assert torch.equal(x.grad.reshape(32, 64), dx_ref)
+    dw_ref = torch.zeros(96, 64, dtype=torch.bfloat16)
+    dw_ref[perm] = ln_dq.reshape(32, 64)
+    assert torch.equal(mod.weight.grad, dw_ref)
+
+
+@pytest.mark.parametrize("override", [None, "high_precision", "dequantized"])
+def test_layernorm_linear_grad_fn_is_one_function_with_tes_backward_state(override: str | None) -> None:
+    """TE layernorm_linear.py 591-612: the norm and the GEMM are one autograd node; an override turns ``fp8``,
+    the grad-output quantizer and the backward reduce-and-update off.  "high_precision" saves ln_out itself."""
+    mod = te.LayerNormLinear(64, 32)
+    x = torch.randn(32, 64, requires_grad=True)
+    with te.autocast(recipe=Float8CurrentScaling(backward_override=override)):
+        y = mod(x)
+    nexts = [f for f, _ in y.grad_fn.next_functions]  # x, weight, bias, ..., ln_weight, ln_bias: no norm node
+    assert nexts[0].variable is x and nexts[1].variable is mod.weight
+    assert nexts[-2].variable is mod.layer_norm_weight and nexts[-1].variable is mod.layer_norm_bias
+    state = y.grad_fn.backward_objects
+    assert state.backward_override == override and state.fp8 is (override is None)
+    assert state.reduce_and_update_bwd_fp8_tensors is (override is None)
+    assert (state.grad_output_quantizer is None) is (override is not None)
+    if override == "high_precision":
+        ln_out = restore_from_saved(y.grad_fn.tensor_objects, list(y.grad_fn.saved_tensors))[5]
+        ref = torch.nn.functional.layer_norm(x.detach(), (64,), mod.layer_norm_weight, mod.layer_norm_bias)
+        assert type(ln_out) is torch.Tensor and torch.equal(ln_out, ref.detach().reshape(32, 64))
+
+
+def test_layernorm_linear_sm_margins_come_from_tes_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TE layernorm_linear.py 1589-1591 (and layernorm_mlp.py 2172-2174): the norm kernels' SM margins."""
+    monkeypatch.setenv("NVTE_BWD_LAYERNORM_SM_MARGIN", "8")
+    for mod in (te.LayerNormLinear(64, 32), te.LayerNormMLP(64, 32)):
+        assert (mod.fwd_ln_sm_margin, mod.bwd_ln_sm_margin, mod.inf_ln_sm_margin) == (0, 8, 0)
+
+
+def test_grouped_linear_takes_splits_of_any_row_count_as_te_does() -> None:
+    """TE grouped_linear.py quantizes the splits without ``assert_dim_for_fp8_exec`` (TE's own test runs
+    ``[1, 31, 0, 96]`` under current scaling on Blackwell): a 1-row split runs, and its backward reads the
+    dequantized saved operands as every split's does."""
+    splits = [1, 31, 0, 96]
+    mod = te.GroupedLinear(4, 64, 128, bias=False, params_dtype=torch.bfloat16)
+    x = torch.randn(128, 64, dtype=torch.bfloat16, requires_grad=True)
+    with te.autocast(recipe=Float8CurrentScaling(backward_override="dequantized")):
+        y = mod(x, splits)
+    saved = restore_from_saved(y.grad_fn.tensor_objects, list(y.grad_fn.saved_tensors))
+    w_dq = [t.dequantize(dtype=torch.bfloat16) for t in saved[4:8]]
+    dys, perms = zip(*(_one_hot_dy(m, 128, torch.bfloat16) for m in splits), strict=True)
+    y.backward(torch.cat(dys))
+    assert torch.equal(x.grad, torch.cat([w[p] for w, p in zip(w_dq, perms, strict=True)]))

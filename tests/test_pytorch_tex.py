@@ -152,6 +152,27 @@ def test_layernorm_bwd_from_the_forwards_own_statistics_is_bit_exact(tex) -> Non
     assert torch.equal(dx, ref[0]) and torch.equal(dgamma, ref[1])
 
 
+@pytest.mark.parametrize("zero_centered_gamma", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_bwd_from_the_forwards_rsigma_is_autograds_gradient_bit_for_bit(
+    tex, dtype, zero_centered_gamma
+) -> None:  # noqa: ANN001
+    """normalization.cpp 216-257: ``rmsnorm_bwd(dz, x, rsigma, gamma, sm_margin, zero_centered_gamma)`` ->
+    ``[dx, dgamma]`` (float32 kernel, gamma + 1 when zero-centred).  Reference: torch's autograd through the
+    float32 RMSNorm expression, rounded once."""
+    gen = torch.Generator().manual_seed(11)
+    x = (torch.randn(7, 48, generator=gen) * 3).to(dtype)
+    gamma = (torch.randn(48, generator=gen) * 0.5).to(dtype)
+    dz = torch.randn(7, 48, generator=gen).to(dtype)
+    x32, g32 = x.float().requires_grad_(True), gamma.float().requires_grad_(True)
+    rsigma = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)
+    y = x32 * rsigma * (g32 + 1 if zero_centered_gamma else g32)
+    ref = torch.autograd.grad(y, (x32, g32), dz.float())
+    dx, dgamma = tex.rmsnorm_bwd(dz, x, rsigma.detach().view(-1), gamma, 0, zero_centered_gamma)
+    assert (dx.dtype, dgamma.dtype) == (dtype, dtype)
+    assert torch.equal(dx, ref[0].to(dtype)) and torch.equal(dgamma, ref[1].to(dtype))
+
+
 def test_cpp_extensions_reexports_the_extensions_functions(tex) -> None:  # noqa: ANN001
     """TE's cpp_extensions/__init__.py does ``from transformer_engine_torch import *``: TE's
     test_backward_override.py imports ``general_gemm, layernorm_bwd`` from there."""

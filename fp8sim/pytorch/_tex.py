@@ -5,7 +5,7 @@ integer value, lines 195-207), ``FP8FwdTensors`` / ``FP8BwdTensors`` (lines 734-
 ``csrc/common.h``), ``quantize(tensor, quantizer, output=None, noop=None)`` and
 ``dequantize(input, otype)`` (``csrc/extensions/cast.cpp``), ``fused_multi_row_padding`` /
 ``fused_multi_row_unpadding`` (``csrc/extensions/padding.cpp``, ``common/util/padding.cu``) and
-``layernorm_bwd`` (``csrc/extensions/normalization.cpp`` 13-60).  Under ``fp8sim run`` (or
+``layernorm_bwd`` / ``rmsnorm_bwd`` (``csrc/extensions/normalization.cpp`` 13-60, 216-257).  Under ``fp8sim run`` (or
 ``fp8sim.shim.install()``) ``import transformer_engine_torch`` is this module; any other name of
 the extension raises ``NotImplementedError`` naming it.
 """
@@ -29,6 +29,7 @@ __all__ = [
     "fused_multi_row_padding",
     "fused_multi_row_unpadding",
     "layernorm_bwd",
+    "rmsnorm_bwd",
 ]
 
 
@@ -159,3 +160,26 @@ def layernorm_bwd(
         [True, True, True],
     )
     return [dx.to(x.dtype), dg.to(gamma.dtype), db.to(gamma.dtype)]
+
+
+def rmsnorm_bwd(
+    dz: torch.Tensor,
+    x: torch.Tensor,
+    rsigma: torch.Tensor,
+    gamma: torch.Tensor,
+    sm_margin: int,
+    zero_centered_gamma: bool,
+) -> list[torch.Tensor]:
+    """``[dx, dgamma]`` of RMSNorm over the last dimension of the 2-D ``x`` from its saved float32 ``rsigma``
+    (one per row), computed in float32 (``gamma + 1`` when zero-centred) and rounded once to ``x``'s /
+    ``gamma``'s dtype: the arithmetic of fp8sim's RMSNorm backward (``module/_norm_prologue.py``).
+    ``sm_margin`` only sizes the CUDA grid and changes no value."""
+    from .module._norm_prologue import rmsnorm_backward
+
+    del sm_margin
+    x32 = x.detach().contiguous().float()
+    g32 = gamma.detach().contiguous().float()
+    if zero_centered_gamma:
+        g32 = g32 + 1
+    dx, dg = rmsnorm_backward(dz.detach().contiguous().float().view(x32.shape), x32, rsigma.detach().float(), g32)
+    return [dx.to(x.dtype), dg.to(gamma.dtype)]

@@ -140,6 +140,6 @@ def boundary_cast(d: torch.Tensor, recipe: Any, forward: bool, scaler: Any, inde
 def attach_output(module: Any, out: torch.Tensor, fp8_io: dict | None) -> torch.Tensor:
     """Attach the FP8 output the last GEMM call wrote (``fp8_output=True``) to its returned tensor."""
     opts = module.__dict__.pop("_last_opts", None)
-    if fp8_io and fp8_io["fp8_output"] and opts is not None and opts.out_handoff is not None:
+    if fp8_io and fp8_io.get("fp8_output") and opts is not None and opts.out_handoff is not None:
         attach(out, opts.out_handoff)
     return out

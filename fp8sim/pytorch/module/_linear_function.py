@@ -20,6 +20,7 @@ from ..tensor.quantized_tensor import QuantizedTensorStorage, prepare_for_saving
 from ._fp8_handoff import FP8Handoff, boundary_cast
 from ._gemm import GemmSite, gemm
 from ._gemm_plan import DEFAULT, out_name, record_plan
+from ._norm_prologue import norm_backward, norm_forward
 from ._operands import Operand
 from ._quantized_input import input_operand
 from ._saved_operands import rowwise_storage
@@ -50,6 +51,8 @@ class LinearOptions:
     # one split of a grouped function (``_grouped_function``): the forward runs now on this stand-in
     # context and the grouped function's node runs the backward
     split_ctx: Any = None
+    # LayerNormLinear: the norm in front of the GEMM runs inside the function (``_norm_prologue``)
+    norm: Any = None
 
 
 def _gemm_out(recipe: Recipe, fused_fp8: bool, forward: bool, act: torch.dtype) -> Any:
@@ -88,9 +91,14 @@ class _FP8Linear(torch.autograd.Function):
         first: bool,
         act_dtype: torch.dtype,
         opts: LinearOptions | None = None,
+        ln_weight: torch.Tensor | None = None,
+        ln_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         opts = opts or LinearOptions()
         override = getattr(recipe, "backward_override", None)
+        ctx.norm_saved = None
+        if opts.norm is not None:  # TE's _LayerNormLinear: the norm output is the GEMM input
+            inp, ctx.norm_saved = norm_forward(opts.norm, inp, ln_weight, ln_bias, act_dtype)
         x = inp.reshape(-1, inp.shape[-1])
         per_tensor = module._per_tensor(recipe)
         h_in = opts.input_fp8 if per_tensor else None
@@ -124,7 +132,7 @@ class _FP8Linear(torch.autograd.Function):
                 ctx.x_col = x_row if per_tensor else module._quantize(x, recipe, "input", 0)
             ctx.w_col = w_col
         else:
-            _save_override_operands(ctx, override, inp, weight, bias, x_row, w_row, recipe, act_dtype)
+            _save_override_operands(ctx, override, inp, weight, bias, x_row, w_row, recipe, act_dtype, ctx.norm_saved)
         ctx.module, ctx.recipe, ctx.accumulator = module, recipe, accumulator
         ctx.first = first and override is None  # TE: no backward scale update with an override
         ctx.opts, ctx.is_first_microbatch = opts, is_first_microbatch
@@ -201,7 +209,13 @@ class _FP8Linear(torch.autograd.Function):
             for m in ctx.region:
                 if not getattr(m, "_te_global_buffer", False):
                     m._update_backward_scales()
-        return (dgrad.to(act).reshape(ctx.inp_shape), wgrad, dbias, None, None, None, None, None, None, None)
+        dgrad = dgrad.to(act).reshape(ctx.inp_shape)
+        grads = [dgrad, wgrad, dbias, None, None, None, None, None, None, None]
+        if ctx.norm_saved is not None:
+            needs = ctx.needs_input_grad
+            dgrad, dgamma, dbeta = norm_backward(opts.norm, dgrad, _norm_saved(ctx), (needs[0], needs[10], needs[11]))
+            grads = [dgrad.reshape(ctx.inp_shape), wgrad, dbias, *grads[3:], dgamma, dbeta]
+        return tuple(grads)
 
 
 class LinearBwdArgs:
@@ -227,12 +241,14 @@ class LinearBwdArgs:
 
 def _save_override_operands(
     ctx: Any, override: str, inp: torch.Tensor, weight: Any, bias: Any, x_row: Operand, w_row: Operand,
-    recipe: Recipe, act: torch.dtype,
+    recipe: Recipe, act: torch.dtype, norm_saved: tuple | None = None,
 ) -> None:  # fmt: skip
     """TE's saved tensors under a ``backward_override`` (``linear.py`` ``_linear_forward_impl``):
     ``[inputmat, weightmat, weight, bias]`` through ``prepare_for_saving``, ``inputmat`` the rowwise FP8
     storage of the input ("dequantized") or the input itself ("high_precision"), ``weightmat`` the rowwise
-    FP8 storage of the weight.  Without a TE storage form (a custom recipe's slot) the dequantized values."""
+    FP8 storage of the weight.  Without a TE storage form (a custom recipe's slot) the dequantized values.
+    With a norm (``layernorm_linear.py`` 526-537): ``[inputmat, weightmat, weight, bias, ln_weight, ln_out,
+    mu, rsigma]``, ``inputmat`` the norm's input, ``ln_out`` the GEMM input saved as above."""
     w_st = rowwise_storage(w_row, tuple(weight.shape), weight.dtype, recipe, "weight")
     if override == "dequantized":
         x_st = rowwise_storage(x_row, tuple(inp.shape), inp.dtype, recipe, "input")
@@ -240,7 +256,12 @@ def _save_override_operands(
         w_st = w_row.dequant().to(act) if w_st is None else w_st
     else:
         x_st = inp.detach()
-    tensors, ctx.tensor_objects = prepare_for_saving(x_st, weight.detach() if w_st is None else w_st, weight, bias)
+    w_st = weight.detach() if w_st is None else w_st
+    if norm_saved is None:
+        tensors, ctx.tensor_objects = prepare_for_saving(x_st, w_st, weight, bias)
+    else:
+        x, g, _, mu, rsigma = norm_saved
+        tensors, ctx.tensor_objects = prepare_for_saving(x, w_st, weight, bias, g, x_st, mu, rsigma)
     ctx.save_for_backward(*tensors)
 
 
@@ -251,12 +272,20 @@ def _override_operands(ctx: Any, act: torch.dtype) -> tuple[torch.Tensor, torch.
     saved = getattr(ctx, "saved_operands", None)  # a grouped function hands each split its own
     if saved is None:
         saved = restore_from_saved(ctx.tensor_objects, list(ctx.saved_tensors))
-    x_s, w_s, w_orig, _ = saved
+    x_s, w_s, w_orig, _ = saved if len(saved) == 4 else (saved[5], *saved[1:4])
     if ctx.override == "dequantized":
         x, w = (t.dequantize(dtype=act) if isinstance(t, QuantizedTensorStorage) else t for t in (x_s, w_s))
     else:
         x, w = x_s.to(act), w_orig.detach().to(act)
     return x.reshape(-1, x.shape[-1]), w
+
+
+def _norm_saved(ctx: Any) -> tuple:
+    """The norm's ``(inputmat, ln_weight, ln_bias, mu, rsigma)``: under an override from the saved tensors."""
+    if ctx.override is None:
+        return ctx.norm_saved
+    saved = restore_from_saved(ctx.tensor_objects, list(ctx.saved_tensors))
+    return (saved[0], saved[4], ctx.norm_saved[2], saved[6], saved[7])
 
 
 def _wgrad(ctx: Any, wgrad_fn: Any) -> torch.Tensor | None:
@@ -332,6 +361,8 @@ def fp8_linear(*args: Any) -> Any:
     opts)`` (``act_dtype``: output and dgrad dtype; the input may be a float32 producer output); a split of
     a grouped function runs on its context."""
     opts = args[9]
+    if opts is not None and opts.norm is not None:  # the norm's parameters: inputs of the function
+        args = (*args, *opts.norm.params)
     if opts is not None and opts.split_ctx is not None:
         return opts.split_ctx.run(_FP8Linear, args)
     return _FP8Linear.apply(*args)

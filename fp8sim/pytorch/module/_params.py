@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -93,7 +94,11 @@ def make_norm_params(
     dtype: torch.dtype,
     device: Any,
 ) -> None:
-    """``layer_norm_weight`` (ones, zeros when zero-centred) and ``layer_norm_bias`` (LayerNorm only)."""
+    """``layer_norm_weight`` (ones, zeros when zero-centred) and ``layer_norm_bias`` (LayerNorm only); TE's
+    ``fwd_ln_sm_margin`` / ``bwd_ln_sm_margin`` / ``inf_ln_sm_margin`` from ``NVTE_{FWD,BWD,INF}_LAYERNORM_SM_MARGIN``
+    (layernorm_linear.py 1589-1591: SMs the norm kernels leave free, which changes no value)."""
+    for kind in ("fwd", "bwd", "inf"):
+        setattr(module, f"{kind}_ln_sm_margin", int(os.getenv(f"NVTE_{kind.upper()}_LAYERNORM_SM_MARGIN", "0")))
     w = nn.Parameter(torch.empty(n, dtype=dtype, device=device))
     module.register_parameter("layer_norm_weight", w, init_fn=init_method_constant(float(not zero_centered_gamma)))
     if normalization == "LayerNorm":

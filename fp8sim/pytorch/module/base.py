@@ -300,7 +300,8 @@ class TransformerEngineBaseModule(nn.Module):
         if st.enabled:  # TE computes in FP8 whenever enabled, calibrating or not
             recipe = get_recipe()
             self._last_recipe = recipe
-            assert_dim_for_fp8_exec(x, w)
+            if split_ctx is None:  # TE's GroupedLinear quantizes its splits without the shape check
+                assert_dim_for_fp8_exec(x, w)
             hist = None if g.fwd is None else g.fwd.amax_history
             g.ensure(recipe, st.group, f"{type(self).__name__} GEMM {name!r}")
             if isinstance(recipe, CustomRecipe):
@@ -317,7 +318,8 @@ class TransformerEngineBaseModule(nn.Module):
             ):
                 w.update_usage(columnwise_usage=True)  # TE linear.py:1051 (backward): made from rowwise or TE's error
             g.group = st.group
-            first = _register(self, _requires_grad(x, w, b))
+            norm = (fp8_io or {}).get("norm")  # TE: a LayerNormLinear trains through its norm's parameters too
+            first = _register(self, _requires_grad(x, w, b, *(norm.params if norm else ())))
             self._region_token = st.modules
             acc = st.accumulator if st.accumulator is not None else self.accumulator
             if act_dtype is None:

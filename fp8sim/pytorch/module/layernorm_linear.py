@@ -7,8 +7,10 @@ from typing import Any
 
 import torch
 
+from ..quantization import current_state
 from ._fp8_handoff import attach_output, fp8_boundaries
-from ._norm_gemm import norm_for_gemm
+from ._norm_gemm import fused_producer, norm_for_gemm
+from ._norm_prologue import NormPrologue
 from ._normalization import check_normalization
 from ._params import cat_params, make_linear_params, make_norm_params, resolve_params_dtype, size_arg
 from ._rng_init import set_init_tracker
@@ -66,7 +68,9 @@ class LayerNormLinear(TransformerEngineBaseModule):
         check_normalization(normalization)
         if any((ub_overlap_ag, ub_overlap_rs, ub_overlap_rs_dgrad, ub_bulk_wgrad, ub_bulk_dgrad)):
             raise NotImplementedError(
-                "transformer_engine.pytorch.LayerNormLinear: Userbuffers overlap is not emulated by fp8sim"
+                "transformer_engine.pytorch.LayerNormLinear: Userbuffers (ub_overlap_* / ub_bulk_*: TE's overlap of "
+                "tensor-parallel communication with the GEMMs) needs CUDA: peer-to-peer buffers shared by several "
+                "GPUs; it is not emulated by fp8sim"
             )
         self._init_common(
             sequence_parallel=sequence_parallel,
@@ -115,6 +119,10 @@ class LayerNormLinear(TransformerEngineBaseModule):
 
     _tp_supported = True
 
+    def _gemm_is_local(self) -> bool:
+        """Whether the GEMM runs on this rank alone (no tensor-parallel collectives around it)."""
+        return self.tp_size == 1 or self.parallel_mode is None
+
     def _deferred_weight_names(self) -> list[str]:
         return self.weight_names[:1]
 
@@ -140,21 +148,28 @@ class LayerNormLinear(TransformerEngineBaseModule):
                 " fp8sim (TE passes the FP8 dgrad to the C++ norm backward as a plain tensor)"
             )
         self._check_input_dtype(inp)
-        x, ln, act, fused = norm_for_gemm(self, inp, self.return_layernorm_output)
         weight = cat_params(self, self.weight_names)
         bias = cat_params(self, self.bias_names) if self.use_bias else None
         wparam = weight if len(self.weight_names) == 1 else None
-        out = self._tp_linear(
-            self.parallel_mode,
-            "gemm",
-            x,
-            weight,
-            bias if self.apply_bias else None,
-            is_first_microbatch,
-            act if fused else None,
-            wparam,
-            fp8_io=fp8_io,
-        )
+        b = bias if self.apply_bias else None
+        if current_state().enabled and self._gemm_is_local() and not self.return_layernorm_output:
+            # TE's _LayerNormLinear: the norm inside the linear's autograd function (``_norm_prologue``)
+            fused = fused_producer(False, self)
+            act = self._activation_dtype(inp)
+            norm = NormPrologue(
+                self.layer_norm_weight, self.layer_norm_bias, self.eps, self.normalization,
+                self.zero_centered_gamma, fused,
+            )  # fmt: skip
+            fp8_io = {**(fp8_io or {}), "norm": norm}
+            out = self._linear(
+                "gemm", inp, weight, b, is_first_microbatch, act if fused else None, wparam, fp8_io=fp8_io
+            )
+        else:
+            x, ln, act, fused = norm_for_gemm(self, inp, self.return_layernorm_output)
+            out = self._tp_linear(
+                self.parallel_mode, "gemm", x, weight, b, is_first_microbatch, act if fused else None, wparam,
+                fp8_io=fp8_io,
+            )  # fmt: skip
         out = attach_output(self, out, fp8_io)
         outs: tuple = (out,)
         if self.return_bias:

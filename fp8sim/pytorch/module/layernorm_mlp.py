@@ -78,7 +78,9 @@ class LayerNormMLP(TransformerEngineBaseModule):
         self._act = activation_fn(activation, activation_params)
         if any((ub_overlap_ag, ub_overlap_rs, ub_overlap_rs_dgrad, ub_bulk_dgrad, ub_bulk_wgrad)):
             raise NotImplementedError(
-                "transformer_engine.pytorch.LayerNormMLP: Userbuffers overlap is not emulated by fp8sim"
+                "transformer_engine.pytorch.LayerNormMLP: Userbuffers (ub_overlap_* / ub_bulk_*: TE's overlap of "
+                "tensor-parallel communication with the GEMMs) needs CUDA: peer-to-peer buffers shared by several "
+                "GPUs; it is not emulated by fp8sim"
             )
         self._init_common(
             sequence_parallel=sequence_parallel,

@@ -88,8 +88,8 @@ class BasicLinear(BasicOperation):
         super().__init__()
         if userbuffers_options is not None:
             raise NotImplementedError(
-                "BasicLinear(userbuffers_options=...): Userbuffers communication overlap needs CUDA "
-                "(peer-to-peer GPU buffers) and is not emulated by fp8sim"
+                "BasicLinear(userbuffers_options=...): Userbuffers (TE's overlap of tensor-parallel communication "
+                "with the GEMM) needs CUDA: peer-to-peer buffers shared by several GPUs; it is not emulated by fp8sim"
             )
         self.in_features, self.out_features = in_features, out_features
         device, dtype = canonicalize_device(device), canonicalize_dtype(dtype)
