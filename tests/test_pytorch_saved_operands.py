@@ -328,3 +328,20 @@ def test_grouped_linear_takes_splits_of_any_row_count_as_te_does() -> None:
     dys, perms = zip(*(_one_hot_dy(m, 128, torch.bfloat16) for m in splits), strict=True)
     y.backward(torch.cat(dys))
     assert torch.equal(x.grad, torch.cat([w[p] for w, p in zip(w_dq, perms, strict=True)]))
+
+
+def test_grouped_linear_high_precision_without_input_grad_saves_no_weights_and_still_trains() -> None:
+    """TE grouped_linear.py 920-926: the original weights are saved only when the input needs a gradient;
+    the weight gradients (one-hot ``dy``: rows of the input) need none of them."""
+    mod = te.GroupedLinear(2, 64, 96, bias=False, params_dtype=torch.bfloat16)
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    with te.autocast(recipe=Float8CurrentScaling(backward_override="high_precision")):
+        y = mod(x, [32, 32])
+    saved = restore_from_saved(y.grad_fn.tensor_objects, list(y.grad_fn.saved_tensors))
+    assert saved[4] is None and saved[5] is None
+    (dy0, p0), (dy1, p1) = _one_hot_dy(32, 96, torch.bfloat16), _one_hot_dy(32, 96, torch.bfloat16)
+    y.backward(torch.cat([dy0, dy1]))
+    for i, (p, rows) in enumerate(((p0, x[:32]), (p1, x[32:]))):
+        ref = torch.zeros(96, 64, dtype=torch.bfloat16)
+        ref[p] = rows
+        assert torch.equal(getattr(mod, f"weight{i}").grad, ref), i

@@ -73,6 +73,8 @@ class _GroupedLinear(torch.autograd.Function):
         ctx.use_bias = state["use_bias"]
         if override is not None:
             _save_layout(ctx, state)
+        for key in ("inp", "module", "recipe"):  # the backward needs none of them: hold no memory
+            state.pop(key)
         return out.view(*inp.shape[:-1], out.shape[-1])  # TE: the view inside the function
 
     @staticmethod
@@ -148,7 +150,7 @@ def _hand_out_saved(ctx: Any, state: dict) -> None:
         xs = saved[:n]
     for i, sub in enumerate(subs):
         if not isinstance(sub, _Empty):
-            w_orig = saved[2 * n + i] if saved[2 * n + i] is not None else sub.args[1]
+            w_orig = saved[2 * n + i] if saved[2 * n + i] is not None else sub.weight
             sub.saved_operands = (xs[i], saved[n + i], w_orig, saved[3 * n + i])
 
 
@@ -172,6 +174,10 @@ def grouped_linear(module: Any, inp: torch.Tensor, splits: list[int], is_first_m
             outs.append(module._linear(f"gemm{i}", part, w, b, is_first_microbatch, None, w, split_ctx=sub))
         subs.append(sub)
         args.append(sub.args[:3])
+        if isinstance(sub, SplitCtx):
+            # the node's inputs; the split's context keeps what its forward saved, as autograd's, and the weight
+            # (TE saves it for "high_precision" only when the input needs a gradient; the backward reads it)
+            sub.weight, sub.args = sub.args[1], ()
     state = {
         "subs": subs, "outs": outs, "splits": list(splits), "inp": inp, "act": act, "module": module,
         "recipe": recipe, "fp8": st.enabled, "use_bias": module.use_bias,
