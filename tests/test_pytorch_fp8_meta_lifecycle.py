@@ -104,3 +104,59 @@ def test_custom_state_is_in_fp8_meta_and_its_delayed_scaling_state_survives_a_re
     m.init_fp8_meta_tensors(rec)
     after = m.fp8_meta["scaling_fwd"]
     assert after is not before and after._ds_state is inner and bool(after.amax_history.eq(7.0).all())
+
+
+# -- DotProductAttention: 9 forward (QKV, O, S) and 6 backward (dQKV, dO, dP) slots ----------------------------
+# TE dot_product_attention.py set_meta_tensor / get_quantizer_roles; the [CS, DS] split of current scaling.
+
+
+def _dpa_step(dpa: torch.nn.Module, rec: recipe.Recipe) -> None:
+    q, k, v = (torch.randn(1, 16, 2, 16, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    with te.autocast(enabled=True, recipe=rec):
+        out = dpa(q, k, v, qkv_format="bshd")
+    out.float().sum().backward()
+
+
+def test_dpa_custom_recipe_state_and_slot_quantizers() -> None:
+    from fp8sim.pytorch.tensor import Float8Quantizer
+
+    def factory(role):  # noqa: ANN001, ANN202
+        if role.module_type == "dpa" and role.tensor_type in ("s", "dp"):
+            return DelayedScalingRequest(amax_history_len=1, amax_compute_algo="most_recent")
+        return te.Float8CurrentScalingQuantizer(
+            te.DType.kFloat8E5M2 if role.tensor_type == "do" or "grad" in role.name else te.DType.kFloat8E4M3
+        )
+
+    dpa = te.DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type="causal", name="core")
+    assert dpa.quantizers == {"scaling_fwd": [], "scaling_bwd": []} and "scaling_fwd" not in dpa.fp8_meta
+    rec = recipe.CustomRecipe(qfactory=factory, fp8_dpa=True)
+    _dpa_step(dpa, rec)
+    state = dpa.fp8_meta["scaling_fwd"]
+    assert isinstance(state, CustomRecipeState) and state._has_delayed_scaling and state._ds_slots == [6, 7, 8]
+    fwd, bwd = dpa.quantizers["scaling_fwd"], dpa.quantizers["scaling_bwd"]
+    assert [type(x).__name__ for x in fwd] == ["Float8CurrentScalingQuantizer"] * 6 + ["Float8Quantizer"] * 3
+    assert len(bwd) == 6 and all(isinstance(x, Float8Quantizer) for x in bwd[4:])
+    inner = state._ds_state
+    dpa.output_quantizer_role = QuantizerRole(module_type="linear", tensor_type="input", name="proj")
+    assert not dpa.fp8_meta_tensors_initialized
+    dpa.init_fp8_meta_tensors(rec)
+    assert dpa.fp8_meta["scaling_fwd"] is not state and dpa.fp8_meta["scaling_fwd"]._ds_state is inner
+
+
+def test_dpa_delayed_and_current_scaling_fp8_meta() -> None:
+    from fp8sim.pytorch.tensor import Float8CurrentScalingQuantizer, Float8Quantizer
+
+    dpa = te.DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type="causal")
+    _dpa_step(dpa, recipe.DelayedScaling(fp8_dpa=True, amax_history_len=4))
+    st = dpa.fp8_meta["scaling_fwd"]
+    assert isinstance(st, DelayedScalingRecipeState) and dpa.fp8_meta["scaling_fwd"] is st
+    assert tuple(st.scale.shape) == (9,) and tuple(dpa.fp8_meta["scaling_bwd"].amax_history.shape) == (4, 6)
+    st.scale[8] = 4.0  # the S slot: the module's own state
+    assert float(dpa.fwd.scale[8]) == 4.0 and float(dpa.quantizers["scaling_fwd"][8].scale) == 4.0
+
+    cs = te.DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type="causal")
+    _dpa_step(cs, recipe.Float8CurrentScaling(fp8_dpa=True))
+    fwd, bwd = cs.quantizers["scaling_fwd"], cs.quantizers["scaling_bwd"]
+    assert all(isinstance(x, Float8CurrentScalingQuantizer) for x in fwd[:6] + bwd[:4])
+    assert all(type(x) is Float8Quantizer for x in fwd[6:] + bwd[4:])  # S and dP: TE's delayed half
+    assert isinstance(cs.fp8_meta["scaling_fwd"], DelayedScalingRecipeState)
