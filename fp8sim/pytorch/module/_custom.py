@@ -77,7 +77,12 @@ def ensure_custom(module: Any, recipe: CustomRecipe) -> dict[str, list]:
 def custom_operand(quantizer: Any, x: torch.Tensor, k_axis: int) -> Operand:
     """``x`` (2-D) quantized by a slot quantizer, as the GEMM reducing over ``k_axis`` reads it."""
     from ..tensor import IdentityQuantizer
+    from ..tensor.hybrid_tensor import HybridQuantizer
 
+    if isinstance(quantizer, HybridQuantizer):  # TE general_gemm: the sub-storage of the direction this GEMM reads
+        if k_axis != 0:
+            return custom_operand(quantizer.rowwise_quantizer, x, k_axis)
+        return custom_operand(quantizer.columnwise_quantizer, quantizer.columnwise_source_tensor(x.detach()), k_axis)
     if isinstance(quantizer, IdentityQuantizer):
         held = quantizer(x.detach())._hp_data
         return Operand(held.float(), None, high_precision=True)
