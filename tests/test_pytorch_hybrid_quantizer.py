@@ -98,3 +98,28 @@ def test_mxfp8_fwd_nvfp4_bwd_gemms_read_the_direction_they_need() -> None:
     _, dx_ref, _ = _run(dgrad_factory, w_dq, x)
     assert torch.equal(dx, dx_ref)  # dgrad: NVFP4 columnwise weight from the dequantized MXFP8 weight
     assert not torch.equal(dx, _run(dgrad_factory, w, x)[1])  # the source matters
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["mxfp8_fwd_nvfp4_bwd_factory", "high_precision_fwd_mxfp8_bwd_factory", "mxfp8_fwd_high_precision_bwd_factory"],
+)
+def test_ops_linear_takes_the_hybrid_copies_as_the_module(name: str) -> None:
+    """``te.ops.Linear`` saves the hybrid input for wgrad and its GEMMs take each direction's sub-storage
+    (TE ``_unwrap_tensor``): bit for bit the module's results (checked against the sub-quantizers above)."""
+    import fp8sim.pytorch.custom_recipes.quantizer_factory_zoo as zoo
+    import fp8sim.pytorch.ops as te_ops
+
+    torch.manual_seed(2)
+    w = torch.randn(128, 128, dtype=torch.bfloat16) * 0.1
+    x = torch.randn(64, 128, dtype=torch.bfloat16)
+    op = te_ops.Linear(128, 128, bias=False, dtype=torch.bfloat16)
+    with torch.no_grad():
+        op.weight.copy_(w)
+    xx = x.clone().requires_grad_()
+    with te.autocast(enabled=True, recipe=CustomRecipe(qfactory=getattr(zoo, name))):
+        out = op(xx)
+    out.float().sum().backward()
+    ref = _run(getattr(zoo, name), w, x)
+    for got, want in zip((out.detach(), xx.grad, op.weight.grad), ref, strict=True):
+        assert torch.equal(got, want)

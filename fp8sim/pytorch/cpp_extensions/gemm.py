@@ -416,8 +416,11 @@ def _general_gemm(
         raise NotImplementedError("general_gemm: Userbuffers communication overlap (ub, ub_type) is not emulated")
     if out is not None and not out.is_contiguous():
         raise ValueError("Output tensor is not contiguous.")
+    from ..tensor.hybrid_tensor import gemm_operand
     from ..tensor.utils import is_custom
 
+    A = gemm_operand(A, "rowwise" if layout[0] == "T" else "columnwise")  # a hybrid tensor: its direction's copy
+    B = gemm_operand(B, "columnwise" if layout[1] == "T" else "rowwise")
     if is_custom(A) or is_custom(B):  # TE: custom tensors go to their quantizer's qgemm
         from ..custom_recipes.gemm import custom_gemm
 

@@ -19,8 +19,9 @@ from typing import Any
 import torch
 
 from .quantized_tensor import Quantizer
+from .storage.quantized_tensor_storage import QuantizedTensorStorage
 
-__all__ = ["HybridQuantizer", "HybridQuantizedTensorStorage"]
+__all__ = ["HybridQuantizer", "HybridQuantizedTensorStorage", "gemm_operand"]
 
 _COLUMNWISE_SOURCES = ("original", "rowwise_dequantized")
 
@@ -119,7 +120,7 @@ class HybridQuantizer(Quantizer):
         return self.quantize_impl(tensor.detach())
 
 
-class HybridQuantizedTensorStorage:
+class HybridQuantizedTensorStorage(QuantizedTensorStorage):
     """The rowwise and columnwise sub-storages of one tensor (either may be None)."""
 
     def __init__(
@@ -159,6 +160,27 @@ class HybridQuantizedTensorStorage:
         if columnwise_usage is False:
             self._columnwise_storage = None
 
+    def prepare_for_saving(self) -> tuple[list, HybridQuantizedTensorStorage]:
+        """The sub-storages' tensors for ``save_for_backward`` (rowwise first), and this storage."""
+        tensors: list = []
+        for sub in (self._rowwise_storage, self._columnwise_storage):
+            if isinstance(sub, torch.Tensor):
+                tensors.append(sub)
+            elif sub is not None:
+                tensors.extend(sub.prepare_for_saving()[0])
+        return tensors, self
+
+    def restore_from_saved(self, tensors: list) -> list:
+        """Take back what :meth:`prepare_for_saving` gave; returns the tensors left over."""
+        for attr in ("_rowwise_storage", "_columnwise_storage"):
+            sub = getattr(self, attr)
+            if isinstance(sub, torch.Tensor):
+                setattr(self, attr, tensors[0])
+                tensors = tensors[1:]
+            elif sub is not None:
+                tensors = sub.restore_from_saved(tensors)
+        return tensors
+
     def dequantize(self, *, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The rowwise copy's value, else the columnwise copy's (TE's order)."""
         dtype = self._dtype if dtype is None else dtype
@@ -166,3 +188,17 @@ class HybridQuantizedTensorStorage:
             if sub is not None:
                 return sub.dequantize(dtype=dtype)
         raise RuntimeError("HybridQuantizedTensorStorage has no data to dequantize")
+
+
+def gemm_operand(tensor: Any, usage: str) -> Any:
+    """TE ``general_gemm``'s ``_unwrap_tensor`` for a hybrid tensor: the sub-storage of ``usage`` ("rowwise" or
+    "columnwise"); any other tensor as it is."""
+    if not isinstance(tensor, HybridQuantizedTensorStorage):
+        return tensor
+    sub = tensor.rowwise_sub_storage if usage == "rowwise" else tensor.columnwise_sub_storage
+    if sub is None:  # TE's message
+        raise RuntimeError(
+            f"GEMM requested the {usage} representation, but it is unavailable. Ensure {usage}_usage is enabled "
+            "and the representation has not been dropped by update_usage()."
+        )
+    return sub
