@@ -160,3 +160,21 @@ def test_dpa_delayed_and_current_scaling_fp8_meta() -> None:
     assert all(isinstance(x, Float8CurrentScalingQuantizer) for x in fwd[:6] + bwd[:4])
     assert all(type(x) is Float8Quantizer for x in fwd[6:] + bwd[4:])  # S and dP: TE's delayed half
     assert isinstance(cs.fp8_meta["scaling_fwd"], DelayedScalingRecipeState)
+
+
+def test_fp8_meta_names_the_recompute_stash_of_a_checkpointed_fp8_forward() -> None:
+    """TE ``quantization.py`` ``copy_forward_fp8_meta_tensors_for_recompute``: the module's ``fp8_meta`` gets
+    ``global_fp8_buffer_pos_fwd_recompute``; a module outside FP8 in the same checkpoint gets none."""
+    te.FP8GlobalStateManager.reset()
+    plain = te.Linear(16, 16, bias=False)
+    fp8 = te.Linear(16, 16, bias=False)
+
+    def body(x: torch.Tensor) -> torch.Tensor:
+        y = plain(x)
+        with te.autocast(enabled=True, recipe=recipe.DelayedScaling()):
+            return fp8(y)
+
+    x = torch.randn(16, 16, requires_grad=True)
+    te.checkpoint(body, x, use_reentrant=False).sum().backward()
+    assert "global_fp8_buffer_pos_fwd_recompute" not in plain.fp8_meta
+    assert isinstance(fp8.fp8_meta["global_fp8_buffer_pos_fwd_recompute"], int)

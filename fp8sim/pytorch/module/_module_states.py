@@ -81,11 +81,16 @@ def install_module_quantizers(module: Any, key: str, state: Any) -> None:
 
 def module_fp8_meta(module: Any) -> dict[str, Any]:
     """TE's ``fp8_meta`` of ``module``: the recipe states of its last initialization, or, where its GEMMs hold
-    delayed-scaling state (a delayed-scaling step, a loaded checkpoint), views of that state."""
+    delayed-scaling state (a delayed-scaling step, a loaded checkpoint), views of that state; and the position
+    of its stash in the recompute buffer once a checkpointed FP8 forward made one."""
     from .._recipe_state import DelayedScalingRecipeState
+    from .._recompute_state import RECOMPUTE_KEY
 
     gemms = list(module.fp8_gemms.values())
     meta: dict[str, Any] = {"num_gemms": len(gemms), "recipe": gemms[0].fwd.recipe if gemms[0].fwd else None}
+    pos = gemms[0].__dict__.get("_recompute_fp8_meta", {}).get(RECOMPUTE_KEY)
+    if pos is not None:  # a checkpointed FP8 forward stashed its state (kept per GEMM here)
+        meta[RECOMPUTE_KEY] = pos
     states = module._recipe_states()
     fwd = states.get("scaling_fwd")
     if isinstance(fwd, DelayedScalingRecipeState) or isinstance(module._last_recipe, DelayedScaling) or fwd is None:
