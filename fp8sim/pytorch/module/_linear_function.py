@@ -16,13 +16,15 @@ import torch
 
 from ...recipe import DelayedScaling, Recipe, tensor_format
 from ..quantization import current_state, reduce_and_update_fp8_tensors
+from ..tensor.quantized_tensor import QuantizedTensorStorage, prepare_for_saving, restore_from_saved
 from ._fp8_handoff import FP8Handoff, boundary_cast
 from ._gemm import GemmSite, gemm
 from ._gemm_plan import DEFAULT, out_name, record_plan
 from ._operands import Operand
 from ._quantized_input import input_operand
+from ._saved_operands import rowwise_storage
 
-__all__ = ["fp8_linear", "hp_linear", "LinearOptions"]
+__all__ = ["fp8_linear", "hp_linear", "LinearOptions", "LinearBwdArgs"]
 
 
 @dataclass
@@ -118,15 +120,14 @@ class _FP8Linear(torch.autograd.Function):
             else:
                 ctx.x_col = x_row if per_tensor else module._quantize(x, recipe, "input", 0)
             ctx.w_col = w_col
-        elif override == "dequantized":
-            ctx.x_col, ctx.w_col = x_row.dequant().to(act_dtype), w_row.dequant().to(act_dtype)
-        else:  # high_precision: the original input and weight
-            ctx.x_col, ctx.w_col = x.detach().to(act_dtype), weight.detach().to(act_dtype)
+        else:
+            _save_override_operands(ctx, override, inp, weight, bias, x_row, w_row, recipe, act_dtype)
         ctx.module, ctx.recipe, ctx.accumulator = module, recipe, accumulator
         ctx.first = first and override is None  # TE: no backward scale update with an override
         ctx.opts, ctx.is_first_microbatch = opts, is_first_microbatch
         ctx.has_bias, ctx.inp_shape, ctx.dtypes = bias is not None, inp.shape, (act_dtype, weight.dtype, inp.dtype)
         ctx.region = _region_modules() if ctx.first else []  # the live list: later modules join it
+        ctx.backward_objects = LinearBwdArgs(override, ctx.first, opts.site, bias is not None, act_dtype, inp.shape)
         if opts.fp8_output:  # the result (bias included) cast with the OUTPUT slot, fused or not (boundary_cast)
             oq = boundary_cast(out, recipe, True, module.fwd, 2, act_dtype)
             shape = (*inp.shape[:-1], out.shape[-1])
@@ -183,8 +184,8 @@ class _FP8Linear(torch.autograd.Function):
 
         else:
             dyh = dy.to(act)
-            dgrad = _hp_gemm(dyh, ctx.w_col, act, opts.site, "dgrad")
-            x_col = ctx.x_col
+            x_col, w_dgrad = _override_operands(ctx, act)
+            dgrad = _hp_gemm(dyh, w_dgrad, act, opts.site, "dgrad")
 
             def wgrad_fn(addend: torch.Tensor | None = None) -> torch.Tensor:
                 dw = _hp_gemm(dyh.t(), x_col, act, opts.site, "wgrad")
@@ -198,6 +199,58 @@ class _FP8Linear(torch.autograd.Function):
                 if not getattr(m, "_te_global_buffer", False):
                     m._update_backward_scales()
         return (dgrad.to(act).reshape(ctx.inp_shape), wgrad, dbias, None, None, None, None, None, None, None)
+
+
+class LinearBwdArgs:
+    """The backward's state as TE's ``LinearBwdArgs`` (``grad_fn.backward_objects``) shows it: ``fp8`` False,
+    ``grad_output_quantizer`` None and no backward scale update under a ``backward_override`` (TE
+    ``linear.py`` ``_linear_setup_ctx``); the quantizer is the module's grad-output slot, read when asked."""
+
+    def __init__(
+        self, override: str | None, first: bool, site: Any, use_bias: bool, act: torch.dtype, inp_shape: Any
+    ) -> None:
+        self.backward_override, self.fp8, self.reduce_and_update_bwd_fp8_tensors = override, override is None, first
+        self.use_bias, self.activation_dtype, self.inp_shape, self._site = use_bias, act, inp_shape, site
+
+    @property
+    def grad_output_quantizer(self) -> Any:
+        site = self._site
+        if self.backward_override is not None or site is None or not hasattr(site.module, "quantizers"):
+            return None
+        names = list(getattr(site.module, "fp8_gemms", {site.gemm: None}))
+        index = names.index(site.gemm) if site.gemm in names else 0
+        return site.module.quantizers["scaling_bwd"][2 * index]
+
+
+def _save_override_operands(
+    ctx: Any, override: str, inp: torch.Tensor, weight: Any, bias: Any, x_row: Operand, w_row: Operand,
+    recipe: Recipe, act: torch.dtype,
+) -> None:  # fmt: skip
+    """TE's saved tensors under a ``backward_override`` (``linear.py`` ``_linear_forward_impl``):
+    ``[inputmat, weightmat, weight, bias]`` through ``prepare_for_saving``, ``inputmat`` the rowwise FP8
+    storage of the input ("dequantized") or the input itself ("high_precision"), ``weightmat`` the rowwise
+    FP8 storage of the weight.  Without a TE storage form (a custom recipe's slot) the dequantized values."""
+    w_st = rowwise_storage(w_row, tuple(weight.shape), weight.dtype, recipe, "weight")
+    if override == "dequantized":
+        x_st = rowwise_storage(x_row, tuple(inp.shape), inp.dtype, recipe, "input")
+        x_st = x_row.dequant().to(act).reshape(inp.shape) if x_st is None else x_st
+        w_st = w_row.dequant().to(act) if w_st is None else w_st
+    else:
+        x_st = inp.detach()
+    tensors, ctx.tensor_objects = prepare_for_saving(x_st, weight.detach() if w_st is None else w_st, weight, bias)
+    ctx.save_for_backward(*tensors)
+
+
+def _override_operands(ctx: Any, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, w)`` of the override's backward GEMMs from the saved tensors: the saved FP8 storages
+    dequantized to the activation dtype (TE: ``dequantize(dtype=activation_dtype)``), or the original
+    input and weight in the activation dtype."""
+    x_s, w_s, w_orig, _ = restore_from_saved(ctx.tensor_objects, list(ctx.saved_tensors))
+    if ctx.override == "dequantized":
+        x, w = (t.dequantize(dtype=act) if isinstance(t, QuantizedTensorStorage) else t for t in (x_s, w_s))
+    else:
+        x, w = x_s.to(act), w_orig.detach().to(act)
+    return x.reshape(-1, x.shape[-1]), w
 
 
 def _wgrad(ctx: Any, wgrad_fn: Any) -> torch.Tensor | None:

@@ -227,6 +227,9 @@ class BasicLinear(BasicOperation):
             saved_w = self.weight if kw["input_requires_grad"] else None
         else:
             saved_x, saved_w = x_local, w
+        if override == "dequantized":  # TE: its internal quantizers' results are storages, not tensors
+            saved_x = _as_internal(saved_x, kw.get("input_quantizer"))
+            saved_w = _as_internal(saved_w, kw.get("weight_quantizer"))
         ctx.save_for_backward(saved_x, saved_w)
         ctx.with_quantized_compute = fp8 and override is None
         ctx.backward_override = override
@@ -312,3 +315,14 @@ class BasicLinear(BasicOperation):
     def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor) -> tuple[torch.Tensor, list]:
         dx, dw = self._linear_backward(ctx, grad_output)
         return dx, [dw]
+
+
+def _as_internal(t: Any, quantizer: Any) -> Any:
+    """What TE's ``internal=True`` quantizer returned for ``t``: its storage (fp8sim's quantizers give the
+    full tensor; the storage view shares its buffers)."""
+    from ...tensor.quantized_tensor import QuantizedTensor
+    from ...tensor.storage.quantized_tensor_storage import as_storage
+
+    if isinstance(t, QuantizedTensor) and getattr(quantizer, "internal", False):
+        return as_storage(t)
+    return t
