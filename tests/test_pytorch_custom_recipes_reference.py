@@ -322,8 +322,9 @@ def test_factories_follow_roles():
     assert current_scaling_ref_factory(w).dtype == torch.float8_e4m3fn
     assert type(zoo.mxfp8_fwd_nvfp4_bwd_factory(g)).__name__ == "NVFP4Quantizer"
     assert type(zoo.mxfp8_fwd_nvfp4_bwd_factory(None)).__name__ == "MXFP8Quantizer"
-    with pytest.raises(NotImplementedError, match="HybridQuantizer"):
-        zoo.mxfp8_fwd_nvfp4_bwd_factory(w)
+    hw = zoo.mxfp8_fwd_nvfp4_bwd_factory(w)  # TE: Hybrid(MXFP8, plain NVFP4 from the dequantized MXFP8)
+    assert type(hw).__name__ == "HybridQuantizer" and hw.columnwise_source == "rowwise_dequantized"
+    assert type(hw.rowwise_quantizer).__name__ == "MXFP8Quantizer" and not hw.columnwise_quantizer.with_rht
 
 
 def test_refusals():

@@ -270,3 +270,27 @@ def test_nvfp4_row_scaled_operand_takes_tes_python_epilogue() -> None:
     out = _hp(32, 16, seed=44)
     res = general_gemm(wq, xq, layout="TN", alpha=0.5, bias=bias, out=out.clone(), accumulate=True, accumulator="exact")
     assert torch.equal(res[0], out + torch.from_numpy(want.astype(np.float32)).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("out_q", ["current", "mxfp8", "delayed_hp_operands"])
+def test_unfused_output_quantization_casts_the_d_written_in_the_output_dtype(out_q: str) -> None:
+    """TE gemm.cpp 218-233, 394-397: only a Float8Quantizer with per-tensor FP8 operands is fused (cuBLAS writes
+    FP8); every other output quantizer casts D as the GEMM wrote it, in the output dtype (here bf16, so twice
+    rounded: bf16, then FP8)."""
+    a, b = _hp(64, 64, seed=31).to(torch.bfloat16), _hp(64, 64, seed=32).to(torch.bfloat16)
+    q = {
+        "current": te.Float8CurrentScalingQuantizer(_E4M3),
+        "mxfp8": te.MXFP8Quantizer(_E4M3),
+        "delayed_hp_operands": te.Float8Quantizer(torch.ones(1), torch.zeros(1), _E4M3),
+    }[out_q]
+    if out_q != "delayed_hp_operands":
+        fp8 = te.Float8CurrentScalingQuantizer(_E4M3)
+        a, b = fp8(a), fp8(b)
+    got = general_gemm(a, b, torch.bfloat16, quantization_params=q)[0]
+    d_bf16 = general_gemm(a, b, torch.bfloat16)[0]
+    want = q(d_bf16).dequantize(dtype=torch.float32)
+    assert torch.equal(got.dequantize(dtype=torch.float32), want)
+    once = q(general_gemm(a, b, torch.float32)[0]).dequantize(dtype=torch.float32)
+    assert not torch.equal(once, want)  # the bf16 step is there
+    with pytest.raises(NotImplementedError, match="not supported as a native GEMM output quantizer"):
+        general_gemm(a, b, torch.bfloat16, quantization_params=te.IdentityQuantizer())

@@ -155,6 +155,27 @@ class DelayedScalingRecipeState(RecipeState):
             for i in range(self.num_quantizers)
         ]
 
+    def inherit_state_from(self, other: RecipeState) -> bool:
+        """TE's rebind to the predecessor's ``scale`` and ``amax_history`` tensor objects; their arrays are
+        its :class:`DelayedScaler`'s, so that scaler comes along."""
+        if not super().inherit_state_from(other):
+            return False
+        self.scaler = other.scaler
+        return True
+
+    def _resync(self) -> None:
+        """View the scaler's current arrays again where they were replaced (a new ``amax_history_len``) or the
+        views lost them (``copy.deepcopy`` copies the tensors and the arrays apart)."""
+        sc = self.scaler
+        if sc is None:  # a multi-GEMM module's snapshot
+            return
+        if self.scale.data_ptr() != sc.scale.ctypes.data or self.scale.shape != sc.scale.shape:
+            self.scale = torch.from_numpy(sc.scale)
+        if self.amax_history.data_ptr() != sc.amax_history.ctypes.data or (
+            self.amax_history.shape != sc.amax_history.shape
+        ):
+            self.amax_history = torch.from_numpy(sc.amax_history)
+
 
 class Float8CurrentScalingRecipeState(RecipeState):
     """Per-tensor current scaling: no state; every slot gets the recipe's ``use_power_2_scales``."""
@@ -253,6 +274,7 @@ class CustomRecipeState(RecipeState):
     def __init__(self, recipe: Recipe, **kwargs: Any) -> None:
         super().__init__(recipe, **kwargs)
         self._ds_state: DelayedScalingRecipeState | None = None
+        self._ds_slots: list[int] = []  # the slots of the DelayedScalingRequests, in _ds_state's order
         self._ds_state_to_inherit: DelayedScalingRecipeState | None = None
         if getattr(recipe, "qfactory", None) is None:
             raise ValueError("CustomRecipe requires `qfactory`.")
@@ -268,12 +290,12 @@ class CustomRecipeState(RecipeState):
             num_quantizers=self.num_quantizers,
             existing=None if existing is None else existing.scaler,
         )
-        self._ds_state = None
+        self._ds_state, self._ds_slots = None, out.ds_slots
         if out.scaler is not None:
             if existing is not None and existing.scaler is out.scaler:
                 self._ds_state = existing
             else:
-                self._ds_state = _wrap_scaler(out.scaler, self.mode, self.device)
+                self._ds_state = wrap_scaler(out.scaler, self.mode, self.device)
         return out.quantizers
 
     def inherit_state_from(self, other: RecipeState) -> bool:
@@ -300,7 +322,7 @@ class CustomRecipeState(RecipeState):
         return self._ds_state.recipe if self._ds_state else None
 
 
-def _wrap_scaler(scaler: DelayedScaler, mode: str, device: Any) -> DelayedScalingRecipeState:
+def wrap_scaler(scaler: DelayedScaler, mode: str, device: Any = None) -> DelayedScalingRecipeState:
     """A :class:`DelayedScalingRecipeState` over an existing scaler (its arrays, not copies)."""
     state = DelayedScalingRecipeState.__new__(DelayedScalingRecipeState)
     RecipeState.__init__(state, scaler.recipe, mode=mode, num_quantizers=scaler.n, device=device)

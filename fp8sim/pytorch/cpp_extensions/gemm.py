@@ -90,6 +90,20 @@ def _arithmetic(accumulator: Any, use_split_accumulator: bool, mx: bool) -> tupl
     return accumulator, None
 
 
+def _fused_output(q: Any, kind: str) -> bool:
+    """TE ``gemm.cpp`` 218-233: cuBLAS writes FP8 itself only for a ``Float8Quantizer`` (that class) and per-tensor
+    FP8 operands; TE's other native output quantizers cast the D written in the output dtype (unfused)."""
+    from .. import tensor as t
+
+    native = (t.Float8Quantizer, t.Float8CurrentScalingQuantizer, t.MXFP8Quantizer, t.Float8BlockQuantizer)
+    if q is not None and not isinstance(q, native + (t.NVFP4Quantizer,)):  # TE _validate_native_gemm_output_quantizer
+        raise NotImplementedError(
+            f"{type(q).__name__} is not supported as a native GEMM output quantizer. Return a TE-native quantizer "
+            "for output/grad_input roles or disable quantized GEMM output for this boundary."
+        )
+    return type(q) is t.Float8Quantizer and kind == "fp8"
+
+
 def _fmt_of_quantizer(q: Any) -> str:
     from ..constants import DType
 
@@ -416,8 +430,11 @@ def _general_gemm(
         raise NotImplementedError("general_gemm: Userbuffers communication overlap (ub, ub_type) is not emulated")
     if out is not None and not out.is_contiguous():
         raise ValueError("Output tensor is not contiguous.")
+    from ..tensor.hybrid_tensor import gemm_operand
     from ..tensor.utils import is_custom
 
+    A = gemm_operand(A, "rowwise" if layout[0] == "T" else "columnwise")  # a hybrid tensor: its direction's copy
+    B = gemm_operand(B, "columnwise" if layout[1] == "T" else "rowwise")
     if is_custom(A) or is_custom(B):  # TE: custom tensors go to their quantizer's qgemm
         from ..custom_recipes.gemm import custom_gemm
 
@@ -445,13 +462,7 @@ def _general_gemm(
             "or both high precision (cuBLAS takes no mix)"
         )
     fp8 = kinds[0] != "hp"
-    if quantization_params is not None:
-        from ..tensor import Float8Quantizer
-
-        if not isinstance(quantization_params, Float8Quantizer):
-            raise NotImplementedError(
-                f"general_gemm: {type(quantization_params).__name__} output; fp8sim emulates a Float8Quantizer output"
-            )
+    fused = _fused_output(quantization_params, kinds[0])
     if kinds[0] == "block":  # TE: "FP8 block-scaling requires split accumulator"
         use_split_accumulator = True
     nvfp4 = kinds[0] == "nvfp4"
@@ -461,7 +472,7 @@ def _general_gemm(
         raise RuntimeError("FP4 GEMM does not support FP16 output!")
     preset, profile = _arithmetic(accumulator, use_split_accumulator, kinds[0] in ("mxfp8", "nvfp4"))
     q = quantization_params
-    out_name = _OUT_NAMES.get(dtype, "float32") if q is None else _fmt_of_quantizer(q)  # FP8: cuBLAS writes it
+    out_name = _fmt_of_quantizer(q) if fused else _OUT_NAMES.get(dtype, "float32")  # FP8: cuBLAS writes it
     # accumulating a per-tensor FP8 GEMM (beta * C) with nothing else in the epilogue: cuBLASLt's one FMA
     fma_c = accumulate and kinds[0] == "fp8" and alpha == 1.0 and bias is None and not gelu and not grad
     addend = np.float32(beta) * out.reshape(-1, out.shape[-1]).float() if fma_c else None
@@ -492,9 +503,11 @@ def _general_gemm(
     shape = (*lead, acc.shape[-1])
     if gelu_input is not None:
         gelu_input = gelu_input.reshape(shape)
-    if quantization_params is not None:
+    if fused:
         return quantization_params(acc.reshape(shape)), bias_grad, gelu_input, extra_output
     result = acc.reshape(shape).to(dtype)
+    if quantization_params is not None:  # TE gemm.cpp: unfused, D written in the output dtype, then quantized
+        return quantization_params(result), bias_grad, gelu_input, extra_output
     if out is not None:
         out.copy_(result)
         result = out

@@ -2,10 +2,9 @@
 quantizer_factory_zoo.py``): a different recipe per module, tensor type or direction.  Illustrative, as TE
 says: not tuned or validated recipes.
 
-Each factory dispatches on the ``QuantizerRole`` exactly as TE's.  Roles TE serves with a
-``HybridQuantizer`` (one quantizer for the rowwise copy, another for the columnwise one) raise
-``NotImplementedError``: fp8sim does not emulate TE's ``tensor/hybrid_tensor.py`` yet.  The other roles get
-fp8sim's quantizers (MXFP8, NVFP4, identity, current and delayed scaling).
+Each factory dispatches on the ``QuantizerRole`` exactly as TE's, with fp8sim's quantizers (MXFP8, NVFP4,
+identity, current and delayed scaling) and ``HybridQuantizer`` (one quantizer for the rowwise copy, another
+for the columnwise one: ``tensor/hybrid_tensor.py``).
 """
 
 from __future__ import annotations
@@ -28,11 +27,9 @@ __all__ = [
 
 def _hybrid(rowwise: Any, columnwise: Any, source: str = "original") -> Any:
     """TE's ``HybridQuantizer(rowwise_quantizer=..., columnwise_quantizer=..., columnwise_source=...)``."""
-    del rowwise, columnwise
-    raise NotImplementedError(
-        "transformer_engine.pytorch.tensor.hybrid_tensor.HybridQuantizer "
-        f"(columnwise_source={source!r}) is not emulated by fp8sim"
-    )
+    from ..tensor.hybrid_tensor import HybridQuantizer
+
+    return HybridQuantizer(rowwise_quantizer=rowwise, columnwise_quantizer=columnwise, columnwise_source=source)
 
 
 def _linear(role: Any, *tensor_types: str) -> bool:

@@ -11,7 +11,9 @@ it), and two such operands make a high-precision GEMM.  A custom quantizer's ten
 ``NVFP4QuantizerRef``, ``CurrentScalingQuantizerRef``) goes, as in TE's ``general_gemm``, to
 ``custom_recipes.gemm.custom_gemm``, i.e. its quantizer's ``qgemm`` (the module's bias enters that GEMM).
 ``DelayedScalingRequest`` slots share one
-delayed-scaling state per direction, registered in the global amax buffer as the built-in recipe's.
+delayed-scaling state per direction, registered in the global amax buffer as the built-in recipe's.  The
+slots are rebuilt (``qfactory`` called again) when TE rebuilds them: a new recipe object, or a changed
+``output_quantizer_role`` / ``grad_input_quantizer_role`` at the next ``init_fp8_meta_tensors``.
 """
 
 from __future__ import annotations
@@ -60,32 +62,27 @@ def quantizer_roles(module: Any, fwd: bool) -> list:
     return [base[i % len(base)] for i in range((3 if fwd else 2) * n)]
 
 
-def ensure_custom(module: Any, recipe: CustomRecipe, group: Any = None) -> dict[str, list]:
-    """The module's slot quantizers for ``recipe`` (``{"scaling_fwd": [...], "scaling_bwd": [...]}``),
-    built by ``recipe.qfactory`` unless this recipe object built them last; each GEMM state gets its
-    slots (GEMM ``i``: forward ``3i..3i+2``, backward ``2i..2i+1``)."""
-    from ..quantization import add_fp8_tensors_to_global_buffer
-    from ..tensor import custom_recipe_quantizers
+def ensure_custom(module: Any, recipe: CustomRecipe) -> dict[str, list]:
+    """The module's slot quantizers for ``recipe`` (``{"scaling_fwd": [...], "scaling_bwd": [...]}``): those of
+    its ``CustomRecipeState`` while that state was built for an equal recipe, else built now
+    (``module/_meta_states.py``)."""
+    from .._recipe_state import CustomRecipeState
 
-    state = module.__dict__.get("_custom_state")
-    if state is not None and state[0] is recipe:
-        return state[1]
-    old = state[2] if state is not None else (None, None)
-    fwd = custom_recipe_quantizers(recipe, quantizer_roles(module, True), mode="forward", existing=old[0])
-    bwd = custom_recipe_quantizers(recipe, quantizer_roles(module, False), mode="backward", existing=old[1])
-    quantizers = {"scaling_fwd": fwd.quantizers, "scaling_bwd": bwd.quantizers}
-    module.__dict__["_custom_state"] = (recipe, quantizers, (fwd.scaler, bwd.scaler))
-    for i, g in enumerate(module.fp8_gemms.values()):
-        g.custom = (fwd.quantizers[3 * i : 3 * i + 3], bwd.quantizers[2 * i : 2 * i + 2])
-    if fwd.scaler is not None or bwd.scaler is not None:  # DelayedScalingRequest slots: updated as TE's
-        add_fp8_tensors_to_global_buffer(fwd.scaler, bwd.scaler, recipe, group)
-    return quantizers
+    state = module._recipe_states().get("scaling_fwd")
+    if not (isinstance(state, CustomRecipeState) and state.recipe == recipe):  # TE: an equal recipe keeps them
+        module.init_fp8_meta_tensors(recipe)
+    return dict(module.__dict__["_custom_quantizers_by_key"])
 
 
 def custom_operand(quantizer: Any, x: torch.Tensor, k_axis: int) -> Operand:
     """``x`` (2-D) quantized by a slot quantizer, as the GEMM reducing over ``k_axis`` reads it."""
     from ..tensor import IdentityQuantizer
+    from ..tensor.hybrid_tensor import HybridQuantizer
 
+    if isinstance(quantizer, HybridQuantizer):  # TE general_gemm: the sub-storage of the direction this GEMM reads
+        if k_axis != 0:
+            return custom_operand(quantizer.rowwise_quantizer, x, k_axis)
+        return custom_operand(quantizer.columnwise_quantizer, quantizer.columnwise_source_tensor(x.detach()), k_axis)
     if isinstance(quantizer, IdentityQuantizer):
         held = quantizer(x.detach())._hp_data
         return Operand(held.float(), None, high_precision=True)
@@ -98,17 +95,3 @@ def custom_operand(quantizer: Any, x: torch.Tensor, k_axis: int) -> Operand:
             "NVFP4Quantizer, IdentityQuantizer), custom quantizers (.custom True) or a DelayedScalingRequest"
         )
     return operand_of_tensor(quantizer(x.detach()), k_axis == 0)
-
-
-def custom_fp8_meta(module: Any) -> dict[str, Any]:
-    """TE's ``fp8_meta`` entries under a ``CustomRecipe``: ``recipe`` and, where ``DelayedScalingRequest``
-    slots exist, ``scaling_fwd`` / ``scaling_bwd`` as live ``(scale, amax_history)`` of those slots' shared
-    delayed-scaling state (TE ``quantization.py`` ``CustomRecipeState._ds_state``)."""
-    state = module.__dict__.get("_custom_state")
-    if state is None:
-        return {}
-    meta: dict[str, Any] = {"recipe": state[0]}
-    for key, scaler in zip(("scaling_fwd", "scaling_bwd"), state[2], strict=True):
-        if scaler is not None:
-            meta[key] = (torch.from_numpy(scaler.scale), torch.from_numpy(scaler.amax_history))
-    return meta

@@ -31,9 +31,8 @@ def fused_producer(return_output: bool = False, norm_of: Any = None) -> bool:
     recipe = get_recipe()
     if isinstance(recipe, CustomRecipe) and norm_of is not None:
         from ..tensor import Float8Quantizer
-        from ._custom import ensure_custom
 
-        ensure_custom(norm_of, recipe, st.group)
+        norm_of._init_fp8_metadata(recipe, st.group)  # TE prepare_forward, before the norm
         return isinstance(next(iter(norm_of.fp8_gemms.values())).custom[0][0], Float8Quantizer)
     return isinstance(recipe, DelayedScaling) and getattr(recipe, "backward_override", None) is None
 

@@ -30,8 +30,9 @@ from ..utils import get_default_init_method, init_method_constant
 from ._bias import bias_through_bf16
 from ._fp8_params import is_fp8_weight, quantize_primary_weights, reset_sharded_parameters
 from ._gemm import GemmSite
-from ._gemm_state import _GemmState, _ScalingMeta
+from ._gemm_state import _GemmState
 from ._linear_function import LinearOptions, fp8_linear, hp_linear
+from ._meta_states import RecipeStateLifecycle
 from ._params import materialize_meta_parameter
 from ._rng_init import run_init, set_init_tracker
 
@@ -94,7 +95,7 @@ def _requires_grad(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-class TransformerEngineBaseModule(nn.Module):
+class TransformerEngineBaseModule(RecipeStateLifecycle, nn.Module):
     """Shared FP8 plumbing: named GEMM states, registration with autocast, ``_extra_state``, parameter
     registration with TE's ``init_fn`` and ``reset_parameters``."""
 
@@ -304,10 +305,7 @@ class TransformerEngineBaseModule(nn.Module):
                 assert_dim_for_fp8_exec(x, w)
             hist = None if g.fwd is None else g.fwd.amax_history
             g.ensure(recipe, st.group, f"{type(self).__name__} GEMM {name!r}")
-            if isinstance(recipe, CustomRecipe):
-                from ._custom import ensure_custom
-
-                ensure_custom(self, recipe, st.group)
+            self._init_fp8_metadata(recipe, st.group)  # TE prepare_forward: recipe states, CustomRecipe slots
             if hist is not None and g.fwd.amax_history is not hist and is_fp8_weight(w):
                 self._update_weight_quantizers()  # TE base.py: a new amax_history_len rebuilds the quantizers
             if (
@@ -348,9 +346,12 @@ class TransformerEngineBaseModule(nn.Module):
             if isinstance(recipe, DelayedScaling):
                 g.ensure(recipe, st.group)
                 g.group = st.group
+                self._init_fp8_metadata(recipe, st.group)
                 _register(self, False)
                 for idx, t in ((0, x), (1, w)):  # TE overwrites the staging amax (a NaN passes)
                     g.fwd.amax_history[0, idx] = np.float32(_calibration_amax(t))
+        else:
+            self._fp8_forward_off()
         x, w, b = x.to(act), w.to(act), None if b is None else b.to(act)
         fuse, store = getattr(self, "fuse_wgrad_accumulation", False), getattr(self, "wgrad_store", None)
         opts = LinearOptions(weight_param, fuse, store, split_ctx=split_ctx)
@@ -383,27 +384,22 @@ class TransformerEngineBaseModule(nn.Module):
     # -- TE's fp8_meta --------------------------------------------------------------------------------
     @property
     def fp8_meta(self) -> dict[str, Any]:
-        """TE's ``fp8_meta``: ``recipe``, ``num_gemms`` and, once delayed scaling ran, ``scaling_fwd`` /
-        ``scaling_bwd`` with ``scale`` and ``amax_history`` in TE's layout (GEMM ``i`` at slots
-        ``3i..3i+2`` forward, ``2i..2i+1`` backward).  Single-GEMM modules give live views of the
-        state (in-place updates show); multi-GEMM modules give a snapshot."""
-        gemms = list(self.fp8_gemms.values())
-        meta: dict[str, Any] = {"num_gemms": len(gemms), "recipe": gemms[0].fwd.recipe if gemms[0].fwd else None}
-        if all(g.fwd is not None for g in gemms):
-            for key, attr in (("scaling_fwd", "fwd"), ("scaling_bwd", "bwd")):
-                scalers = [getattr(g, attr) for g in gemms]
-                if len(scalers) == 1:
-                    scale, hist = torch.from_numpy(scalers[0].scale), torch.from_numpy(scalers[0].amax_history)
-                else:
-                    scale = torch.from_numpy(np.concatenate([sc.scale for sc in scalers]))
-                    hist = torch.from_numpy(np.concatenate([sc.amax_history for sc in scalers], axis=1))
-                meta[key] = _ScalingMeta(scale, hist)
-        if isinstance(self._last_recipe, CustomRecipe):
-            from ._custom import custom_fp8_meta
+        """TE's ``fp8_meta``: ``recipe``, ``num_gemms`` and, once initialized, ``scaling_fwd`` / ``scaling_bwd``
+        (TE's recipe-state objects; delayed scaling in TE's layout, GEMM ``i`` at slots ``3i..3i+2`` forward,
+        ``2i..2i+1`` backward: one GEMM's state is live and kept, several GEMMs give a snapshot)."""
+        from ._module_states import module_fp8_meta
 
-            for key, value in custom_fp8_meta(self).items():
-                meta[key] = _ScalingMeta(*value) if key.startswith("scaling") else value
-        return meta
+        return module_fp8_meta(self)
+
+    def _new_recipe_state(self, fwd: bool, recipe: Recipe) -> Any:
+        from ._module_states import module_recipe_state
+
+        return module_recipe_state(self, fwd, recipe)
+
+    def _install_quantizers(self, key: str, state: Any) -> None:
+        from ._module_states import install_module_quantizers
+
+        install_module_quantizers(self, key, state)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def get_extra_state(self) -> torch.Tensor:

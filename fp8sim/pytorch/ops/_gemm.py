@@ -61,11 +61,14 @@ def _written_dtype(quantizer: Any, dtype: torch.dtype) -> Any:
     return dtype
 
 
-def _unwrap(t: Any) -> Any:
-    """TE ``cpp_extensions/gemm.py`` ``_unwrap_tensor``: a quantized tensor cuBLAS cannot read (an
-    ``IdentityTensor``, a ``CustomRecipe``'s high-precision slot) enters the GEMM dequantized."""
+def _unwrap(t: Any, usage: str) -> Any:
+    """TE ``cpp_extensions/gemm.py`` ``_unwrap_tensor``: a hybrid tensor gives the copy of ``usage``; a quantized
+    tensor cuBLAS cannot read (an ``IdentityTensor``, a ``CustomRecipe``'s high-precision slot) enters the GEMM
+    dequantized."""
     from ..tensor import IdentityTensor
+    from ..tensor.hybrid_tensor import gemm_operand
 
+    t = gemm_operand(t, usage)
     return t.dequantize() if isinstance(t, IdentityTensor) else t
 
 
@@ -91,7 +94,8 @@ def ops_gemm(
     """``general_gemm(A, B, ...)[0]`` for the ops (see the module docstring); ``mode``: the accumulator."""
     if layout not in _WHICH:
         raise AssertionError(f"GEMM layout {layout} not supported.")
-    A, B = _unwrap(A), _unwrap(B)
+    A = _unwrap(A, "rowwise" if layout[0] == "T" else "columnwise")
+    B = _unwrap(B, "columnwise" if layout[1] == "T" else "rowwise")
     if is_custom(A) or is_custom(B):
         # TE general_gemm (cpp_extensions/gemm.py 245-260) hands custom tensors to custom_gemm before any other
         # check; BasicLinear passes grad=True to its dgrad ("NN") and wgrad ("NT") GEMMs (basic_linear.py 922-984)

@@ -9,6 +9,7 @@ from .custom_recipe import (
 )
 from .float8_blockwise_tensor import Float8BlockQuantizer, Float8BlockwiseQTensor
 from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor, delayed_scaling_quantizers
+from .hybrid_tensor import HybridQuantizedTensorStorage, HybridQuantizer
 from .identity_tensor import IdentityQuantizer, IdentityTensor
 from .mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
 from .nvfp4_tensor import NVFP4Quantizer, NVFP4Tensor
@@ -43,6 +44,8 @@ __all__ = [
     "custom_recipe_quantizers",
     "IdentityQuantizer",
     "IdentityTensor",
+    "HybridQuantizer",
+    "HybridQuantizedTensorStorage",
     "prepare_for_saving",
     "restore_from_saved",
     "QuantizedTensorStorage",

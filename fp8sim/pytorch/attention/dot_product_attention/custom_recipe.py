@@ -27,7 +27,7 @@ from typing import Any
 from ....recipe import CustomRecipe
 from .backends import Quantizer
 
-__all__ = ["dpa_quantizer_roles", "ensure_custom_dpa", "custom_attention_quantizers"]
+__all__ = ["dpa_quantizer_roles", "ensure_custom_dpa", "custom_scalers", "custom_attention_quantizers"]
 
 # TE utils.py: FP8FwdTensorIdx GEMM1_OUTPUT, GEMM2_INPUT, GEMM3_OUTPUT; FP8BwdTensorIdx GRAD_OUTPUT1, GRAD_INPUT2,
 # GRAD_INPUT3
@@ -56,20 +56,22 @@ def dpa_quantizer_roles(module: Any, fwd: bool) -> list:
 
 
 def ensure_custom_dpa(module: Any, recipe: CustomRecipe) -> dict[str, list]:
-    """The module's slot quantizers for ``recipe`` (``scaling_fwd``: 9, ``scaling_bwd``: 6), built by
-    ``recipe.qfactory`` unless this recipe object built them last (TE keeps a ``CustomRecipeState`` while its
-    recipe is the autocast's); a delayed-scaling state that still fits is kept, as TE inherits it."""
-    from ...tensor import custom_recipe_quantizers
+    """The module's slot quantizers for ``recipe`` (``scaling_fwd``: 9, ``scaling_bwd``: 6): those of its
+    ``CustomRecipeState`` while that state was built for an equal recipe, else built now (``fp8_meta.py``); a
+    delayed-scaling state is inherited by the rebuilt state, as TE's."""
+    from ..._recipe_state import CustomRecipeState
 
-    state = module.__dict__.get("_custom_state")
-    if state is not None and state[0] is recipe:
-        return state[1]
-    old = state[2] if state is not None else (None, None)
-    fwd = custom_recipe_quantizers(recipe, dpa_quantizer_roles(module, True), mode="forward", existing=old[0])
-    bwd = custom_recipe_quantizers(recipe, dpa_quantizer_roles(module, False), mode="backward", existing=old[1])
-    quantizers = {"scaling_fwd": fwd.quantizers, "scaling_bwd": bwd.quantizers}
-    module.__dict__["_custom_state"] = (recipe, quantizers, (fwd.scaler, bwd.scaler), (fwd.ds_slots, bwd.ds_slots))
-    return quantizers
+    state = module._recipe_states().get("scaling_fwd")
+    if not (isinstance(state, CustomRecipeState) and state.recipe == recipe):
+        module.init_fp8_meta_tensors(recipe)
+    return dict(module.__dict__["_dpa_quantizers"])
+
+
+def custom_scalers(module: Any) -> tuple[Any, Any]:
+    """The delayed-scaling states (forward, backward) of the module's ``DelayedScalingRequest`` slots (None
+    where none asked for one)."""
+    states = module._recipe_states()
+    return tuple(s._ds_state.scaler if s._ds_state else None for s in (states["scaling_fwd"], states["scaling_bwd"]))
 
 
 def custom_attention_quantizers(
@@ -81,7 +83,8 @@ def custom_attention_quantizers(
     from ...tensor import Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer
 
     qs = ensure_custom_dpa(module, recipe)
-    _, _, scalers, ds_slots = module.__dict__["_custom_state"]
+    states = module._recipe_states()
+    scalers, ds_slots = custom_scalers(module), (states["scaling_fwd"]._ds_slots, states["scaling_bwd"]._ds_slots)
     slots = {n: (qs["scaling_fwd"][i], scalers[0], ds_slots[0], i) for n, i in _FWD.items()}
     slots.update({n: (qs["scaling_bwd"][i], scalers[1], ds_slots[1], i) for n, i in _BWD.items()})
     qkv = slots["qkv"][0]

@@ -22,30 +22,20 @@ from ....scaling.delayed import DelayedScaler, load_state_dicts
 from ..._recompute import _replay_fp8_state
 from ..._rng_tracker import attention_tracker, dropout_fork
 from ...module._fp8_handoff import handoff_of
+from ...module._meta_states import RecipeStateLifecycle
 from ...module._operands import Operand
 from ...module._params import size_arg
 from ...quantization import _register, current_state, get_recipe
 from . import padding, utils
 from .backends import AttentionConfig, Quantizer, attention, check_bf16_options
 from .fp8_boundaries import attach_fp8_output, send_dqkv
+from .fp8_meta import dpa_ds_recipe, dpa_fp8_meta, dpa_quantizers, dpa_recipe_state, install_dpa_quantizers
 
 __all__ = ["DotProductAttention"]
 
 META_QKV, META_O, META_S = 2, 3, 8  # FP8FwdTensorIdx GEMM1_OUTPUT, GEMM2_INPUT, GEMM3_OUTPUT
 META_DQKV, META_DO, META_DP = 0, 3, 5  # FP8BwdTensorIdx GRAD_OUTPUT1, GRAD_INPUT2, GRAD_INPUT3
 _MXFP8_SOFTMAX = ("none", "mxfp8")
-
-
-def _dpa_ds_recipe(recipe: Recipe) -> DelayedScaling:
-    """The delayed-scaling recipe TE builds for S and dP under current scaling (``NVTE_DPA_FP8DS_*``)."""
-    return DelayedScaling(
-        fp8_format=recipe.fp8_format,
-        amax_history_len=int(os.getenv("NVTE_DPA_FP8DS_AMAX_HISTLEN", "1")),
-        amax_compute_algo=os.getenv("NVTE_DPA_FP8DS_AMAX_ALGO", "most_recent"),
-        reduce_amax=os.getenv("NVTE_DPA_FP8DS_REDUCE_AMAX", "1") == "1",
-        fp8_dpa=recipe.fp8_dpa,
-        fp8_mha=recipe.fp8_mha,
-    )
 
 
 def _kv_channels(kv_channels: Any) -> tuple[int, int]:
@@ -58,7 +48,7 @@ def _kv_channels(kv_channels: Any) -> tuple[int, int]:
     return k, k
 
 
-class DotProductAttention(nn.Module):
+class DotProductAttention(RecipeStateLifecycle, nn.Module):
     """TE ``DotProductAttention(num_attention_heads, kv_channels, num_gqa_groups=None,
     attention_dropout=0.0, qkv_format="sbhd", attn_mask_type="causal", window_size=None, ...)``.
 
@@ -154,6 +144,11 @@ class DotProductAttention(nn.Module):
         self.group: Any = None
 
     # -- FP8 state (TE's fp8_meta of a 3-GEMM module) ------------------------------------------------
+    fp8_meta = property(dpa_fp8_meta, doc="TE's ``fp8_meta``: ``recipe``, ``num_gemms``, ``scaling_fwd`` / ``_bwd``")
+    quantizers = property(dpa_quantizers, doc="TE's ``quantizers``: 9 forward, 6 backward slots once FP8 ran")
+    _new_recipe_state = dpa_recipe_state
+    _install_quantizers = install_dpa_quantizers
+
     def _ensure_state(self, recipe: DelayedScaling) -> None:
         if self.fwd is None or self.fwd.recipe != recipe:
             old = (self.fwd, self.bwd)
@@ -244,7 +239,7 @@ class DotProductAttention(nn.Module):
                 "dqkv": Quantizer("delayed", bwd_fmt, b, META_DQKV),
             }
         if isinstance(recipe, Float8CurrentScaling):
-            self._ensure_state(_dpa_ds_recipe(recipe))
+            self._ensure_state(dpa_ds_recipe(recipe))
             return {
                 "qkv": Quantizer("current", fwd_fmt),
                 "s": Quantizer("delayed", fwd_fmt, self.fwd, META_S),
@@ -423,18 +418,21 @@ class DotProductAttention(nn.Module):
     ) -> None:
         st = current_state()
         if not st.enabled or st.calibrating:
+            if not st.enabled:
+                self._fp8_forward_off()
             return
         recipe = get_recipe()
         if not (recipe.fp8_dpa or recipe.fp8_mha):
             return
         if bias_type != "no_bias":
             raise NotImplementedError("fp8sim's FP8 attention emulates core_attention_bias_type='no_bias' only")
+        self._init_fp8_metadata(recipe, st.group)  # TE init_fp8_metadata: fp8_meta's recipe states
         self._custom_scalers, o_cast = None, None
         if recipe.custom():  # TE: the flow follows the QKV slot's quantizer class
-            from .custom_recipe import custom_attention_quantizers
+            from .custom_recipe import custom_attention_quantizers, custom_scalers
 
             kind, quantizers, o_cast = custom_attention_quantizers(self, recipe, self.mxfp8_softmax == "mxfp8")
-            self._custom_scalers = self.__dict__["_custom_state"][2]
+            self._custom_scalers = custom_scalers(self)
             mx = kind == "mxfp8"
         else:
             mx, quantizers = isinstance(recipe, MXFP8BlockScaling), None

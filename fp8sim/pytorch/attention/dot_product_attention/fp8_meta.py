@@ -1,0 +1,103 @@
+"""``DotProductAttention``'s ``fp8_meta`` and ``quantizers`` (TE ``dot_product_attention.py`` at d0067d0:
+``set_meta_tensor``, ``get_quantizer_roles``), through the recipe-state lifecycle of the modules
+(``module/_meta_states.py``): 9 forward slots (QKV, O, S groups of 3) and 6 backward (dQKV, dO, dP groups of 2).
+
+A ``CustomRecipe`` gets a ``CustomRecipeState`` built from ``qfactory`` with DPA's roles; delayed scaling a
+state viewing the module's own :class:`~fp8sim.scaling.DelayedScaler` (kept, and live, between steps); current
+scaling the delayed-scaling state of S and dP as TE's primary state (TE: ``[CS, DS]``, the DS half kept in
+``fp8_meta``), whose ``quantizers`` are current-scaling for QKV/O (dQKV/dO) and delayed for S (dP).  The
+states appear once FP8 attention ran.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ....recipe import DelayedScaling, Recipe
+
+__all__ = ["dpa_ds_recipe", "dpa_recipe_state", "install_dpa_quantizers", "dpa_fp8_meta", "dpa_quantizers"]
+
+_SLOTS = {True: 9, False: 6}
+
+
+def dpa_ds_recipe(recipe: Recipe) -> DelayedScaling:
+    """The delayed-scaling recipe TE builds for S and dP under current scaling (``NVTE_DPA_FP8DS_*``)."""
+    return DelayedScaling(
+        fp8_format=recipe.fp8_format,
+        amax_history_len=int(os.getenv("NVTE_DPA_FP8DS_AMAX_HISTLEN", "1")),
+        amax_compute_algo=os.getenv("NVTE_DPA_FP8DS_AMAX_ALGO", "most_recent"),
+        reduce_amax=os.getenv("NVTE_DPA_FP8DS_REDUCE_AMAX", "1") == "1",
+        fp8_dpa=recipe.fp8_dpa,
+        fp8_mha=recipe.fp8_mha,
+    )
+
+
+def _mode(fwd: bool) -> str:
+    return "forward" if fwd else "backward"
+
+
+def dpa_recipe_state(module: Any, fwd: bool, recipe: Any) -> Any:
+    """A new state of one direction for ``recipe``."""
+    from ..._recipe_state import CustomRecipeState, RecipeState, wrap_scaler
+    from .custom_recipe import dpa_quantizer_roles
+
+    if recipe.custom():
+        roles = dpa_quantizer_roles(module, fwd)
+        return CustomRecipeState(recipe, mode=_mode(fwd), num_quantizers=_SLOTS[fwd], roles=roles)
+    if recipe.delayed() or recipe.float8_current_scaling():
+        module._ensure_state(recipe if recipe.delayed() else dpa_ds_recipe(recipe))
+        return wrap_scaler(module.fwd if fwd else module.bwd, _mode(fwd))
+    return RecipeState.create(recipe, mode=_mode(fwd), num_quantizers=_SLOTS[fwd])
+
+
+def install_dpa_quantizers(module: Any, key: str, state: Any) -> None:
+    """A custom state's slot quantizers are made now (TE's ``make_quantizers``); the others on demand."""
+    from ..._recipe_state import CustomRecipeState
+
+    if isinstance(state, CustomRecipeState):
+        module.__dict__.setdefault("_dpa_quantizers", {})[key] = state.make_quantizers()
+
+
+def _delayed_view(module: Any, key: str, state: Any) -> Any:
+    """The kept delayed-scaling state, re-made where the module replaced its scaler (a new recipe)."""
+    from ..._recipe_state import DelayedScalingRecipeState, wrap_scaler
+
+    scaler = module.fwd if key == "scaling_fwd" else module.bwd
+    if isinstance(state, DelayedScalingRecipeState) and state.scaler is not scaler and scaler is not None:
+        state = module._recipe_states()[key] = wrap_scaler(scaler, _mode(key == "scaling_fwd"))
+    if isinstance(state, DelayedScalingRecipeState):
+        state._resync()
+    return state
+
+
+def dpa_fp8_meta(module: Any) -> dict[str, Any]:
+    """TE's ``fp8_meta`` of ``module``."""
+    states = module._recipe_states()
+    meta: dict[str, Any] = {"recipe": module.__dict__.get("_fp8_meta_recipe"), "num_gemms": 3}
+    for key in ("scaling_fwd", "scaling_bwd"):
+        if key in states:
+            meta[key] = _delayed_view(module, key, states[key])
+    return meta
+
+
+def dpa_quantizers(module: Any) -> dict[str, list]:
+    """TE's ``quantizers`` of ``module``: empty before FP8 attention ran."""
+    from ..._recipe_state import CustomRecipeState, Float8CurrentScalingRecipeState
+
+    out: dict[str, list] = {"scaling_fwd": [], "scaling_bwd": []}
+    recipe = module.__dict__.get("_fp8_meta_recipe")
+    for fwd, key in ((True, "scaling_fwd"), (False, "scaling_bwd")):
+        state = module._recipe_states().get(key)
+        if state is None:
+            continue
+        if isinstance(state, CustomRecipeState):
+            out[key] = list(module.__dict__["_dpa_quantizers"][key])
+            continue
+        qs = _delayed_view(module, key, state).make_quantizers()
+        if recipe is not None and recipe.float8_current_scaling():  # TE: [CS for QKV/O, DS for S] (num_gemms 2, 1)
+            n_cs = 6 if fwd else 4
+            cs = Float8CurrentScalingRecipeState(recipe, mode=_mode(fwd), num_quantizers=n_cs).make_quantizers()
+            qs = cs + qs[n_cs:]
+        out[key] = qs
+    return out
