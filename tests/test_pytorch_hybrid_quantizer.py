@@ -123,3 +123,53 @@ def test_ops_linear_takes_the_hybrid_copies_as_the_module(name: str) -> None:
     ref = _run(getattr(zoo, name), w, x)
     for got, want in zip((out.detach(), xx.grad, op.weight.grad), ref, strict=True):
         assert torch.equal(got, want)
+
+
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _nvfp4_fields(t: object, rows: int, cols: int) -> tuple:
+    """(element values code * block scale, float32 (rows,)) from a TE NVFP4 tensor's rowwise buffers, decoded
+    here: two E2M1 codes per byte (element 2i in the low nibble), E4M3 block scales per 16, amax per row or one."""
+    import ml_dtypes
+    import numpy as np
+
+    packed = t._rowwise_data.reshape(rows, cols // 2).numpy()
+    nib = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(rows, cols)
+    vals = np.where(nib & 8, -1.0, 1.0) * np.asarray(_E2M1)[nib & 7]
+    blk = t._rowwise_scale_inv[:rows, : cols // 16].numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    amax = np.broadcast_to(t._amax_rowwise.reshape(-1).numpy().astype(np.float32), (rows,))
+    return vals * np.repeat(blk, 16, axis=1), amax
+
+
+def test_row_scaled_nvfp4_forward_factory_runs_the_row_scaled_input_in_the_module_gemm() -> None:
+    """TE's zoo ``nvfp4_row_scaled_fwd_high_precision_bwd_factory``: the Linear's input is row-scaled NVFP4 (one
+    global amax per row, ``NVFP4Quantizer(row_scaled_nvfp4=True)``), the weight plain NVFP4.  With a 0/1 weight
+    (output j is input column 2j: one product per element) the forward is ``fl32(D * fl32(g_x[row] * g_w))``,
+    D = code * block scale products, ``g = 1 / fl32(6 * 448 / amax)``: the global factors after the sum, as TE's
+    NVFP4 GEMM reference (tests/pytorch/nvfp4/test_nvfp4_gemm_exact.py) applies them, per row here.  Decoded
+    in the test from the tensors' buffers.  fp8sim refused the row-scaled input here before (as a weight)."""
+    import numpy as np
+
+    from fp8sim.pytorch.custom_recipes.quantizer_factory_zoo import (
+        nvfp4_row_scaled_fwd_high_precision_bwd_factory,
+    )
+
+    m = te.Linear(64, 32, bias=False, params_dtype=torch.float32)
+    with torch.no_grad():
+        m.weight.zero_()
+        m.weight[torch.arange(32), 2 * torch.arange(32)] = 1.0
+    torch.manual_seed(0)
+    x = torch.randn(32, 64) * torch.logspace(-3, 3, 32).unsqueeze(1)  # rows far apart: one global scale each
+    recipe = CustomRecipe(qfactory=nvfp4_row_scaled_fwd_high_precision_bwd_factory)
+    with te.autocast(recipe=recipe, accumulator="exact"):  # the block-scaled GEMM (the default sums dequantized)
+        y = m(x)
+    row_q = te.NVFP4Quantizer(with_rht=False, with_post_rht_amax=False, row_scaled_nvfp4=True, columnwise=False)
+    dx, ax = _nvfp4_fields(row_q(x), 32, 64)
+    dw, aw = _nvfp4_fields(_plain_nvfp4()(m.weight.detach()), 32, 64)
+    assert len(set(ax.tolist())) == 32 and set(aw.tolist()) == {1.0}
+    d = (dx @ dw.T).astype(np.float32)  # one nonzero product per element: exact
+    gx = np.float32(1) / (np.float32(6 * 448) / ax)
+    gw = np.float32(1) / (np.float32(6 * 448) / aw[0])
+    want = (d * (gx * gw)[:, None].astype(np.float32)).astype(np.float32)
+    assert np.array_equal(y.detach().numpy().view(np.uint32), want.view(np.uint32))

@@ -102,22 +102,24 @@ def nvfp4_data(w: Any, columnwise: bool) -> QuantizedData:
     data = w._columnwise_data if columnwise else w._rowwise_data
     scale = w._columnwise_scale_inv if columnwise else w._rowwise_scale_inv
     amax = (w._amax_columnwise if columnwise else w._amax_rowwise).reshape(-1)
-    if amax.numel() != 1:
-        raise NotImplementedError("row-scaled NVFP4 primary weights are not emulated (TE scales weights per tensor)")
+    if amax.numel() not in (1, rows):
+        raise ValueError(f"NVFP4 amax has {amax.numel()} values; expected 1 or one per row ({rows}, row-scaled)")
+    # row-scaled NVFP4 (TE's row_scaled_nvfp4): one global amax, hence one S_enc, per row of this copy
+    per_row = amax.numel() != 1
+    a = _np(amax).astype(np.float32).reshape(rows, 1) if per_row else np.float32(amax[0].item())
     codes = unpack_fp4(data.reshape(rows, cols // 2).cpu()).numpy()
     scales = _np(scale[:rows, : -(-cols // 16)])
     block = (1, 16)
     if w._with_2d_quantization:
         scales, block = scales[::16], (16, 16)
-    a = np.float32(amax[0].item())
     emax = int(getattr(w, "_nvfp4_e4m3_max", 448)) if getattr(w, "_nvfp4_use_4over6", False) else 448
     if emax == 448:
         s_enc = _te_encode_scale(np.asarray(a, np.float32), False)
     else:  # a 4over6 tensor's own E4M3 max (quantize_4over6_nvfp4.cuh: S_enc = 6 E / amax)
         with np.errstate(divide="ignore", over="ignore"):
             s_enc = np.fmin(np.float32(6 * emax) / a, np.finfo(np.float32).max)
-        s_enc = np.float32(1) if a == 0 or s_enc == 0 else np.float32(s_enc)
-    g = float(np.float32(1) / np.float32(s_enc))
+        s_enc = np.where((a == 0) | (s_enc == 0), np.float32(1), s_enc).astype(np.float32)
+    g = np.float32(1) / np.asarray(s_enc, np.float32)
     return QuantizedData(
         codes,
         np.ascontiguousarray(scales),
@@ -126,8 +128,8 @@ def nvfp4_data(w: Any, columnwise: bool) -> QuantizedData:
         (rows, cols),
         "float32",
         scale_format=E4M3,
-        global_scale=g,
-        global_amax=float(a),
+        global_scale=g.astype(np.float32) if per_row else float(g),
+        global_amax=a if per_row else float(a),
     )
 
 
