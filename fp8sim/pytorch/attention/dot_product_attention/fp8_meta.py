@@ -16,9 +16,17 @@ from typing import Any
 
 from ....recipe import DelayedScaling, Recipe
 
-__all__ = ["dpa_ds_recipe", "dpa_recipe_state", "install_dpa_quantizers", "dpa_fp8_meta", "dpa_quantizers"]
+__all__ = [
+    "dpa_ds_recipe",
+    "dpa_recipe_state",
+    "install_dpa_quantizers",
+    "dpa_fp8_meta",
+    "dpa_quantizers",
+    "dpa_qkv_capabilities",
+]
 
 _SLOTS = {True: 9, False: 6}
+_META_QKV = 2  # TE utils.py META_QKV (FP8FwdTensorIdx GEMM1_OUTPUT)
 
 
 def dpa_ds_recipe(recipe: Recipe) -> DelayedScaling:
@@ -101,3 +109,28 @@ def dpa_quantizers(module: Any) -> dict[str, list]:
             qs = cs + qs[n_cs:]
         out[key] = qs
     return out
+
+
+def dpa_qkv_capabilities(module: Any) -> tuple[bool, bool]:
+    """TE ``get_qkv_quantization_capabilities`` (``dot_product_attention.py`` 1163-1214): FP8 metadata made for
+    the active recipe, then ``(float8_current_scaling, mxfp8_scaling)`` read from the class of the QKV slot's
+    quantizer; TE's RuntimeError where no QKV quantizer was made, its TypeError for another class."""
+    from ...quantization import current_state, get_recipe
+    from ...tensor import Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer, QuantizerRole
+
+    st = current_state()
+    if st.enabled:
+        module._init_fp8_metadata(get_recipe(), st.group)
+    else:
+        module._fp8_forward_off()
+    role = QuantizerRole(module_type="dpa", tensor_type="qkv", name=module.name or "")
+    fwd = module.quantizers["scaling_fwd"]
+    if len(fwd) <= _META_QKV:
+        raise RuntimeError(f"DotProductAttention did not materialize the canonical QKV quantizer for {role}.")
+    qkv = fwd[_META_QKV]
+    for cls, caps in ((Float8CurrentScalingQuantizer, (True, False)), (MXFP8Quantizer, (False, True))):
+        if isinstance(qkv, cls):
+            return caps
+    if isinstance(qkv, Float8Quantizer):
+        return False, False
+    raise TypeError(f"Unsupported CustomRecipe quantizer for {role}: {type(qkv).__name__}.")
