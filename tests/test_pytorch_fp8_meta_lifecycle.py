@@ -162,6 +162,29 @@ def test_dpa_delayed_and_current_scaling_fp8_meta() -> None:
     assert isinstance(cs.fp8_meta["scaling_fwd"], DelayedScalingRecipeState)
 
 
+def test_dpa_current_scaling_fp8_meta_is_tes_delayed_half() -> None:
+    """TE ``dot_product_attention.py`` ``set_meta_tensor`` (1218-1290): under current scaling ``recipe = [CS, DS]``,
+    ``num_gemms = [2, 1]``, so ``fp8_meta`` holds the DS state of 3 forward / 2 backward slots (S; dP) and
+    ``quantizers`` are the CS state's 6 / 4 followed by the DS state's 3 / 2; ``fp8_meta["recipe"]`` is the DS
+    recipe (``init_fp8_metadata``: ``fp8_recipe_dpa = fake_recipes[1]``)."""
+    from fp8sim.pytorch.tensor import Float8CurrentScalingQuantizer, Float8Quantizer
+
+    cs = te.DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type="causal")
+    _dpa_step(cs, recipe.Float8CurrentScaling(fp8_dpa=True))
+    fwd, bwd = cs.fp8_meta["scaling_fwd"], cs.fp8_meta["scaling_bwd"]
+    assert (fwd.num_quantizers, bwd.num_quantizers) == (3, 2)
+    assert tuple(fwd.scale.shape) == (3,) and tuple(fwd.amax_history.shape) == (1, 3)
+    assert tuple(bwd.scale.shape) == (2,) and tuple(bwd.amax_history.shape) == (1, 2)
+    assert isinstance(cs.fp8_meta["recipe"], recipe.DelayedScaling)
+    qf, qb = cs.quantizers["scaling_fwd"], cs.quantizers["scaling_bwd"]
+    assert [type(q) for q in qf] == [Float8CurrentScalingQuantizer] * 6 + [Float8Quantizer] * 3
+    assert [type(q) for q in qb] == [Float8CurrentScalingQuantizer] * 4 + [Float8Quantizer] * 2
+    assert float(fwd.scale[2]) != 1.0 and float(bwd.scale[1]) != 1.0  # S (META_S) and dP: updated from their amax
+    assert float(fwd.scale[0]) == 1.0 == float(bwd.scale[0])  # unused slots of the S / dP groups
+    fwd.scale[2] = 4.0  # TE's DS slot 2 is META_S = 8 of the 9 quantizers: the state S is cast with
+    assert float(cs.quantizers["scaling_fwd"][8].scale) == 4.0 and float(cs.fwd.scale[8]) == 4.0
+
+
 def test_fp8_meta_names_the_recompute_stash_of_a_checkpointed_fp8_forward() -> None:
     """TE ``quantization.py`` ``copy_forward_fp8_meta_tensors_for_recompute``: the module's ``fp8_meta`` gets
     ``global_fp8_buffer_pos_fwd_recompute``; a module outside FP8 in the same checkpoint gets none."""

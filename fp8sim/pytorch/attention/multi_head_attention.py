@@ -14,7 +14,8 @@ scaling ``proj``'s dgrad is written in FP8 (its GRAD_INPUT slot) and DPA uses it
 under ``fp8_mha`` with delayed scaling and no RoPE the QKV GEMM writes Q, K, V in FP8 with its
 OUTPUT slot's scale (DPA's QKV cast skipped) and DPA returns dQ, dK, dV in FP8 (its dQKV slot) to the
 QKV GEMM's backward (no GRAD_OUTPUT cast).  MXFP8 keeps every boundary in high precision (TE).
-fp8sim limit: the thd format keeps the boundaries in high precision.
+Each boundary slot's quantizer role names its consumer (TE's ``_update_output_quantizer_roles``).
+fp8sim limits: the thd format, and a ``CustomRecipe`` with ``fp8_mha``, keep the boundaries in high precision.
 
 Tensor parallelism as TE (``tp_group``/``tp_size``, ``set_parallel_mode=True``): the QKV projection is
 column-parallel, each of its ``query``/``key``/``value`` splits divided across the ranks, so a rank holds
@@ -255,6 +256,49 @@ class MultiheadAttention(nn.Module):
         dpa = bool(recipe.fp8_dpa or recipe.fp8_mha) and (ds or cs)
         return qkv, dpa, dpa and not cs
 
+    def _role_boundaries(self, rotary_pos_emb: Any) -> tuple[bool, bool, bool] | None:
+        """TE ``forward``'s boundary roles (``multi_head_attention.py`` 877-926): ``(qkv_fp8_output,
+        proj_fp8_grad, dpa_fp8_output)`` from the recipe's flags, for every recipe fp8sim runs or refuses.
+        Under a ``CustomRecipe`` with ``fp8_mha`` TE wires ``(rotary_pos_emb is None, True, True)`` before DPA
+        builds its recipe state, asks DPA for its QKV quantizer's capabilities, and returns None here (roles
+        already set)."""
+        st = current_state()
+        fp8 = st.enabled
+        recipe = get_recipe()
+        custom, fp8_dpa, fp8_mha = recipe.custom(), bool(recipe.fp8_dpa), bool(recipe.fp8_mha)
+        cs, mx = recipe.float8_current_scaling(), recipe.mxfp8()
+        if fp8 and custom and fp8_mha:
+            self._update_output_quantizer_roles(rotary_pos_emb is None, True, True)
+            self.core_attention.get_qkv_quantization_capabilities()
+            return None
+        qkv = fp8 and fp8_mha and rotary_pos_emb is None and not cs and not mx
+        dpa = fp8 and (fp8_mha if custom else (fp8_dpa or fp8_mha)) and not mx
+        return qkv, dpa and not cs, dpa
+
+    def _update_output_quantizer_roles(self, qkv_fp8_output: bool, proj_fp8_grad: bool, dpa_fp8_output: bool) -> None:
+        """TE's boundary roles between the QKV GEMM, DPA and ``proj`` (``multi_head_attention.py`` 483-559): a
+        boundary tensor's slot is labelled with its consumer's role, or None where the flag is off.  QKV
+        output: ``dpa|qkv|<core_attention.name>``; ``proj``'s grad input: ``dpa|do|<core_attention.name>``;
+        DPA's output: ``linear|input|<proj.name>``; DPA's grad input (``dpa_fp8_output`` too):
+        ``linear|grad_output|<QKV GEMM's name>`` (``layernorm_query``/``query_layer`` in cross attention)."""
+        from ..tensor import QuantizerRole
+
+        def role(on: bool, module_type: str, tensor_type: str, name: str | None) -> Any:
+            return QuantizerRole(module_type=module_type, tensor_type=tensor_type, name=name or "") if on else None
+
+        dpa_name = self.core_attention.name
+        qkv_out = role(qkv_fp8_output, "dpa", "qkv", dpa_name)
+        if self.attention_type == "self":
+            qkv_linear = self.layernorm_qkv if self.input_layernorm else self.qkv
+            qkv_linear.output_quantizer_role = qkv_out
+        else:
+            qkv_linear = self.layernorm_query if self.input_layernorm else self.query_layer
+            qkv_linear.output_quantizer_role = qkv_out
+            self.key_value.output_quantizer_role = qkv_out
+        self.proj.grad_input_quantizer_role = role(proj_fp8_grad, "dpa", "do", dpa_name)
+        self.core_attention.output_quantizer_role = role(dpa_fp8_output, "linear", "input", self.proj.name)
+        self.core_attention.grad_input_quantizer_role = role(dpa_fp8_output, "linear", "grad_output", qkv_linear.name)
+
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         if self.qkv_format == "thd":
             return x.reshape(x.shape[0], -1, self.hidden_size_per_attention_head)
@@ -307,6 +351,9 @@ class MultiheadAttention(nn.Module):
             attn_mask_type = self.attn_mask_type
         if window_size is None:
             window_size = self.window_size
+        roles = self._role_boundaries(rotary_pos_emb)
+        if roles is not None:
+            self._update_output_quantizer_roles(*roles)
         qkv_fp8, dpa_fp8_output, proj_fp8_grad = self._fp8_boundaries(rotary_pos_emb)
         ln_out = None
         if self.attention_type == "self":

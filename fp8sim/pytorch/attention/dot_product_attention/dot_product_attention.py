@@ -29,7 +29,14 @@ from ...quantization import _register, current_state, get_recipe
 from . import padding, utils
 from .backends import AttentionConfig, Quantizer, attention, check_bf16_options
 from .fp8_boundaries import attach_fp8_output, send_dqkv
-from .fp8_meta import dpa_ds_recipe, dpa_fp8_meta, dpa_quantizers, dpa_recipe_state, install_dpa_quantizers
+from .fp8_meta import (
+    dpa_ds_recipe,
+    dpa_fp8_meta,
+    dpa_qkv_capabilities,
+    dpa_quantizers,
+    dpa_recipe_state,
+    install_dpa_quantizers,
+)
 
 __all__ = ["DotProductAttention"]
 
@@ -148,6 +155,7 @@ class DotProductAttention(RecipeStateLifecycle, nn.Module):
     quantizers = property(dpa_quantizers, doc="TE's ``quantizers``: 9 forward, 6 backward slots once FP8 ran")
     _new_recipe_state = dpa_recipe_state
     _install_quantizers = install_dpa_quantizers
+    get_qkv_quantization_capabilities = dpa_qkv_capabilities
 
     def _ensure_state(self, recipe: DelayedScaling) -> None:
         if self.fwd is None or self.fwd.recipe != recipe:

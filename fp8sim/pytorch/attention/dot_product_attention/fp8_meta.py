@@ -4,9 +4,10 @@
 
 A ``CustomRecipe`` gets a ``CustomRecipeState`` built from ``qfactory`` with DPA's roles; delayed scaling a
 state viewing the module's own :class:`~fp8sim.scaling.DelayedScaler` (kept, and live, between steps); current
-scaling the delayed-scaling state of S and dP as TE's primary state (TE: ``[CS, DS]``, the DS half kept in
-``fp8_meta``), whose ``quantizers`` are current-scaling for QKV/O (dQKV/dO) and delayed for S (dP).  The
-states appear once FP8 attention ran.
+scaling TE's ``[CS, DS]`` split (``set_meta_tensor`` with ``num_gemms = [2, 1]``): ``fp8_meta`` keeps the DS
+half, 3 forward slots (S) and 2 backward (dP), with the DS recipe as ``fp8_meta["recipe"]``, and ``quantizers``
+are 6 (4) current-scaling ones for QKV/O (dQKV/dO) followed by the DS half's.  The states appear once FP8
+attention ran.
 """
 
 from __future__ import annotations
@@ -14,11 +15,49 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ....recipe import DelayedScaling, Recipe
+import torch
 
-__all__ = ["dpa_ds_recipe", "dpa_recipe_state", "install_dpa_quantizers", "dpa_fp8_meta", "dpa_quantizers"]
+from ....recipe import DelayedScaling, Recipe
+from ..._recipe_state import DelayedScalingRecipeState
+
+__all__ = [
+    "dpa_ds_recipe",
+    "dpa_recipe_state",
+    "install_dpa_quantizers",
+    "dpa_fp8_meta",
+    "dpa_quantizers",
+    "dpa_qkv_capabilities",
+]
 
 _SLOTS = {True: 9, False: 6}
+_CS_SLOTS = {True: 6, False: 4}  # TE: current scaling's CS half (QKV, O groups; dQKV, dO groups)
+_META_QKV = 2  # TE utils.py META_QKV (FP8FwdTensorIdx GEMM1_OUTPUT)
+
+
+class _DSHalfState(DelayedScalingRecipeState):
+    """TE's primary state under current scaling: the delayed-scaling half of ``[CS, DS]`` (``set_meta_tensor``
+    with ``num_gemms = [2, 1]``), 3 forward slots (the S group) and 2 backward (the dP group).  fp8sim keeps
+    one scaler of the 3-GEMM layout; this state views its last group's columns (the same memory)."""
+
+    def _resync(self) -> None:
+        sc, lo = self.scaler, _CS_SLOTS[self.mode == "forward"]
+        if self.scale.data_ptr() != sc.scale[lo:].ctypes.data or self.scale.shape != sc.scale[lo:].shape:
+            self.scale = torch.from_numpy(sc.scale)[lo:]
+        hist = sc.amax_history[:, lo:]
+        if self.amax_history.data_ptr() != hist.ctypes.data or self.amax_history.shape != hist.shape:
+            self.amax_history = torch.from_numpy(sc.amax_history)[:, lo:]
+
+
+def _ds_half(scaler: Any, fwd: bool) -> _DSHalfState:
+    from ..._recipe_state import RecipeState, get_fp8_te_dtype
+
+    state = _DSHalfState.__new__(_DSHalfState)
+    RecipeState.__init__(state, scaler.recipe, mode=_mode(fwd), num_quantizers=scaler.n - _CS_SLOTS[fwd])
+    state.dtype = get_fp8_te_dtype(scaler.recipe, fwd)
+    state.scaler = scaler
+    lo = _CS_SLOTS[fwd]
+    state.scale, state.amax_history = torch.from_numpy(scaler.scale)[lo:], torch.from_numpy(scaler.amax_history)[:, lo:]
+    return state
 
 
 def dpa_ds_recipe(recipe: Recipe) -> DelayedScaling:
@@ -45,9 +84,12 @@ def dpa_recipe_state(module: Any, fwd: bool, recipe: Any) -> Any:
     if recipe.custom():
         roles = dpa_quantizer_roles(module, fwd)
         return CustomRecipeState(recipe, mode=_mode(fwd), num_quantizers=_SLOTS[fwd], roles=roles)
-    if recipe.delayed() or recipe.float8_current_scaling():
-        module._ensure_state(recipe if recipe.delayed() else dpa_ds_recipe(recipe))
+    if recipe.delayed():
+        module._ensure_state(recipe)
         return wrap_scaler(module.fwd if fwd else module.bwd, _mode(fwd))
+    if recipe.float8_current_scaling():
+        module._ensure_state(dpa_ds_recipe(recipe))
+        return _ds_half(module.fwd if fwd else module.bwd, fwd)
     return RecipeState.create(recipe, mode=_mode(fwd), num_quantizers=_SLOTS[fwd])
 
 
@@ -63,9 +105,11 @@ def _delayed_view(module: Any, key: str, state: Any) -> Any:
     """The kept delayed-scaling state, re-made where the module replaced its scaler (a new recipe)."""
     from ..._recipe_state import DelayedScalingRecipeState, wrap_scaler
 
-    scaler = module.fwd if key == "scaling_fwd" else module.bwd
+    fwd = key == "scaling_fwd"
+    scaler = module.fwd if fwd else module.bwd
     if isinstance(state, DelayedScalingRecipeState) and state.scaler is not scaler and scaler is not None:
-        state = module._recipe_states()[key] = wrap_scaler(scaler, _mode(key == "scaling_fwd"))
+        new = _ds_half(scaler, fwd) if isinstance(state, _DSHalfState) else wrap_scaler(scaler, _mode(fwd))
+        state = module._recipe_states()[key] = new
     if isinstance(state, DelayedScalingRecipeState):
         state._resync()
     return state
@@ -78,6 +122,8 @@ def dpa_fp8_meta(module: Any) -> dict[str, Any]:
     for key in ("scaling_fwd", "scaling_bwd"):
         if key in states:
             meta[key] = _delayed_view(module, key, states[key])
+    if isinstance(meta.get("scaling_fwd"), _DSHalfState):  # TE: fp8_meta["recipe"] is the DS recipe of S / dP
+        meta["recipe"] = meta["scaling_fwd"].recipe
     return meta
 
 
@@ -96,8 +142,32 @@ def dpa_quantizers(module: Any) -> dict[str, list]:
             continue
         qs = _delayed_view(module, key, state).make_quantizers()
         if recipe is not None and recipe.float8_current_scaling():  # TE: [CS for QKV/O, DS for S] (num_gemms 2, 1)
-            n_cs = 6 if fwd else 4
-            cs = Float8CurrentScalingRecipeState(recipe, mode=_mode(fwd), num_quantizers=n_cs).make_quantizers()
-            qs = cs + qs[n_cs:]
+            n_cs = _CS_SLOTS[fwd]
+            qs = Float8CurrentScalingRecipeState(recipe, mode=_mode(fwd), num_quantizers=n_cs).make_quantizers() + qs
         out[key] = qs
     return out
+
+
+def dpa_qkv_capabilities(module: Any) -> tuple[bool, bool]:
+    """TE ``get_qkv_quantization_capabilities`` (``dot_product_attention.py`` 1163-1214): FP8 metadata made for
+    the active recipe, then ``(float8_current_scaling, mxfp8_scaling)`` read from the class of the QKV slot's
+    quantizer; TE's RuntimeError where no QKV quantizer was made, its TypeError for another class."""
+    from ...quantization import current_state, get_recipe
+    from ...tensor import Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer, QuantizerRole
+
+    st = current_state()
+    if st.enabled:
+        module._init_fp8_metadata(get_recipe(), st.group)
+    else:
+        module._fp8_forward_off()
+    role = QuantizerRole(module_type="dpa", tensor_type="qkv", name=module.name or "")
+    fwd = module.quantizers["scaling_fwd"]
+    if len(fwd) <= _META_QKV:
+        raise RuntimeError(f"DotProductAttention did not materialize the canonical QKV quantizer for {role}.")
+    qkv = fwd[_META_QKV]
+    for cls, caps in ((Float8CurrentScalingQuantizer, (True, False)), (MXFP8Quantizer, (False, True))):
+        if isinstance(qkv, cls):
+            return caps
+    if isinstance(qkv, Float8Quantizer):
+        return False, False
+    raise TypeError(f"Unsupported CustomRecipe quantizer for {role}: {type(qkv).__name__}.")
