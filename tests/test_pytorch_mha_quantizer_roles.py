@@ -68,7 +68,11 @@ def test_custom_fp8_mha_boundary_slots_get_their_consumers_roles() -> None:
     mha = _mha()
     core, proj, qkv = "mha.core_attention", mha.proj.name, mha.qkv.name
     assert (core, proj) == (mha.core_attention.name, "mha.proj")
-    _run(mha, recipe.CustomRecipe(qfactory=factory, fp8_mha=True))
+    with pytest.warns(UserWarning, match="keeps the QKV output.*in high precision") as record:
+        _run(mha, recipe.CustomRecipe(qfactory=factory, fp8_mha=True))
+        _run(mha, recipe.CustomRecipe(qfactory=factory, fp8_mha=True))
+    mine = [w for w in record if "fp8_mha=True keeps" in str(w.message)]
+    assert len(mine) == 1 and mine[0].filename == __file__  # once per module, at the caller's line
     fwd, bwd = _slot_roles(mha.qkv)
     assert fwd[2] == _role("dpa", "qkv", core) and bwd[1] is None
     fwd, bwd = _slot_roles(mha.proj)

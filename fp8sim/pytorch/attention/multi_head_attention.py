@@ -31,6 +31,7 @@ global amax buffer).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -270,6 +271,16 @@ class MultiheadAttention(nn.Module):
         if fp8 and custom and fp8_mha:
             self._update_output_quantizer_roles(rotary_pos_emb is None, True, True)
             self.core_attention.get_qkv_quantization_capabilities()
+            if not getattr(self, "_warned_custom_fp8_mha", False):  # once per module: a limit, not a per-step event
+                self._warned_custom_fp8_mha = True
+                warnings.warn(
+                    "fp8sim: MultiheadAttention under a CustomRecipe with fp8_mha=True keeps the QKV output, the "
+                    "attention output and proj's input gradient in high precision, where TE hands them between its "
+                    "sub-modules in FP8 with the quantizers made for these roles: results can differ from TE's "
+                    "(an fp8sim limit; docs/te.md)",
+                    UserWarning,
+                    stacklevel=5,  # the caller of mha(...): forward, _call_impl, _wrapped_call_impl
+                )
             return None
         qkv = fp8 and fp8_mha and rotary_pos_emb is None and not cs and not mx
         dpa = fp8 and (fp8_mha if custom else (fp8_dpa or fp8_mha)) and not mx
