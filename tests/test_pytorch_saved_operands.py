@@ -16,18 +16,21 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-import torch
 
-import fp8sim.pytorch as te
-from fp8sim.pytorch.quantization import FP8GlobalStateManager
-from fp8sim.pytorch.tensor import (
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+
+import fp8sim.pytorch as te  # noqa: E402
+from fp8sim.pytorch.quantization import FP8GlobalStateManager  # noqa: E402
+from fp8sim.pytorch.tensor import (  # noqa: E402
     Float8BlockwiseQTensorStorage,
     Float8TensorStorage,
     MXFP8TensorStorage,
     NVFP4TensorStorage,
     restore_from_saved,
 )
-from fp8sim.recipe import Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling
+from fp8sim.recipe import Float8BlockScaling, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling  # noqa: E402
 
 _NVFP4 = dict(disable_rht=True, disable_stochastic_rounding=True)  # TE's test make_recipe("nvfp4")
 RECIPES = {
