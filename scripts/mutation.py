@@ -93,12 +93,14 @@ def _mutmut_args() -> list[str]:
     return list(data["tool"]["mutmut"].get("pytest_add_cli_args", []))
 
 
-def _recheck(work: Path, pkg: dict, no_tests_too: bool, tests: list[str], globs: list[str]) -> int:
-    """Rerun the survivors of the last run against the whole test selection; print the verdicts."""
+def _recheck(
+    work: Path, pkg: dict, wanted: set[str], tests: list[str], globs: list[str], timeout: float | None = None
+) -> int:
+    """Rerun the last run's mutants whose status is in ``wanted`` against the whole test selection; print the
+    verdicts (a run past ``timeout`` seconds is a *timeout*: killed, as mutmut counts it)."""
     listing = subprocess.run(
         [sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=work, capture_output=True, text=True
     ).stdout
-    wanted = {"survived", "no tests"} if no_tests_too else {"survived"}
     names = [n.strip() for n, _, v in (ln.rpartition(":") for ln in listing.splitlines()) if v.strip() in wanted]
     names = [n for n in names if not globs or any(fnmatch.fnmatchcase(n, g) for g in globs)]
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", *_mutmut_args(), *(tests or pkg["tests"])]
@@ -107,9 +109,12 @@ def _recheck(work: Path, pkg: dict, no_tests_too: bool, tests: list[str], globs:
     killed = 0
     for name in names:
         env = dict(os.environ, MUTANT_UNDER_TEST=name)
-        rc = subprocess.run(cmd, cwd=work / "mutants", env=env, capture_output=True).returncode
-        verdict = "killed" if rc == 1 else ("survived" if rc == 0 else f"error (pytest exit {rc})")
-        killed += verdict == "killed"
+        try:
+            rc = subprocess.run(cmd, cwd=work / "mutants", env=env, capture_output=True, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = -1
+        verdict = {1: "killed", 0: "survived", -1: "timeout"}.get(rc, f"error (pytest exit {rc})")
+        killed += verdict in ("killed", "timeout")
         print(f"{verdict:22s} {name}", flush=True)
     print(f"recheck: {killed} of {len(names)} killed by the whole selection")
     return 0
@@ -122,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", action="store_true", help="print the survivors of the last run")
     parser.add_argument("--recheck", action="store_true", help="rerun the survivors against the whole selection")
     parser.add_argument("--no-tests-too", action="store_true", help="with --recheck: also the untested mutants")
+    parser.add_argument("--timeouts-too", action="store_true", help="with --recheck: also mutmut's timeouts")
     parser.add_argument("--tests", help="with --recheck: pytest arguments replacing the package's selection")
+    parser.add_argument("--timeout", type=float, help="with --recheck: seconds before a run counts as a timeout")
     args, rest = parser.parse_known_args(argv)
     packages = _packages()
     if args.list or args.package is None:
@@ -134,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     work = _workdir(args.package, packages[args.package])
     if args.recheck:
         tests = shlex.split(args.tests) if args.tests else []
-        return _recheck(work, packages[args.package], args.no_tests_too, tests, rest)
+        wanted = {"survived"} | ({"no tests"} if args.no_tests_too else set())
+        wanted |= {"timeout"} if args.timeouts_too else set()
+        return _recheck(work, packages[args.package], wanted, tests, rest, args.timeout)
     cmd = [sys.executable, "-m", "mutmut", "results" if args.results else "run", *rest]
     if not args.results and "--max-children" not in rest:
         cmd[4:4] = ["--max-children", "1"]  # 2 shared cores: one worker
