@@ -200,6 +200,11 @@ def test_grouped_linear_single_param_flags_are_gated_as_te() -> None:
     from fp8sim.pytorch.module import is_module_grouped_tensor_path_supported
 
     assert is_module_grouped_tensor_path_supported(recipe.MXFP8BlockScaling(), torch.bfloat16) is False
+    # TE's explicit packing (grouped_linear.py make_grouped_weights): refused with the same message, not an
+    # AttributeError; defer_init=True returns at once as in TE
+    m.make_grouped_weights(defer_init=True)
+    with pytest.raises(NotImplementedError, match="single grouped parameters"):
+        m.make_grouped_weights()
 
 
 def test_module_fp8_meta_under_custom_recipe_shows_the_delayed_scaling_slots_state() -> None:

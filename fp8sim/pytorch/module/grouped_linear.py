@@ -135,6 +135,13 @@ class GroupedLinear(TransformerEngineBaseModule):
         # TE falls back to the per-split path for discrete parameters where the grouped path is unsupported
         self.use_grouped_tensor, self.single_grouped_weight, self.single_grouped_bias = use_grouped, False, False
 
+    def make_grouped_weights(self, defer_init: bool = False) -> None:
+        """TE: pack the per-split weights into one GroupedTensor parameter (the single-parameter path); refused
+        as that path is (``defer_init=True`` returns at once, as in TE)."""
+        if defer_init:
+            return
+        raise NotImplementedError(_SINGLE_PARAM_REFUSED)
+
     def _deferred_weight_names(self) -> list[str]:
         return list(self.weight_names)
 
