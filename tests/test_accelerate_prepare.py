@@ -9,6 +9,7 @@ error must match upstream's.
 
 from __future__ import annotations
 
+import collections
 import copy
 import re
 import sys
@@ -430,11 +431,7 @@ def test_msamp_message_names_the_backends_to_use_instead() -> None:
     assert str(info.value).endswith("Use the TE (TERecipeKwargs) or torchao (AORecipeKwargs) backend.")
 
 
-class _Pair(tuple):
-    pass
-
-
-Out = __import__("collections").namedtuple("Out", ["logits", "extra"])
+Out = collections.namedtuple("Out", ["logits", "extra"])
 
 
 def _nested_outputs(x: torch.Tensor, *, scale: float = 1.0) -> Any:
