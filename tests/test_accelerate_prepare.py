@@ -9,6 +9,7 @@ error must match upstream's.
 
 from __future__ import annotations
 
+import collections
 import copy
 import re
 import sys
@@ -386,3 +387,256 @@ def test_default_ao_recipe_leaves_the_converted_weights_out_of_the_optimizer_as_
     start = _converted_weights(model)
     _run(model, opt, lambda loss: loss.backward())
     assert not any(torch.equal(a, b) for a, b in zip(start, _converted_weights(model), strict=True))
+
+
+# -- what the common cases cannot tell ------------------------------------------------------------
+
+aops = require("accelerate.utils.operations")
+
+
+def _mutmut_trampolines() -> bool:
+    """mutmut wraps each mutated function in a trampoline (a frame more between the caller and a warning), so a
+    stacklevel cannot be judged there; docs/mutation.md says how those mutants are judged."""
+    return hasattr(sys.modules[fa.prepare_fp8.__module__], "_mutmut_mutated")
+
+
+def test_mixed_precision_none_reads_the_environment_default_no_as_accelerator(upstream: Callable[..., Any]) -> None:
+    assert fa.setup_fp8(None, None).mixed_precision == upstream(mixed_precision=None).mixed_precision == "no"
+
+
+@pytest.mark.parametrize("env", [{"ACCELERATE_FP8_BACKEND": "TE"}, {"ACCELERATE_FP8_BACKEND": "MSAMP"}, {}])
+def test_backend_without_a_handler_fills_the_same_handler_slot_as_accelerator(
+    env: dict, upstream: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """accelerator.py:483-498: the chosen backend's default recipe kwargs land in its own handler attribute."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    acc = upstream(mixed_precision="fp8")
+    ours = fa.setup_fp8([], "fp8")
+    for slot in ("ao_recipe_handler", "te_recipe_handler", "msamp_recipe_handler", "fp8_recipe_handler"):
+        assert type(getattr(ours, slot)).__name__ == type(getattr(acc, slot)).__name__, slot
+
+
+def test_te_without_an_optimizer_raises_accelerators_exact_message(upstream: Callable[..., Any]) -> None:
+    model, _ = _model()
+    acc = upstream(mixed_precision="fp8", kwargs_handlers=_upstream_handlers([fa.TERecipeKwargs()]))
+    theirs = _outcome(lambda: acc.prepare(copy.deepcopy(model)))
+    assert _outcome(lambda: fa.prepare_fp8(model, None, kwargs_handlers=[fa.TERecipeKwargs()])) == theirs
+    assert theirs[0] == "ValueError"
+
+
+def test_msamp_message_names_the_backends_to_use_instead() -> None:
+    with pytest.raises(NotImplementedError) as info:
+        fa.prepare_fp8(*_model(), kwargs_handlers=[fa.MSAMPRecipeKwargs()])
+    assert str(info.value).endswith("Use the TE (TERecipeKwargs) or torchao (AORecipeKwargs) backend.")
+
+
+Out = collections.namedtuple("Out", ["logits", "extra"])
+
+
+def _nested_outputs(x: torch.Tensor, *, scale: float = 1.0) -> Any:
+    h = (x * scale).to(torch.bfloat16)
+    return Out(h, [h.half(), {"k": (h, x)}]), (h,), {"i": torch.arange(3)}
+
+
+def test_convert_outputs_to_fp32_matches_accelerates_on_nested_outputs_and_keywords() -> None:
+    """accelerate's operations.py:913-950: fp16/bf16 tensors anywhere in tuples, lists, namedtuples and dicts
+    come back as fp32; keyword arguments reach the forward."""
+    x = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    ours = fa.convert_outputs_to_fp32(_nested_outputs)(x, scale=3.0)
+    theirs = aops.convert_outputs_to_fp32(_nested_outputs)(x, scale=3.0)
+
+    def flat(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return (obj.dtype, obj.tolist())
+        if isinstance(obj, dict):
+            return ("dict", {k: flat(v) for k, v in obj.items()})
+        return (type(obj).__name__, [flat(v) for v in obj])
+
+    assert flat(ours) == flat(theirs)
+    assert ours[0].logits.dtype == torch.float32 and ours[0].extra[0].dtype == torch.float32
+    assert torch.equal(ours[0].logits, (x * 3.0).to(torch.bfloat16).float())
+
+
+def test_a_model_without_parameters_prepares_like_accelerator(upstream: Callable[..., Any]) -> None:
+    model = nn.Sequential(nn.Linear(4, 4).to(torch.bfloat16).requires_grad_(False))
+    model[0]._parameters.clear()  # keep the module, drop its parameters
+    model[0].forward = lambda x: x.to(torch.bfloat16) * 2
+    acc = upstream(mixed_precision="bf16")
+    theirs = acc.prepare(copy.deepcopy(model))
+    ours, _ = fa.prepare_fp8(model, None, mixed_precision="bf16")
+    x = torch.ones(2, 4)
+    assert torch.equal(ours(x), theirs(x)) and ours(x).dtype == torch.float32
+
+
+def test_bf16_autocast_is_bf16_even_when_the_cpu_default_autocast_dtype_is_not(upstream: Callable[..., Any]) -> None:
+    """accelerate passes dtype=torch.bfloat16 to torch.autocast (utils/modeling.py
+    get_mixed_precision_context_manager), whatever torch.set_autocast_dtype says."""
+    saved = torch.get_autocast_dtype("cpu")
+    seen: list = []
+    preparers = (
+        lambda m: upstream(mixed_precision="bf16").prepare(m),
+        lambda m: fa.prepare_fp8(m, None, mixed_precision="bf16")[0],
+    )
+    torch.set_autocast_dtype("cpu", torch.float16)
+    try:
+        for prepare in preparers:
+            model = prepare(_model()[0])
+            model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+            model(torch.randn(2, 32))
+    finally:
+        torch.set_autocast_dtype("cpu", saved)
+    assert seen == [torch.bfloat16, torch.bfloat16]
+
+
+def test_prepared_model_keeps_its_original_forward_as_accelerator(upstream: Callable[..., Any]) -> None:
+    """accelerator.py:1825: ``model._original_forward`` is the forward before the mixed-precision wrappers."""
+    theirs = upstream(mixed_precision="bf16").prepare(_model()[0])
+    ours, _ = fa.prepare_fp8(_model()[0], None, mixed_precision="bf16")
+    assert _wrapper_chain(ours._original_forward) == _wrapper_chain(theirs._original_forward) == ["Sequential.forward"]
+    x = torch.randn(2, 32)
+    assert torch.equal(ours._original_forward(x), theirs._original_forward(x))
+
+
+def test_a_forward_without_func_is_wrapped_like_accelerator(upstream: Callable[..., Any]) -> None:
+    """accelerator.py:1826-1830: a forward that is not a bound method is wrapped as a plain function."""
+
+    def plain() -> nn.Module:
+        model = _model()[0]
+        inner = model.forward
+        model.forward = lambda x: inner(x)
+        return model
+
+    theirs = upstream(mixed_precision="bf16").prepare(plain())
+    ours, _ = fa.prepare_fp8(plain(), None, mixed_precision="bf16")
+    x = torch.randn(2, 32)
+    assert _wrapper_chain(ours.forward) == _wrapper_chain(theirs.forward)
+    assert torch.equal(ours(x), theirs(x)) and ours(x).dtype == torch.float32
+
+
+def _quirk_messages(fn: Callable[[], Any]) -> list[str]:
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        fn()
+    return [str(w.message) for w in record if w.category is fa.UpstreamQuirkWarning]
+
+
+def test_ao_weights_kept_by_torchao_raise_no_optimizer_warning() -> None:
+    """Without FSDP float8 all-gather torchao keeps each weight Parameter, so the optimizer holds them: no quirk."""
+    model, opt = _model()
+    handler = fa.AORecipeKwargs(enable_fsdp_float8_all_gather=False)
+    assert _quirk_messages(lambda: fa.prepare_fp8(model, opt, kwargs_handlers=[handler])) == []
+    assert fa.has_ao_layers(model)
+    assert {id(p) for g in opt.param_groups for p in g["params"]} == {id(p) for p in model.parameters()}
+
+
+def test_ao_optimizer_quirk_warning_counts_the_weights_and_points_at_the_caller() -> None:
+    model, opt = _model()
+    with pytest.warns(fa.UpstreamQuirkWarning) as record:
+        fa.prepare_fp8(model, opt, kwargs_handlers=[fa.AORecipeKwargs()])  # the warning names this line
+    (w,) = [w for w in record if w.category is fa.UpstreamQuirkWarning]
+    converted = sum(isinstance(m, fs.Float8Linear) for m in model.modules())
+    assert converted == 2
+    assert (
+        f"{converted} converted weight(s) are Parameters the optimizer does not hold and stay at their initial "
+        "values" in str(w.message)
+    )
+    if not _mutmut_trampolines():
+        assert w.filename == __file__
+
+
+def test_documented_ao_moves_the_optimizer_state_to_the_converted_weights() -> None:
+    """An optimizer that already stepped keeps each weight's state (Adam moments) under the converted Parameter."""
+    model, opt = _model()
+    model(torch.randn(4, 32)).sum().backward()
+    opt.step()
+    by_name = {n: {k: v.clone() for k, v in opt.state[p].items()} for n, p in model.named_parameters()}
+    fa.prepare_fp8(model, opt, kwargs_handlers=[fa.AORecipeKwargs()], documented=True)
+    params = dict(model.named_parameters())
+    assert {id(p) for p in opt.state} == {id(p) for p in params.values()}
+    for name, state in by_name.items():
+        assert state.keys() == opt.state[params[name]].keys(), name
+        assert all(torch.equal(v, opt.state[params[name]][k]) for k, v in state.items()), name
+
+
+def test_documented_reaches_the_first_and_last_filter_in_prepare() -> None:
+    """documented=True: filter_first_and_last_linear_layers as the module filter excludes the model's first and last."""
+    handler = fa.AORecipeKwargs(
+        config=fs.Float8LinearConfig(enable_fsdp_float8_all_gather=False),
+        module_filter_func=fa.filter_first_and_last_linear_layers,
+    )
+    model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert _quirk_messages(lambda: fa.prepare_fp8(model, opt, kwargs_handlers=[handler], documented=True)) == []
+    assert [isinstance(m, fs.Float8Linear) for m in model] == [False, True, False]
+
+
+# -- process groups -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def init_calls(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Record prepare_fp8's calls of fp8sim.accelerate.launch.init_process_group instead of initialising."""
+    from fp8sim.accelerate import launch
+
+    calls: list = []
+    monkeypatch.setattr(
+        launch, "init_process_group", lambda rank, world_size, handler: calls.append((rank, world_size, handler))
+    )
+    for name in ("WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    return calls
+
+
+INIT_CASES = {  # (pass an InitProcessGroupKwargs?, environment, expected (rank, world_size) or None)
+    "launched_rank_1": (True, {"WORLD_SIZE": "2", "RANK": "1"}, (1, 2)),
+    "rank_defaults_to_0": (True, {"WORLD_SIZE": "3"}, (0, 3)),
+    "no_handler": (False, {"WORLD_SIZE": "2", "RANK": "0"}, None),
+    "one_process": (True, {"WORLD_SIZE": "1", "RANK": "0"}, None),
+    "not_launched": (True, {}, None),
+}
+
+
+@pytest.mark.parametrize("case", list(INIT_CASES))
+def test_prepare_initialises_the_process_group_only_when_launched_with_an_init_handler(
+    case: str, init_calls: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an InitProcessGroupKwargs and WORLD_SIZE > 1 (a launcher's environment) prepare_fp8 initialises the
+    default group as rank RANK (default 0) of WORLD_SIZE with that handler; otherwise it leaves torch.distributed."""
+    with_handler, env, expected = INIT_CASES[case]
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    handler = fa.InitProcessGroupKwargs(backend="gloo")
+    model, _ = fa.prepare_fp8(
+        _model()[0], None, kwargs_handlers=[handler] if with_handler else [], mixed_precision="no"
+    )
+    assert init_calls == ([] if expected is None else [(*expected, handler)])
+    assert type(model) is nn.Sequential
+
+
+def test_torch_without_distributed_prepares_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: False)
+    model, opt = _model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fa.UpstreamQuirkWarning)
+        model, _ = fa.prepare_fp8(model, opt, kwargs_handlers=[fa.TERecipeKwargs()])
+    assert type(model) is nn.Sequential and model(torch.randn(8, 32)).shape == (8, 8)
+
+
+def test_a_one_process_group_is_not_distributed(tmp_path: Any) -> None:
+    """One process is accelerate's DistributedType.NO: no DDP wrapper, and TE's autocast gets no group (upstream
+    passes none)."""
+    dist = torch.distributed
+    handler = fa.InitProcessGroupKwargs(backend="gloo", init_method=f"file://{tmp_path / 'rendezvous'}")
+    fa.init_process_group(0, 1, handler)
+    try:
+        model, opt = _model()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", fa.UpstreamQuirkWarning)
+            model, _ = fa.prepare_fp8(model, opt, kwargs_handlers=[fa.TERecipeKwargs()])
+        seen: list = []
+        model[0].register_forward_hook(lambda *_: seen.append(fpt.FP8GlobalStateManager.get_fp8_group()))
+        model(torch.randn(8, 32))
+        assert type(model) is nn.Sequential and seen == [None]
+    finally:
+        dist.destroy_process_group()

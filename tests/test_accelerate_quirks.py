@@ -9,8 +9,18 @@ import warnings
 
 import pytest
 
-from fp8sim.accelerate import _quirks
-from fp8sim.accelerate._quirks import QUIRKS, UpstreamQuirkWarning, documented_semantics, settings, warn_quirk
+from fp8sim.testing.oracles import require
+
+require("torch")  # fp8sim.accelerate needs torch
+
+from fp8sim.accelerate import _quirks  # noqa: E402
+from fp8sim.accelerate._quirks import (  # noqa: E402
+    QUIRKS,
+    UpstreamQuirkWarning,
+    documented_semantics,
+    settings,
+    warn_quirk,
+)
 
 _NAMES = (
     "amax_compute_algo-not-forwarded",
