@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from _outcomes import outcome
 
 from fp8sim.testing.oracles import require
 
@@ -33,13 +34,7 @@ def _no_fp8_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv("ACCELERATE_FP8_" + name, raising=False)
 
 
-def _outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return "ok", fn()
-        except Exception as exc:  # noqa: BLE001 - the outcome is the comparison
-            return type(exc).__name__, str(exc)
+_outcome = outcome
 
 
 # -- is_fp8_available ---------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from _outcomes import outcome
 
 from fp8sim.testing.oracles import require
 
@@ -64,13 +65,7 @@ def upstream(monkeypatch: pytest.MonkeyPatch) -> Any:
     return ute
 
 
-def _outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return "ok", fn()
-        except Exception as exc:  # noqa: BLE001 - the outcome is the comparison
-            return type(exc).__name__, str(exc)
+_outcome = outcome
 
 
 def _layout(model: nn.Module) -> list[tuple[str, str, list]]:

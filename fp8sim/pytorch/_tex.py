@@ -130,6 +130,14 @@ def fused_multi_row_unpadding(
             src, dst = src + padded, dst + rows
 
 
+def _float32_inputs(x: torch.Tensor, gamma: torch.Tensor, zero_centered_gamma: bool) -> tuple[torch.Tensor, ...]:
+    """The norm backwards' float32 ``x`` (contiguous, as TE's kernels read it) and ``gamma`` (``+ 1`` when
+    zero-centred)."""
+    from .module._norm_prologue import gamma32
+
+    return x.detach().contiguous().float(), gamma32(gamma.detach().contiguous(), zero_centered_gamma)
+
+
 def layernorm_bwd(
     dz: torch.Tensor,
     x: torch.Tensor,
@@ -143,22 +151,12 @@ def layernorm_bwd(
     statistics ``mu`` / ``rsigma`` (one per row), computed in float32 (``gamma + 1`` when zero-centred) and
     rounded once to ``x``'s / ``gamma``'s dtype, the arithmetic of fp8sim's LayerNorm modules' backward.
     ``sm_margin`` only sizes the CUDA grid and changes no value."""
+    from .module._norm_prologue import layernorm_backward
+
     del sm_margin
-    x32 = x.detach().contiguous().float()
-    g32 = gamma.detach().contiguous().float()
-    if zero_centered_gamma:
-        g32 = g32 + 1
-    rows = x32.shape[0]
-    dx, dg, db = torch.ops.aten.native_layer_norm_backward(
-        dz.detach().contiguous().float().view(x32.shape),
-        x32,
-        [x32.shape[-1]],
-        mu.detach().float().reshape(rows, 1),
-        rsigma.detach().float().reshape(rows, 1),
-        g32,
-        torch.zeros_like(g32),
-        [True, True, True],
-    )
+    x32, g32 = _float32_inputs(x, gamma, zero_centered_gamma)
+    dz32 = dz.detach().contiguous().float().view(x32.shape)
+    dx, dg, db = layernorm_backward(dz32, x32, mu.detach().float(), rsigma.detach().float(), g32, torch.zeros_like(g32))
     return [dx.to(x.dtype), dg.to(gamma.dtype), db.to(gamma.dtype)]
 
 
@@ -177,9 +175,6 @@ def rmsnorm_bwd(
     from .module._norm_prologue import rmsnorm_backward
 
     del sm_margin
-    x32 = x.detach().contiguous().float()
-    g32 = gamma.detach().contiguous().float()
-    if zero_centered_gamma:
-        g32 = g32 + 1
+    x32, g32 = _float32_inputs(x, gamma, zero_centered_gamma)
     dx, dg = rmsnorm_backward(dz.detach().contiguous().float().view(x32.shape), x32, rsigma.detach().float(), g32)
     return [dx.to(x.dtype), dg.to(gamma.dtype)]

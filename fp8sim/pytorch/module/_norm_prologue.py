@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["NormPrologue", "norm_forward", "norm_backward", "rmsnorm_backward"]
+__all__ = ["NormPrologue", "norm_forward", "norm_backward", "layernorm_backward", "rmsnorm_backward", "gamma32"]
 
 
 @dataclass
@@ -38,7 +38,8 @@ class NormPrologue:
         return (self.weight, self.bias)
 
 
-def _gamma32(gamma: torch.Tensor, zero_centered_gamma: bool) -> torch.Tensor:
+def gamma32(gamma: torch.Tensor, zero_centered_gamma: bool) -> torch.Tensor:
+    """``gamma`` in float32, ``+ 1`` when zero-centred (fp8sim's norms apply it in float32)."""
     g32 = gamma.float()
     return g32 + 1 if zero_centered_gamma else g32
 
@@ -52,7 +53,7 @@ def norm_forward(
     x = inp.to(act).reshape(-1, k)
     g, b = ln_weight.to(act), None if ln_bias is None else ln_bias.to(act)
     x32 = x.float().contiguous()  # TE's kernels read a contiguous row-major input
-    g32 = _gamma32(g, norm.zero_centered_gamma)
+    g32 = gamma32(g, norm.zero_centered_gamma)
     if norm.normalization == "LayerNorm":
         b32 = None if b is None else b.float()
         ln32, mu, rsigma = torch.native_layer_norm(x32, [k], g32, b32, norm.eps)
@@ -62,6 +63,22 @@ def norm_forward(
         ln32, mu = x32 * rsigma * g32, None
     ln32 = ln32.reshape(inp.shape)
     return (ln32 if norm.fused else ln32.to(act)), (x, g, b, mu, rsigma.reshape(-1))
+
+
+def layernorm_backward(
+    dz32: torch.Tensor,
+    x32: torch.Tensor,
+    mu: torch.Tensor,
+    rsigma: torch.Tensor,
+    g32: torch.Tensor,
+    b32: torch.Tensor | None,
+    needs: tuple[bool, bool, bool] = (True, True, True),
+) -> tuple[Any, Any, Any]:
+    """``(dx, dgamma, dbeta)`` in float32 of LayerNorm over the last dimension of the 2-D float32 ``x`` from its
+    float32 statistics (one per row): torch's own LayerNorm backward, as autograd runs it for the forward."""
+    return torch.ops.aten.native_layer_norm_backward(
+        dz32, x32, [x32.shape[-1]], mu.reshape(-1, 1), rsigma.reshape(-1, 1), g32, b32, list(needs)
+    )
 
 
 def rmsnorm_backward(
@@ -86,13 +103,11 @@ def norm_backward(
     separate norm's output was) and the saved tensors; dgamma / dbeta in the activation dtype."""
     x, g, b, mu, rsigma = saved
     k = x.shape[-1]
-    x32, g32 = x.float().contiguous(), _gamma32(g, norm.zero_centered_gamma)
+    x32, g32 = x.float().contiguous(), gamma32(g, norm.zero_centered_gamma)
     dz32 = dz.float().reshape(-1, k)
     if norm.normalization == "LayerNorm":
         b32 = None if b is None else b.float()
-        dx, dg, db = torch.ops.aten.native_layer_norm_backward(
-            dz32, x32, [k], mu.reshape(-1, 1), rsigma.reshape(-1, 1), g32, b32, [True, needs[1], needs[2]]
-        )
+        dx, dg, db = layernorm_backward(dz32, x32, mu, rsigma, g32, b32, (True, needs[1], needs[2]))
     else:
         (dx, dg), db = rmsnorm_backward(dz32, x32, rsigma, g32), None
     act = x.dtype
