@@ -17,12 +17,15 @@ the accelerator path on any device:
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 __all__ = ["prepare_fsdp2", "check_fsdp_plugin"]
+
+_log = logging.getLogger(__name__)
 
 
 def check_fsdp_plugin(plugin: Any, optimizer: Any) -> None:
@@ -70,6 +73,8 @@ def prepare_fsdp2(model: torch.nn.Module, optimizer: Any, plugin: Any, mixed_pre
         is_main_process=rank == 0,
         device=device,
     )
+    if mixed_precision != "no":
+        _upcast_trainable_parameters(model, rank == 0)
     # accelerate maps the optimizer's parameters by storage: a float8 all-gather weight is a new
     # Parameter (WeightWithDynamicFloat8CastTensor) over the optimizer's tensor, kept in ``_tensor``
     names = {_storage_ptr(p): n for n, p in model.named_parameters()}
@@ -87,6 +92,23 @@ def prepare_fsdp2(model: torch.nn.Module, optimizer: Any, plugin: Any, mixed_pre
                 "Please raise an issue on GitHub."
             ) from exc
     return model
+
+
+def _upcast_trainable_parameters(model: torch.nn.Module, main_process: bool) -> None:
+    """``fsdp2_prepare_model``'s upcast under mixed precision (fsdp_utils.py: trainable parameters that are not
+    float32 become float32 master weights; none when the model holds bitsandbytes ``Params4bit``), done here
+    because accelerate logs it through its logger, which raises without an initialised ``PartialState``."""
+    params = list(model.named_parameters())
+    if any(type(p).__name__ == "Params4bit" for _, p in params):
+        return
+    upcast = [n for n, p in params if p.requires_grad and p.dtype != torch.float32]
+    for name in upcast:
+        param = model.get_parameter(name)
+        param.data = param.data.to(torch.float32)
+    if main_process and upcast:
+        _log.info(
+            "FSDP2 upcast %d low-precision parameter(s) to float32 (mixed_precision != 'no'): %s", len(upcast), upcast
+        )
 
 
 def _storage_ptr(p: torch.Tensor) -> int:
