@@ -363,6 +363,20 @@ def test_convert_back_of_a_layernorm_raises_upstreams_typeerror_and_names_the_la
         assert w.filename == __file__
 
 
+def test_convert_back_of_a_linear_raises_upstreams_typeerror_and_names_the_layer(upstream: Any) -> None:
+    """accelerate's transformer_engine.py passes params_dtype= to nn.Linear as well: TypeError (reverse quirk)."""
+    model = nn.Sequential(nn.ReLU(), fpt.Linear(32, 32))
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        ours = _outcome(lambda: fa.convert_model(model, to_transformer_engine=False))
+        theirs = _outcome(lambda: upstream.convert_model(twin, to_transformer_engine=False))
+        with pytest.warns(fa.UpstreamQuirkWarning) as record, pytest.raises(TypeError):
+            fa.convert_model(model, to_transformer_engine=False)
+    assert ours == theirs and ours[0] == "TypeError"
+    (w,) = [w for w in record if w.category is fa.UpstreamQuirkWarning]
+    assert "converting '1' back passes params_dtype= to torch.nn, which raises TypeError" in str(w.message)
+
+
 def test_documented_and_the_layer_switches_reach_nested_modules(upstream: Any) -> None:
     """documented=True skips an odd Linear inside a child too; _convert_linear / _convert_ln hold at every depth
     (accelerate's transformer_engine.py:86-93 passes them down)."""
