@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import warnings
 from types import SimpleNamespace
@@ -221,6 +222,40 @@ def test_only_the_main_process_logs_the_upcast(caplog: pytest.LogCaptureFixture)
         assert [r for r in caplog.records if r.name == fsdp2.__name__] == []
     finally:
         dist.destroy_process_group()
+
+
+def test_without_a_group_fully_shard_initialises_it_and_this_process_is_the_main_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No initialised group: torch's ``fully_shard`` initialises the default one from the ``env://`` variables
+    (``init_device_mesh``), and this process counts as the main process, as a one-process accelerate run does."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    assert not dist.is_initialized()
+    model = _model(torch.bfloat16)
+    try:
+        with caplog.at_level(logging.INFO, logger=fsdp2.__name__):
+            prepared = fsdp2.prepare_fsdp2(model, _two_groups(model), _plugin(), "bf16")
+        assert dist.is_initialized() and isinstance(prepared, FSDPModule)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert {p.dtype for p in prepared.parameters()} == {torch.float32}
+    assert [r.getMessage()[:23] for r in caplog.records if r.name == fsdp2.__name__] == ["FSDP2 upcast 6 low-prec"]
+
+
+class Params4bit(nn.Parameter):
+    """Named as bitsandbytes' 4-bit parameter, which is all accelerate looks at."""
+
+
+def test_a_model_holding_params4bit_is_not_upcast(world: None) -> None:
+    """fsdp2_prepare_model: a ``Params4bit`` anywhere in the model switches the upcast off."""
+    model = _model(torch.bfloat16)
+    model[2].weight = Params4bit(model[2].weight.data)
+    prepared = fsdp2.prepare_fsdp2(model, _two_groups(model), _plugin(), "bf16")
+    assert {p.dtype for p in prepared.parameters()} == {torch.bfloat16}
 
 
 def test_cpu_ram_efficient_loading_takes_the_main_process_weights(world: None) -> None:
