@@ -36,6 +36,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 import fp8sim.accelerate as fa  # noqa: E402
 import fp8sim.pytorch as fpt  # noqa: E402
 from fp8sim.accelerate import launch  # noqa: E402
+from fp8sim.accelerate import prepare as fprep  # noqa: E402
 from fp8sim.accelerate.prepare import ConvertOutputsToFp32  # noqa: E402
 from fp8sim.torchao import Float8Linear  # noqa: E402
 
@@ -132,6 +133,11 @@ def test_power_sgd_gets_the_state_options(world_of_one: None) -> None:
 # -- prepare_fp8 on a MULTI_CPU world -----------------------------------------------------------------
 
 
+def _outer(module: nn.Module) -> str:
+    """The function that made ``module.forward``'s outermost wrapper."""
+    return module.forward.__func__.__qualname__.split(".<locals>")[0]
+
+
 def _groups_seen(model: nn.Module, inner: nn.Module) -> list:
     """The amax reduction group fp8sim's TE autocast holds while ``inner`` runs in a forward of ``model``."""
     seen: list = []
@@ -154,7 +160,7 @@ def test_te_on_multi_cpu_wraps_autocast_before_ddp_with_the_handlers_kwargs_and_
     assert (prepared.bucket_bytes_cap, prepared.gradient_as_bucket_view) == (1024 * 1024, True)
     assert [h for h, _ in prepared._comm_hooks] == [default_hooks.fp16_compress_hook]
     # MULTI_CPU: the autocast wraps the module's forward, not DDP's
-    assert "forward" not in vars(prepared) and hasattr(model.forward, "__wrapped__")
+    assert "forward" not in vars(prepared) and _outer(model) == "contextual_fp8_autocast"
     assert _groups_seen(prepared, model[0]) == [dist.group.WORLD]
 
 
@@ -199,6 +205,53 @@ def test_ao_and_no_fp8_on_multi_cpu_are_wrapped_in_ddp(two_ranks: None, mixed_pr
     )
     assert type(prepared) is DDP and prepared.bucket_bytes_cap == 2 * 1024 * 1024
     assert sum(type(m) is Float8Linear for m in model) == (mixed_precision == "fp8")
+
+
+class _RecordingDDP(nn.Module):
+    """DistributedDataParallel's constructor and hook registration, recorded (CUDA DDP cannot run here)."""
+
+    made: list = []
+
+    def __init__(self, module: nn.Module, **kwargs: Any) -> None:
+        super().__init__()
+        self.module, self.hooks = module, []
+        self.made.append(kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def register_comm_hook(self, state: Any, hook: Any) -> None:
+        self.hooks.append((state, hook))
+
+
+def test_multi_gpu_gives_ddp_the_device_and_wraps_te_autocast_around_ddp(
+    two_ranks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MULTI_GPU, played: the model reports cuda:1 (``_device_of``) and DDP is recorded.  accelerate's
+    prepare_model then gives DDP ``device_ids=[index], output_device=index`` with the handler's kwargs and,
+    ``delayed_fp8_autocast`` (TE on MULTI_GPU, accelerator.py), wraps the TE autocast around the DDP model
+    with the handler's recipe (``documented=True`` forwards ``amax_compute_algo``)."""
+    monkeypatch.setattr(fprep, "_device_of", lambda model: torch.device("cuda", 1))
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", _RecordingDDP)
+    monkeypatch.setattr(_RecordingDDP, "made", [])
+    model = _model()
+    handlers = [
+        fa.TERecipeKwargs(amax_compute_algo="most_recent"),
+        fa.DistributedDataParallelKwargs(bucket_cap_mb=1, comm_hook=HookType.FP16),
+    ]
+    prepared, _ = _quiet(
+        lambda: fa.prepare_fp8(
+            model, torch.optim.SGD(model.parameters(), lr=0.5), kwargs_handlers=handlers, documented=True
+        )
+    )
+    assert type(prepared) is _RecordingDDP and prepared.module is model
+    assert _RecordingDDP.made == [{"device_ids": [1], "output_device": 1, "bucket_cap_mb": 1}]
+    assert prepared.hooks == [(None, default_hooks.fp16_compress_hook)]
+    assert _outer(prepared) == "contextual_fp8_autocast" and _outer(model) == "convert_outputs_to_fp32"
+    recipes: list = []
+    model[0].register_forward_pre_hook(lambda m, a: recipes.append(fpt.FP8GlobalStateManager.get_fp8_recipe()))
+    assert _groups_seen(prepared, model[2]) == [dist.group.WORLD]
+    assert [r.amax_compute_algo for r in recipes] == ["most_recent"]
 
 
 def test_a_launched_rank_initialises_the_group_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
