@@ -133,9 +133,16 @@ def test_power_sgd_gets_the_state_options(world_of_one: None) -> None:
 # -- prepare_fp8 on a MULTI_CPU world -----------------------------------------------------------------
 
 
-def _outer(module: nn.Module) -> str:
-    """The function that made ``module.forward``'s outermost wrapper."""
-    return module.forward.__func__.__qualname__.split(".<locals>")[0]
+def _fp8_on_inside(module: nn.Module, inner: nn.Module) -> bool:
+    """Whether fp8sim's TE autocast is on while ``inner`` runs in a call of ``module``: where the autocast sits."""
+    seen: list = []
+    handle = inner.register_forward_pre_hook(lambda m, a: seen.append(fpt.FP8GlobalStateManager.is_fp8_enabled()))
+    try:
+        module(torch.randn(8, 32))
+    finally:
+        handle.remove()
+    (on,) = seen
+    return on
 
 
 def _groups_seen(model: nn.Module, inner: nn.Module) -> list:
@@ -160,7 +167,7 @@ def test_te_on_multi_cpu_wraps_autocast_before_ddp_with_the_handlers_kwargs_and_
     assert (prepared.bucket_bytes_cap, prepared.gradient_as_bucket_view) == (1024 * 1024, True)
     assert [h for h, _ in prepared._comm_hooks] == [default_hooks.fp16_compress_hook]
     # MULTI_CPU: the autocast wraps the module's forward, not DDP's
-    assert "forward" not in vars(prepared) and _outer(model) == "contextual_fp8_autocast"
+    assert _fp8_on_inside(model, model[0]) and _fp8_on_inside(prepared, model[0])
     assert _groups_seen(prepared, model[0]) == [dist.group.WORLD]
 
 
@@ -247,7 +254,7 @@ def test_multi_gpu_gives_ddp_the_device_and_wraps_te_autocast_around_ddp(
     assert type(prepared) is _RecordingDDP and prepared.module is model
     assert _RecordingDDP.made == [{"device_ids": [1], "output_device": 1, "bucket_cap_mb": 1}]
     assert prepared.hooks == [(None, default_hooks.fp16_compress_hook)]
-    assert _outer(prepared) == "contextual_fp8_autocast" and _outer(model) == "convert_outputs_to_fp32"
+    assert _fp8_on_inside(prepared, model[0]) and not _fp8_on_inside(model, model[0])
     recipes: list = []
     model[0].register_forward_pre_hook(lambda m, a: recipes.append(fpt.FP8GlobalStateManager.get_fp8_recipe()))
     assert _groups_seen(prepared, model[2]) == [dist.group.WORLD]
