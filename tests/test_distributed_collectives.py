@@ -127,10 +127,19 @@ def _edges(rank: int, world: int) -> dict:
         "min": lo.view(torch.uint8),
         "f32": (rs_sum, rs_max, a32, m32, scalar),
     }
-    try:
-        fd.reduce_scatter_tensor(torch.empty(3, dtype=e4), mine)
-    except ValueError as exc:
-        res["shape_error"] = str(exc)
+    # 2-D: rows scattered, trailing dims kept
+    two = mine.reshape(2, 2)
+    rs2, ar2 = torch.empty(1, 2, dtype=e4), two.clone()
+    fd.reduce_scatter_tensor(rs2, two)
+    fd.all_reduce(ar2, op=dist.ReduceOp.MAX)
+    res["world"]["2d"] = (rs2.view(torch.uint8), ar2.view(torch.uint8))
+    errors = []
+    for out in (torch.empty(3, dtype=e4), torch.empty(1, 3, dtype=e4)):
+        try:
+            fd.reduce_scatter_tensor(out, mine if out.dim() == 1 else two)
+        except ValueError as exc:
+            errors.append(str(exc))
+    res["shape_errors"] = errors
     return res
 
 
@@ -261,9 +270,12 @@ def test_defaults_other_ops_dtypes_and_0_dim_tensors_over_the_world(results: lis
         )
         assert np.array_equal(a32.numpy(), f0 + f1) and np.array_equal(m32.numpy(), np.maximum(f0, f1))
         assert scalar.shape == () and scalar.item() == 11.0
-        assert res["edges"]["shape_error"] == (
-            "reduce_scatter_tensor: input shape [4] must be world_size (2) times output shape [3] along dim 0"
-        )
+        rs2, ar2 = got["2d"]
+        sum2 = (a + b).astype(e4).view(np.uint8).reshape(2, 2)
+        _assert_codes(rs2.numpy(), sum2[rank : rank + 1], "float8_e4m3fn", f"2-D reduce_scatter rank {rank}")
+        assert np.array_equal(ar2.numpy(), np.maximum(a, b).astype(e4).view(np.uint8).reshape(2, 2))
+        msg = "reduce_scatter_tensor: input shape {} must be world_size (2) times output shape {} along dim 0"
+        assert res["edges"]["shape_errors"] == [msg.format([4], [3]), msg.format([2, 2], [1, 3])]
 
 
 def test_bad_arguments_are_named_before_any_communication() -> None:
