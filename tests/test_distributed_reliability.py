@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -111,16 +113,36 @@ def _pg_timeout(seconds: float) -> float | None:
     return seconds if opts is not None and hasattr(opts, "_timeout") else None
 
 
+def _folder_on_another_filesystem() -> str | None:
+    """A new folder on another filesystem than the temporary folder's (/dev/shm where it is one), or None."""
+    base = "/dev/shm"
+    if not (os.path.isdir(base) and os.access(base, os.W_OK)):
+        return None
+    if os.stat(base).st_dev == os.stat(tempfile.gettempdir()).st_dev:
+        return None
+    return tempfile.mkdtemp(prefix="fp8sim_cwd_", dir=base)
+
+
 def test_run_ranks_defaults_two_fresh_daemonic_single_threaded_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The documented defaults: 2 ranks, one torch thread each, started by "spawn" (a fresh interpreter: a
     forked rank would see the parent's change to this module); daemonic, so no rank outlives the test; a gloo
-    process group with the run's timeout (60 s) and torchrun's environment variables."""
+    process group with the run's timeout (60 s) and torchrun's environment variables.  Run from a working
+    folder on another filesystem than the temporary one where there is one: the ranks' results stay inside the
+    run's temporary folder (a move across filesystems would fail)."""
     monkeypatch.setattr(sys.modules[__name__], "_SET_IN_THE_PARENT", True)
+    other = _folder_on_another_filesystem()
+    if other is not None:
+        monkeypatch.chdir(other)
     t = _pg_timeout(60.0)
-    assert run_ranks(_describe) == [
-        (0, 2, 1, True, False, ("0", "2", "0", "2"), "gloo", t),
-        (1, 2, 1, True, False, ("1", "2", "1", "2"), "gloo", t),
-    ]
+    try:
+        assert run_ranks(_describe) == [
+            (0, 2, 1, True, False, ("0", "2", "0", "2"), "gloo", t),
+            (1, 2, 1, True, False, ("1", "2", "1", "2"), "gloo", t),
+        ]
+        assert other is None or os.listdir(other) == []
+    finally:
+        if other is not None:
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def test_run_ranks_forkserver_runs_a_world_of_one() -> None:
