@@ -56,8 +56,15 @@ def _raises_mid_step(rank: int, world: int) -> None:
 def _dies_mid_step(rank: int, world: int) -> None:
     dist.all_reduce(torch.ones(4))
     if rank == 0:
-        os._exit(3)
+        os._exit(1)  # the exit code of a rank that raised, but without an error report
     dist.all_reduce(torch.ones(4))
+
+
+def _one_raises_one_dies(rank: int, world: int) -> None:
+    dist.barrier()
+    if rank == 1:
+        os._exit(3)
+    raise ValueError("rank 0's own error")
 
 
 def _hangs(rank: int, world: int) -> None:
@@ -76,10 +83,15 @@ def test_a_rank_that_raises_mid_step_is_named_and_the_others_stop() -> None:
 
 def test_a_rank_that_dies_is_named_with_its_exit_code() -> None:
     start = time.monotonic()
-    with pytest.raises(RankFailure, match=r"^rank 0 died with exit code 3 without raising$") as info:
+    with pytest.raises(RankFailure, match=r"^rank 0 died with exit code 1 without raising$") as info:
         ranks(_dies_mid_step)
     assert info.value.ranks[0] == 0 and len(set(info.value.ranks)) == len(info.value.ranks)
     assert time.monotonic() - start < BOUND_S
+
+
+def test_a_rank_that_raised_is_named_before_one_that_died() -> None:
+    with pytest.raises(RankFailure, match=r"^rank 0 raised:(.|\n)*ValueError: rank 0's own error"):
+        ranks(_one_raises_one_dies)
 
 
 def test_a_hung_rank_fails_at_the_deadline() -> None:
