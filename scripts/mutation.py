@@ -18,7 +18,9 @@ tests) looks untested there.  ``--recheck`` reruns every survivor of the last ru
 ``--no-tests-too`` every mutant with no covering test) against the package's whole test selection, in
 mutmut's ``mutants/`` tree with the mutant switched on through ``MUTANT_UNDER_TEST``, which spawned
 processes inherit; it prints one verdict per mutant and changes nothing in mutmut's results.  Mutant-name
-globs narrow it, ``--tests "tests/test_x.py ..."`` replaces the selection.
+globs narrow it, ``--tests "tests/test_x.py ..."`` replaces the selection.  ``--one-process`` runs all the
+mutants in one pytest process with the test ranks forked from one forkserver (``--fresh-forkserver``: one per
+mutant, for ``spawn._entry``).
 """
 
 from __future__ import annotations
