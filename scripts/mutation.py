@@ -18,7 +18,9 @@ tests) looks untested there.  ``--recheck`` reruns every survivor of the last ru
 ``--no-tests-too`` every mutant with no covering test) against the package's whole test selection, in
 mutmut's ``mutants/`` tree with the mutant switched on through ``MUTANT_UNDER_TEST``, which spawned
 processes inherit; it prints one verdict per mutant and changes nothing in mutmut's results.  Mutant-name
-globs narrow it, ``--tests "tests/test_x.py ..."`` replaces the selection.
+globs narrow it, ``--tests "tests/test_x.py ..."`` replaces the selection.  ``--one-process`` runs all the
+mutants in one pytest process with the test ranks forked from one forkserver (``--fresh-forkserver``: one per
+mutant, for ``spawn._entry``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 try:
     import tomllib
@@ -94,7 +97,13 @@ def _mutmut_args() -> list[str]:
 
 
 def _recheck(
-    work: Path, pkg: dict, wanted: set[str], tests: list[str], globs: list[str], timeout: float | None = None
+    work: Path,
+    pkg: dict,
+    wanted: set[str],
+    tests: list[str],
+    globs: list[str],
+    timeout: float | None = None,
+    one_process: str = "",
 ) -> int:
     """Rerun the last run's mutants whose status is in ``wanted`` against the whole test selection; print the
     verdicts (a run past ``timeout`` seconds is a *timeout*: killed, as mutmut counts it)."""
@@ -106,6 +115,8 @@ def _recheck(
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", *_mutmut_args(), *(tests or pkg["tests"])]
     # the tests as they are now in the checkout (mutmut copied them when the run started)
     shutil.copytree(ROOT / "tests", work / "mutants" / "tests", dirs_exist_ok=True)
+    if one_process:
+        return _recheck_one_process(work, names, cmd, timeout, one_process == "fresh")
     killed = 0
     for name in names:
         env = dict(os.environ, MUTANT_UNDER_TEST=name)
@@ -120,6 +131,83 @@ def _recheck(
     return 0
 
 
+def _with_mutant(rank: int, world: int, name: str, function: Any, *args: Any) -> Any:
+    """A rank of a ``--one-process`` recheck: the forkserver's ranks inherit the server's environment, so the
+    parent hands its mutant over."""
+    os.environ["MUTANT_UNDER_TEST"] = name
+    return function(rank, world, *args)
+
+
+def _loop_child(names: list[str], pytest_args: list[str], timeout: float | None, fresh_server: bool) -> int:
+    """Run in ``mutants/``: every mutant's tests in this one process (``pytest.main`` per mutant, the mutant
+    switched through the environment), the test ranks (``tests/_dist.py``) forked from one forkserver that
+    imported torch once.  ``spawn._entry`` runs before the mutant is handed over: ``fresh_server`` starts a
+    forkserver per mutant, with the mutant in its environment."""
+    import faulthandler
+    import multiprocessing.forkserver as forkserver
+
+    import pytest
+
+    sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "tests")]
+    os.environ["MUTANT_UNDER_TEST"] = ""  # module-level code (imports, the forkserver's preloads) unmutated
+    import _dist
+
+    import fp8sim.collectives  # noqa: F401
+
+    preload = ["torch", "torch.distributed", "numpy", "ml_dtypes", "fp8sim.collectives", "fp8sim.collectives.spawn"]
+    forkserver.set_forkserver_preload(preload)
+    forkserver.ensure_running()
+    run = _dist.run_ranks
+
+    def run_ranks(function: Any, args: tuple = (), **kw: Any) -> Any:
+        kw["start_method"] = "forkserver"
+        return run(_with_mutant, (os.environ["MUTANT_UNDER_TEST"], function, *args), **kw)
+
+    _dist.run_ranks = run_ranks
+    for name in names:
+        os.environ["MUTANT_UNDER_TEST"] = name
+        if fresh_server:  # the rank entry point itself mutated: a server started with this mutant
+            forkserver._forkserver._stop()
+            forkserver.ensure_running()
+        if timeout:
+            faulthandler.dump_traceback_later(timeout, exit=True)  # the parent counts the mutant a timeout
+        rc = int(pytest.main(pytest_args))
+        faulthandler.cancel_dump_traceback_later()
+        verdict = {1: "killed", 0: "survived"}.get(rc, f"error (pytest exit {rc})")
+        print(f"@@ {verdict:22s} {name}", flush=True)
+    return 0
+
+
+def _recheck_one_process(work: Path, names: list[str], cmd: list[str], timeout: float | None, fresh: bool) -> int:
+    """``_loop_child`` over ``names``; a child that dies (a timeout) is restarted after its current mutant."""
+    killed, left = 0, list(names)
+    while left:
+        listing = work / "names.tmp"
+        listing.write_text("\n".join(left), "utf-8")
+        child = [sys.executable, str(Path(__file__).resolve()), "--loop-child", str(listing)]
+        child += ["--timeout", str(timeout)] if timeout else []
+        child += ["--fresh-forkserver"] if fresh else []
+        proc = subprocess.Popen([*child, "--", *cmd[3:]], cwd=work / "mutants", stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        with open(work / "one_process.log", "a", encoding="utf-8") as log:  # pytest's own output
+            for line in proc.stdout:
+                if not line.startswith("@@ "):
+                    log.write(line)
+                    continue
+                verdict, _, name = line[3:].rstrip("\n").rpartition(" ")
+                left.remove(name)
+                killed += verdict.strip() == "killed"
+                print(line[3:], end="", flush=True)
+        proc.wait()
+        if left and proc.returncode != 0:
+            print(f"{'timeout':22s} {left.pop(0)}", flush=True)
+            killed += 1
+        elif left:
+            break
+    print(f"recheck: {killed} of {len(names)} killed by the whole selection")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("package", nargs="?", help="a key of [tool.fp8sim.mutation] in pyproject.toml")
@@ -130,6 +218,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeouts-too", action="store_true", help="with --recheck: also mutmut's timeouts")
     parser.add_argument("--tests", help="with --recheck: pytest arguments replacing the package's selection")
     parser.add_argument("--timeout", type=float, help="with --recheck: seconds before a run counts as a timeout")
+    parser.add_argument(
+        "--one-process",
+        action="store_true",
+        help="with --recheck: one pytest process for all the mutants, the ranks from one forkserver (faster; "
+        "not for spawn._entry's mutants)",
+    )
+    parser.add_argument(
+        "--fresh-forkserver", action="store_true", help="with --one-process: a forkserver per mutant (spawn._entry)"
+    )
+    parser.add_argument("--loop-child", help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else argv
+    if "--loop-child" in argv:
+        sep = argv.index("--")
+        args = parser.parse_args(argv[:sep])
+        names = Path(args.loop_child).read_text("utf-8").split()
+        return _loop_child(names, argv[sep + 1 :], args.timeout, args.fresh_forkserver)
     args, rest = parser.parse_known_args(argv)
     packages = _packages()
     if args.list or args.package is None:
@@ -143,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         tests = shlex.split(args.tests) if args.tests else []
         wanted = {"survived"} | ({"no tests"} if args.no_tests_too else set())
         wanted |= {"timeout"} if args.timeouts_too else set()
-        return _recheck(work, packages[args.package], wanted, tests, rest, args.timeout)
+        one = ("fresh" if args.fresh_forkserver else "shared") if args.one_process else ""
+        return _recheck(work, packages[args.package], wanted, tests, rest, args.timeout, one)
     cmd = [sys.executable, "-m", "mutmut", "results" if args.results else "run", *rest]
     if not args.results and "--max-children" not in rest:
         cmd[4:4] = ["--max-children", "1"]  # 2 shared cores: one worker

@@ -79,7 +79,68 @@ def _worker(rank: int, world: int, names: list[str]) -> dict:
         out["gloo_refuses_float8"] = False
     except RuntimeError:
         out["gloo_refuses_float8"] = True
+    out["edges"] = _edges(rank, world)
     return out
+
+
+_E4 = ((1.0, -2.0, 0.5, 448.0), (3.0, -0.25, 0.5, 448.0))  # rank 0 and 1; 448 + 448 overflows E4M3 to NaN
+_F32 = ((1.5, -2.0, 7.0, 0.25), (-0.5, 4.0, 7.0, 1.0))
+
+
+def _edges(rank: int, world: int) -> dict:
+    """Each rank alone in its own group (at the same time as its peer: a collective that ignores ``group``
+    runs over both ranks instead), the defaults (``op=None`` is SUM), other dtypes, 0-dim tensors."""
+    e4 = torch.float8_e4m3fn
+    own = [dist.new_group([r]) for r in range(world)][rank]  # every rank makes every group, in order
+    mine = torch.tensor(_E4[rank]).to(e4)
+    res: dict = {}
+    full = torch.empty(4, dtype=e4)
+    fd.all_gather_into_tensor(full, mine, group=own)
+    one = [torch.empty(4, dtype=e4)]
+    fd.all_gather(one, mine, group=own)
+    uneven = fd.all_gather_uneven(mine[: rank + 1], group=own)
+    b = mine.clone()
+    fd.broadcast(b, src=rank, group=own)
+    rs = torch.empty(4, dtype=e4)
+    fd.reduce_scatter_tensor(rs, mine, op=dist.ReduceOp.SUM, group=own)
+    ar = mine.clone()
+    fd.all_reduce(ar, op=dist.ReduceOp.MAX, group=own)
+    f32 = torch.tensor(_F32[rank])
+    ar32, rs32 = f32.clone(), torch.empty(4)
+    fd.all_reduce(ar32, group=own)
+    fd.reduce_scatter_tensor(rs32, f32, group=own)
+    res["own"] = [t.view(torch.uint8) if t.dtype == e4 else t for t in (full, one[0], *uneven, b, rs, ar, ar32, rs32)]
+    # over the world: the default op, MIN, float32 through torch.distributed, a 0-dim broadcast
+    s, lo = mine.clone(), mine.clone()
+    fd.all_reduce(s)
+    fd.all_reduce(lo, op=dist.ReduceOp.MIN)
+    rs_sum, rs_max = torch.empty(2), torch.empty(2)
+    fd.reduce_scatter_tensor(rs_sum, f32)
+    fd.reduce_scatter_tensor(rs_max, f32, op=dist.ReduceOp.MAX)
+    a32, m32 = f32.clone(), f32.clone()
+    fd.all_reduce(a32)
+    fd.all_reduce(m32, op=dist.ReduceOp.MAX)
+    scalar = torch.tensor(float(rank + 10))
+    fd.broadcast(scalar, src=1)
+    res["world"] = {
+        "sum": s.view(torch.uint8),
+        "min": lo.view(torch.uint8),
+        "f32": (rs_sum, rs_max, a32, m32, scalar),
+    }
+    # 2-D: rows scattered, trailing dims kept
+    two = mine.reshape(2, 2)
+    rs2, ar2 = torch.empty(1, 2, dtype=e4), two.clone()
+    fd.reduce_scatter_tensor(rs2, two)
+    fd.all_reduce(ar2, op=dist.ReduceOp.MAX)
+    res["world"]["2d"] = (rs2.view(torch.uint8), ar2.view(torch.uint8))
+    errors = []
+    for out in (torch.empty(3, dtype=e4), torch.empty(1, 3, dtype=e4)):
+        try:
+            fd.reduce_scatter_tensor(out, mine if out.dim() == 1 else two)
+        except ValueError as exc:
+            errors.append(str(exc))
+    res["shape_errors"] = errors
+    return res
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +232,67 @@ def test_float8_sum_rounds_the_float64_sum_once() -> None:
     assert float(want[0]) == 40960.0
     for rank, got in enumerate(ranks(_three_rank_sum, world_size=3)):
         _assert_codes(got, want.view(np.uint8), "float8_e5m2", f"SUM rank {rank}")
+
+
+def test_each_collective_runs_over_its_group_alone(results: list[dict]) -> None:
+    """A rank alone in its group gets its own payload back from every collective (reductions of one
+    contribution included: float8 codes unchanged, float32 values unchanged)."""
+    for rank, res in enumerate(results):
+        codes = torch.tensor(_E4[rank]).to(torch.float8_e4m3fn).view(torch.uint8)
+        full, one, uneven, b, rs, ar, ar32, rs32 = res["edges"]["own"]
+        for what, got in (
+            ("gather", full),
+            ("list", one),
+            ("broadcast", b),
+            ("reduce_scatter", rs),
+            ("all_reduce", ar),
+        ):
+            assert torch.equal(got, codes), f"rank {rank} {what}"
+        assert torch.equal(uneven, codes[: rank + 1]), f"rank {rank} uneven"
+        f32 = torch.tensor(_F32[rank])
+        assert torch.equal(ar32, f32) and torch.equal(rs32, f32), f"rank {rank} float32"
+
+
+def test_defaults_other_ops_dtypes_and_0_dim_tensors_over_the_world(results: list[dict]) -> None:
+    a, b = (np.array(v, np.float64) for v in _E4)
+    e4 = ml_dtypes.float8_e4m3fn
+    with np.errstate(invalid="ignore"):
+        want_sum = (a + b).astype(e4).view(np.uint8)
+    f0, f1 = (np.array(v, np.float32) for v in _F32)
+    for rank, res in enumerate(results):
+        got = res["edges"]["world"]
+        _assert_codes(got["sum"].numpy(), want_sum, "float8_e4m3fn", f"all_reduce default op rank {rank}")
+        assert np.array_equal(got["min"].numpy(), np.minimum(a, b).astype(e4).view(np.uint8))
+        rs_sum, rs_max, a32, m32, scalar = got["f32"]
+        half = slice(2 * rank, 2 * rank + 2)
+        assert np.array_equal(rs_sum.numpy(), (f0 + f1)[half]) and np.array_equal(
+            rs_max.numpy(), np.maximum(f0, f1)[half]
+        )
+        assert np.array_equal(a32.numpy(), f0 + f1) and np.array_equal(m32.numpy(), np.maximum(f0, f1))
+        assert scalar.shape == () and scalar.item() == 11.0
+        rs2, ar2 = got["2d"]
+        sum2 = (a + b).astype(e4).view(np.uint8).reshape(2, 2)
+        _assert_codes(rs2.numpy(), sum2[rank : rank + 1], "float8_e4m3fn", f"2-D reduce_scatter rank {rank}")
+        assert np.array_equal(ar2.numpy(), np.maximum(a, b).astype(e4).view(np.uint8).reshape(2, 2))
+        msg = "reduce_scatter_tensor: input shape {} must be world_size (2) times output shape {} along dim 0"
+        assert res["edges"]["shape_errors"] == [msg.format([4], [3]), msg.format([2, 2], [1, 3])]
+
+
+def test_bad_arguments_are_named_before_any_communication() -> None:
+    e4 = torch.float8_e4m3fn
+    for fn, what in ((fd.all_gather_into_tensor, "all_gather_into_tensor"), (fd.all_gather, "all_gather")):
+        out = torch.empty(4, dtype=torch.uint8)
+        with pytest.raises(TypeError) as info:
+            fn(out if fn is fd.all_gather_into_tensor else [out], torch.empty(2, dtype=e4))
+        assert str(info.value) == f"{what}: output dtype torch.uint8 differs from input dtype torch.float8_e4m3fn"
+    with pytest.raises(ValueError) as info:
+        fd.all_gather_uneven(torch.tensor(1.0))
+    assert str(info.value) == "all_gather_uneven needs a tensor with at least one dimension, got a 0-dim tensor"
+    with pytest.raises(ValueError) as info:
+        fd.broadcast(torch.zeros(4, 2).t(), src=0)
+    assert str(info.value) == "broadcast needs a contiguous tensor (it is written in place)"
+    with pytest.raises(ValueError) as info:
+        fd.wire._op_name(dist.ReduceOp.PRODUCT)
+    assert str(info.value) == (
+        f"op must be ReduceOp.SUM, ReduceOp.MAX or ReduceOp.MIN for float8 tensors, got {dist.ReduceOp.PRODUCT}"
+    )

@@ -8,7 +8,7 @@ import pytest
 
 from fp8sim.testing.oracles import require
 
-require("torch")
+torch = require("torch")
 
 from fp8sim.collectives import PRESETS, ParallelLayout, group_ranks  # noqa: E402
 
@@ -57,3 +57,43 @@ def test_coords_accept_exactly_the_ranks_of_the_world() -> None:
     for bad in (-1, 4):
         with pytest.raises(ValueError, match=f"rank {bad} out of range for world size 4"):
             layout.coords(bad)
+
+
+def _new_groups(rank: int, world: int) -> dict:
+    import torch.distributed as dist
+
+    from fp8sim.collectives import new_group
+
+    out: dict = {}
+    layout = ParallelLayout(tp=2)
+    for preset in ("tp", "dp"):
+        g = new_group(layout, preset)
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t, group=g)
+        out[preset] = (dist.get_process_group_ranks(g), t.item())
+    errors = {}
+    try:
+        new_group(ParallelLayout(tp=4), "tp")
+    except ValueError as exc:
+        errors["layout"] = str(exc)
+    try:  # torch's wheels never build MPI: the backend reaches dist.new_group only if it is passed on
+        new_group(layout, "tp", backend="mpi")
+    except RuntimeError as exc:
+        errors["backend"] = str(exc)
+    out["errors"] = errors
+    return out
+
+
+def test_new_group_gives_each_rank_its_own_group_of_the_preset() -> None:
+    """Two gloo ranks, tp=2: "tp" is both ranks (the sum of rank + 1 is 3), "dp" each rank alone; a layout
+    of another world size is refused before any group is made, and ``backend`` reaches ``dist.new_group``."""
+    from _dist import ranks
+
+    res = ranks(_new_groups, world_size=2)
+    for rank, out in enumerate(res):
+        assert out["tp"] == ([0, 1], 3.0)
+        assert out["dp"] == ([rank], float(rank + 1))
+        assert out["errors"]["layout"] == (
+            "layout ParallelLayout(tp=4, cp=1, dp=1, pp=1) needs 4 ranks, the default group has 2"
+        )
+        assert "MPI" in out["errors"]["backend"]

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -54,8 +56,15 @@ def _raises_mid_step(rank: int, world: int) -> None:
 def _dies_mid_step(rank: int, world: int) -> None:
     dist.all_reduce(torch.ones(4))
     if rank == 0:
-        os._exit(3)
+        os._exit(1)  # the exit code of a rank that raised, but without an error report
     dist.all_reduce(torch.ones(4))
+
+
+def _one_raises_one_dies(rank: int, world: int) -> None:
+    dist.barrier()
+    if rank == 1:
+        os._exit(3)
+    raise ValueError("rank 0's own error")
 
 
 def _hangs(rank: int, world: int) -> None:
@@ -68,16 +77,21 @@ def test_a_rank_that_raises_mid_step_is_named_and_the_others_stop() -> None:
     start = time.monotonic()
     with pytest.raises(RankFailure, match=r"^rank 1 raised:(.|\n)*ValueError: rank 1 broke in step 2") as info:
         ranks(_raises_mid_step)
-    assert info.value.ranks[0] == 1
+    assert info.value.ranks[0] == 1 and len(set(info.value.ranks)) == len(info.value.ranks)
     assert time.monotonic() - start < BOUND_S
 
 
 def test_a_rank_that_dies_is_named_with_its_exit_code() -> None:
     start = time.monotonic()
-    with pytest.raises(RankFailure, match=r"rank 0 died with exit code 3") as info:
+    with pytest.raises(RankFailure, match=r"^rank 0 died with exit code 1 without raising$") as info:
         ranks(_dies_mid_step)
-    assert info.value.ranks[0] == 0
+    assert info.value.ranks[0] == 0 and len(set(info.value.ranks)) == len(info.value.ranks)
     assert time.monotonic() - start < BOUND_S
+
+
+def test_a_rank_that_raised_is_named_before_one_that_died() -> None:
+    with pytest.raises(RankFailure, match=r"^rank 0 raised:(.|\n)*ValueError: rank 0's own error"):
+        ranks(_one_raises_one_dies)
 
 
 def test_a_hung_rank_fails_at_the_deadline() -> None:
@@ -90,18 +104,82 @@ _SET_IN_THE_PARENT = False  # a rank that imports this module afresh (spawn, for
 
 
 def _describe(rank: int, world: int) -> tuple:
-    return rank, world, torch.get_num_threads(), multiprocessing.current_process().daemon, _SET_IN_THE_PARENT
+    env = tuple(os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
+    gloo = dist.group.WORLD._get_backend(torch.device("cpu"))  # the process group's own timeout, where exposed
+    timeout = getattr(getattr(gloo, "options", None), "_timeout", None)
+    return (
+        rank,
+        world,
+        torch.get_num_threads(),
+        multiprocessing.current_process().daemon,
+        _SET_IN_THE_PARENT,
+        env,
+        dist.get_backend(),
+        None if timeout is None else timeout.total_seconds(),
+    )
+
+
+def _pg_timeout(seconds: float) -> float | None:
+    """What ``_describe`` reports for the process group's timeout on this torch (None: not exposed)."""
+    opts = getattr(getattr(torch.distributed, "ProcessGroupGloo", None), "Options", None)
+    return seconds if opts is not None and hasattr(opts, "_timeout") else None
+
+
+def _folder_on_another_filesystem() -> str | None:
+    """A new folder on another filesystem than the temporary folder's (/dev/shm where it is one), or None."""
+    base = "/dev/shm"
+    if not (os.path.isdir(base) and os.access(base, os.W_OK)):
+        return None
+    if os.stat(base).st_dev == os.stat(tempfile.gettempdir()).st_dev:
+        return None
+    return tempfile.mkdtemp(prefix="fp8sim_cwd_", dir=base)
 
 
 def test_run_ranks_defaults_two_fresh_daemonic_single_threaded_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The documented defaults: 2 ranks, one torch thread each, started by "spawn" (a fresh interpreter: a
-    forked rank would see the parent's change to this module); daemonic, so no rank outlives the test."""
+    forked rank would see the parent's change to this module); daemonic, so no rank outlives the test; a gloo
+    process group with the run's timeout (60 s) and torchrun's environment variables.  Run from a working
+    folder on another filesystem than the temporary one where there is one: the ranks' results stay inside the
+    run's temporary folder (a move across filesystems would fail)."""
     monkeypatch.setattr(sys.modules[__name__], "_SET_IN_THE_PARENT", True)
-    assert run_ranks(_describe) == [(0, 2, 1, True, False), (1, 2, 1, True, False)]
+    other = _folder_on_another_filesystem()
+    if other is not None:
+        monkeypatch.chdir(other)
+    t = _pg_timeout(60.0)
+    try:
+        assert run_ranks(_describe) == [
+            (0, 2, 1, True, False, ("0", "2", "0", "2"), "gloo", t),
+            (1, 2, 1, True, False, ("1", "2", "1", "2"), "gloo", t),
+        ]
+        assert other is None or os.listdir(other) == []
+    finally:
+        if other is not None:
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def test_run_ranks_forkserver_runs_a_world_of_one() -> None:
-    assert run_ranks(_describe, world_size=1, start_method="forkserver", threads=2) == [(0, 1, 2, True, False)]
+    got = run_ranks(_describe, world_size=1, start_method="forkserver", threads=2, timeout=42.0)
+    assert got == [(0, 1, 2, True, False, ("0", "1", "0", "1"), "gloo", _pg_timeout(42.0))]
+
+
+def _three_errors(rank: int, world: int) -> None:
+    """After a barrier: rank 2 raises an error worded like a lost peer's, rank 1 its own 0.3 s later, rank 0
+    its own 0.6 s later (all within the parent's 2 s grace)."""
+    dist.barrier()
+    if rank == 2:
+        raise RuntimeError("Connection reset by peer (worded as gloo words a lost peer)")
+    time.sleep(0.3 * (2 - rank))
+    raise ValueError(f"rank {rank}'s own error")
+
+
+def test_the_cause_is_the_earliest_own_error_not_a_peer_loss() -> None:
+    """``run_ranks``: the rank named is the first whose error is its own, not a collective failing because a
+    peer left (even an earlier one); every rank that raised is listed once, the cause first."""
+    with pytest.raises(RankFailure) as info:
+        ranks(_three_errors, world_size=3)
+    assert str(info.value).startswith("rank 1 raised:\nTraceback"), str(info.value)[:200]
+    assert "ValueError: rank 1's own error" in str(info.value)
+    assert info.value.ranks == [1, 0, 2]
 
 
 def test_run_ranks_arguments_name_the_allowed_values() -> None:
