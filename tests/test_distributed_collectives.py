@@ -122,10 +122,13 @@ def _edges(rank: int, world: int) -> dict:
     fd.all_reduce(m32, op=dist.ReduceOp.MAX)
     scalar = torch.tensor(float(rank + 10))
     fd.broadcast(scalar, src=1)
+    scalar8 = mine[0].clone()  # a 0-dim float8 tensor: gloo gathers it as one row
+    fd.all_reduce(scalar8)
     res["world"] = {
         "sum": s.view(torch.uint8),
         "min": lo.view(torch.uint8),
         "f32": (rs_sum, rs_max, a32, m32, scalar),
+        "sum0": scalar8.view(torch.uint8),
     }
     # 2-D: rows scattered, trailing dims kept
     two = mine.reshape(2, 2)
@@ -270,6 +273,7 @@ def test_defaults_other_ops_dtypes_and_0_dim_tensors_over_the_world(results: lis
         )
         assert np.array_equal(a32.numpy(), f0 + f1) and np.array_equal(m32.numpy(), np.maximum(f0, f1))
         assert scalar.shape == () and scalar.item() == 11.0
+        assert got["sum0"].shape == () and got["sum0"].item() == int(want_sum[0]), "0-dim float8 all_reduce"
         rs2, ar2 = got["2d"]
         sum2 = (a + b).astype(e4).view(np.uint8).reshape(2, 2)
         _assert_codes(rs2.numpy(), sum2[rank : rank + 1], "float8_e4m3fn", f"2-D reduce_scatter rank {rank}")

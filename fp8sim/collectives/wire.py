@@ -158,5 +158,6 @@ def all_reduce(tensor: torch.Tensor, op: Any = None, group: Any = None) -> None:
     name = _op_name(op)
     world = dist.get_world_size(group)
     gathered = torch.empty((world, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
-    all_gather_into_tensor(gathered.view(-1, *tensor.shape[1:]) if tensor.dim() else gathered, tensor, group=group)
+    rows = tensor.reshape(-1, *tensor.shape[1:])  # gloo gathers a 0-dim tensor only as a row of one
+    all_gather_into_tensor(gathered.view(-1, *rows.shape[1:]), rows, group=group)
     wire_view(tensor).copy_(wire_view(_reduce_rows(gathered, name, tensor.dtype)))
