@@ -10,6 +10,8 @@ padding), ``actual_kv - actual_q`` per sequence (bottom-right with padding) or 0
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from fp8sim.testing.oracles import require
@@ -172,3 +174,37 @@ def test_padding_without_mask_or_cu_seqlens_gets_tes_message() -> None:
     dpa = DotProductAttention(2, 4, qkv_format="bshd", attn_mask_type="padding")
     with pytest.raises(AssertionError, match=r"^Please provide attention_mask for padding!$"):
         dpa(q, k, v)
+
+
+def _mask(b: int, s: int) -> torch.Tensor:
+    return torch.zeros(b, 1, 1, s, dtype=torch.bool)
+
+
+@pytest.mark.parametrize(
+    ("attention_type", "mask", "message"),
+    [
+        ("cross", _mask(2, 3), "attention_mask for cross attention with a padding mask is a tuple (mask_q, mask_kv)"),
+        (
+            "cross",
+            (_mask(2, 3), _mask(2, 5), _mask(2, 5)),
+            "attention_mask for cross attention with a padding mask is a tuple (mask_q, mask_kv)",
+        ),
+        (
+            "cross",
+            (torch.zeros(2, 3, dtype=torch.bool), _mask(2, 5)),
+            "attention_mask (query) for a padding mask must be a bool tensor of shape [batch_size, 1, 1, seqlen] = "
+            "[2, 1, 1, 3]; got torch.bool [2, 3]",
+        ),
+        (
+            "cross",
+            (_mask(2, 3), _mask(2, 5).float()),
+            "attention_mask (key/value) for a padding mask must be a bool tensor of shape [batch_size, 1, 1, seqlen] = "
+            "[2, 1, 1, 5]; got torch.float32 [2, 1, 1, 5]",
+        ),
+    ],
+)
+def test_bad_padding_masks_are_named_with_the_expected_shape(attention_type, mask, message: str) -> None:
+    q, k, v = _qkv(2, 3, 5, 2, 4, seed=19)
+    dpa = DotProductAttention(2, 4, qkv_format="bshd", attn_mask_type="padding", attention_type=attention_type)
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        dpa(q, k, v, attention_mask=mask)
