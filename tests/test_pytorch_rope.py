@@ -134,3 +134,52 @@ def test_apply_with_start_positions_offsets_each_sequence() -> None:
     for n, start in enumerate((0, 4)):
         want = _rotate(t[n], _angles(list(range(start, start + s)), d), False)
         torch.testing.assert_close(got[n], want, rtol=1e-6, atol=1e-6)
+
+
+def test_apply_defaults_to_sbhd() -> None:
+    t = torch.randn(4, 2, 1, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    emb = RotaryPositionEmbedding(4)(4)
+    torch.testing.assert_close(apply_rotary_pos_emb(t, emb), _rotate(t, _emb_angles(emb, False), False))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("starts", [None, [2, 0]])
+def test_apply_thd_rotates_each_packed_sequence_from_its_start(interleaved: bool, starts) -> None:
+    h, d = 2, 4
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    t = torch.randn(5, h, d, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    emb = RotaryPositionEmbedding(d, interleaved=interleaved)(8)
+    got = apply_rotary_pos_emb(
+        t,
+        emb,
+        tensor_format="thd",
+        cu_seqlens=cu,
+        interleaved=interleaved,
+        start_positions=None if starts is None else torch.tensor(starts),
+    )
+    for i, (a, b) in enumerate(((0, 3), (3, 5))):
+        start = 0 if starts is None else starts[i]
+        want = _rotate(t[a:b], _angles(list(range(start, start + b - a)), d), interleaved)
+        torch.testing.assert_close(got[a:b], want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kw", "exc", "message"),
+    [
+        (dict(tensor_format="sbdh"), ValueError, "Unsupported tensor_format: sbdh."),
+        (dict(tensor_format="thd"), AssertionError, "cu_seqlens must not be None when tensor_format is 'thd'."),
+        (dict(cp_size=2), NotImplementedError, "fp8sim does not emulate context parallelism (cp_size > 1)"),
+        (dict(width=6), ValueError, "freqs has 6 rotary channels, more than the tensor's 4"),
+        (dict(start_positions=torch.tensor([0, 6])), AssertionError,
+         "Rotary Embeddings only suppported up to 8 sequence length!"),
+        (dict(length=3), AssertionError, "Rotary Embeddings only suppported up to 3 sequence length!"),
+    ],
+)  # fmt: skip
+def test_apply_refusals_have_tes_messages(kw: dict, exc: type, message: str) -> None:
+    """TE's words where TE has the check (rope.py at d0067d0, line 451: the typo "suppported" included)."""
+    import re
+
+    emb = RotaryPositionEmbedding(kw.pop("width", 4))(kw.pop("length", 8))
+    t = torch.randn(4, 2, 1, 4)
+    with pytest.raises(exc, match="^" + re.escape(message) + "$"):
+        apply_rotary_pos_emb(t, emb, **kw)
