@@ -137,3 +137,29 @@ def test_qkv_capabilities_refuse_another_quantizer_class_naming_the_role() -> No
     with te.autocast(enabled=True, recipe=recipe.CustomRecipe(qfactory=factory, fp8_dpa=True)):
         with pytest.raises(TypeError, match="^" + re.escape(message) + "$"):
             dpa.get_qkv_quantization_capabilities()
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({}, (1, "most_recent", True)),
+        (
+            {"NVTE_DPA_FP8DS_AMAX_HISTLEN": "3", "NVTE_DPA_FP8DS_AMAX_ALGO": "max", "NVTE_DPA_FP8DS_REDUCE_AMAX": "0"},
+            (3, "max", False),
+        ),
+    ],
+)
+def test_current_scaling_s_dp_recipe_is_tes(monkeypatch, env: dict, want: tuple) -> None:
+    """TE ``dot_product_attention.py`` 202-207: under current scaling S and dP take a new DelayedScaling with the
+    linear recipe's ``fp8_format``, ``fp8_dpa``, ``fp8_mha`` and ``NVTE_DPA_FP8DS_AMAX_HISTLEN`` (1),
+    ``NVTE_DPA_FP8DS_AMAX_ALGO`` ("most_recent"), ``NVTE_DPA_FP8DS_REDUCE_AMAX`` ("1")."""
+    for name in ("NVTE_DPA_FP8DS_AMAX_HISTLEN", "NVTE_DPA_FP8DS_AMAX_ALGO", "NVTE_DPA_FP8DS_REDUCE_AMAX"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    dpa = _dpa()
+    _step(dpa, recipe.Float8CurrentScaling(fp8_format=recipe.Format.E4M3, fp8_dpa=True, fp8_mha=True))
+    ds = dpa.fp8_meta["recipe"]
+    assert isinstance(ds, recipe.DelayedScaling)
+    assert (ds.amax_history_len, ds.amax_compute_algo, ds.reduce_amax) == want
+    assert (ds.fp8_format, ds.fp8_dpa, ds.fp8_mha) == (recipe.Format.E4M3, True, True)

@@ -107,6 +107,8 @@ def test_angles_stay_float32_on_the_modules_device_whatever_the_defaults() -> No
         r64 = RotaryPositionEmbedding(8)
         assert r64.inv_freq.dtype == torch.float32 and r64(6).dtype == torch.float32
         assert torch.equal(r64(6), want)
+        interp = RotaryPositionEmbedding(8, seq_len_interpolation_factor=2, pretrained_max_position_embeddings=4)
+        assert interp(6).dtype == torch.float32  # scaled positions stay in the angles' dtype
     finally:
         torch.set_default_dtype(old)
 
@@ -129,7 +131,7 @@ def test_apply_rotates_each_pair_and_passes_the_rest(fmt: str, interleaved: bool
 def test_apply_with_start_positions_offsets_each_sequence() -> None:
     s, b, h, d = 3, 2, 1, 4
     t = torch.randn(b, s, h, d, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    emb = RotaryPositionEmbedding(d)(8)
+    emb = RotaryPositionEmbedding(d)(7)  # the last sequence ends exactly at the last position
     got = apply_rotary_pos_emb(t, emb, tensor_format="bshd", start_positions=torch.tensor([0, 4]))
     for n, start in enumerate((0, 4)):
         want = _rotate(t[n], _angles(list(range(start, start + s)), d), False)
