@@ -125,3 +125,13 @@ def test_cu_seqlens_of_the_wrong_shape_for_a_padding_mask_are_named(cu, message:
     dpa = DotProductAttention(H, D, qkv_format="bshd", attn_mask_type="padding")
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         dpa(x, x, x, cu_seqlens_q=_i32(cu))
+
+
+def test_get_cu_seqlens_of_a_padding_mask_is_tes() -> None:
+    """TE ``utils.py`` ``get_cu_seqlens`` (1975-1987): int32 ``[0, cumsum of the unpadded lengths]``."""
+    from fp8sim.pytorch.attention.dot_product_attention.utils import get_cu_seqlens
+
+    lengths, s = [3, 0, 5], 5
+    mask = (torch.arange(s).view(1, s) >= torch.tensor(lengths).view(-1, 1)).view(3, 1, 1, s)
+    got = get_cu_seqlens(mask)
+    assert got.dtype == torch.int32 and got.tolist() == [0, 3, 3, 8]
