@@ -9,6 +9,8 @@ written from that source; the slot layouts from ``module/linear.py`` / ``layerno
 
 from __future__ import annotations
 
+import sys
+
 from fp8sim.testing.oracles import require
 
 torch = require("torch")
@@ -72,7 +74,10 @@ def test_custom_fp8_mha_boundary_slots_get_their_consumers_roles() -> None:
         _run(mha, recipe.CustomRecipe(qfactory=factory, fp8_mha=True))
         _run(mha, recipe.CustomRecipe(qfactory=factory, fp8_mha=True))
     mine = [w for w in record if "fp8_mha=True keeps" in str(w.message)]
-    assert len(mine) == 1 and mine[0].filename == __file__  # once per module, at the caller's line
+    assert len(mine) == 1  # once per module
+    # at the caller's line; mutmut's trampoline is one frame more, so the stacklevel is judged on plain source
+    if not hasattr(sys.modules[te.MultiheadAttention.__module__], "_mutmut_mutated"):
+        assert mine[0].filename == __file__
     fwd, bwd = _slot_roles(mha.qkv)
     assert fwd[2] == _role("dpa", "qkv", core) and bwd[1] is None
     fwd, bwd = _slot_roles(mha.proj)
