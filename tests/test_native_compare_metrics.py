@@ -347,3 +347,53 @@ def test_accumulator_inference_skips_a_kernel_that_refuses_rowwise_scales() -> N
     with pytest.raises(ValueError, match="cpu_onednn"):  # the only candidate refuses: that is the answer
         infer_accumulator(a, b, sa, sb, truth, out_dtype="bfloat16", a_format="e4m3", b_format="e4m3",
                           accumulators=["cpu_onednn"], profiles=[])  # fmt: skip
+
+
+# ---- torchao's quantizers ---------------------------------------------------------------------------------------
+def _torchao_truth(fmt: str, granularity: str, pow2: bool) -> tuple[np.ndarray, np.ndarray]:
+    """torchao 0.18's own tensor_to_scale and to_fp8_saturated on the capture's input (the oracle)."""
+    fu = require("torchao.float8.float8_utils")
+    from torchao.float8.config import ScalingGranularity
+
+    from fp8sim.native.capture import torchao_input
+
+    dt = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fmt]
+    x = torch.from_numpy(torchao_input().view(np.int16)).view(torch.bfloat16)
+    g = ScalingGranularity.TENSORWISE if granularity == "tensorwise" else ScalingGranularity.AXISWISE
+    dim = None if granularity == "tensorwise" else -1
+    scale = fu.tensor_to_scale(x, dt, scaling_granularity=g, axiswise_dim=dim, round_scales_to_power_of_2=pow2)
+    data = fu.to_fp8_saturated(x.float() * scale, dt)
+    return data.view(torch.uint8).numpy().copy(), scale.float().numpy().copy()
+
+
+def test_planted_torchao_errors_are_counted_per_code_and_per_scale(tmp_path: Path) -> None:
+    codes, scale = _torchao_truth("e4m3", "axiswise", False)
+    name = "torchao/e4m3/axiswise/pow2=False"
+    op = {"name": name, "kind": "torchao_float8", "format": "e4m3", "granularity": "axiswise", "pow2": False}
+    flat = scale.reshape(-1)  # the schema takes any shape of 64 scales
+    (ok,) = compare_capture(_bundle(tmp_path, "ok", [op], {name + "/codes": codes, name + "/scale": flat})).ops
+    assert (ok.kind, ok.emulator) == ("torchao_float8", "fp8sim.scaling.current.quantize_torchao")
+    assert (ok.n, ok.bit_exact, ok.max_ulp) == (64 * 128 + 64, 64 * 128 + 64, 0.0)
+    assert ok.clusters == {"codes": [8192, 0], "scales": [64, 0]}
+    i = int(np.flatnonzero((codes.reshape(-1) & 0x7F) == 0x38)[0])  # a code of magnitude 1.0: one step up is 1.125
+    bad_codes = codes.copy().reshape(-1)
+    bad_codes[i] += 1
+    bad_scale = flat.copy()
+    bad_scale[3] = np.nextafter(bad_scale[3], np.float32(np.inf))
+    arrays = {name + "/codes": bad_codes.reshape(codes.shape), name + "/scale": bad_scale}
+    (res,) = compare_capture(_bundle(tmp_path, "bad", [op], arrays)).ops
+    assert (res.n, res.bit_exact, res.max_ulp) == (8256, 8254, 1.0) and res.mean_ulp == 2 / 8256
+    assert res.clusters == {"codes": [8192, 1], "scales": [64, 1]}
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_a_torchao_nan_code_is_a_mismatch(tmp_path: Path, fmt: str) -> None:
+    """torchao saturates: no captured code is NaN, so a NaN code is a fault, never a match."""
+    codes, scale = _torchao_truth(fmt, "tensorwise", True)
+    name = f"torchao/{fmt}/tensorwise/pow2=True"
+    op = {"name": name, "kind": "torchao_float8", "format": fmt, "granularity": "tensorwise", "pow2": True}
+    bad = codes.copy()
+    assert codes[0, 0] & 0x7F != 0x7F
+    bad[0, 0] = 0x7F  # NaN in e4m3fn and in e5m2
+    (res,) = compare_capture(_bundle(tmp_path, fmt, [op], {name + "/codes": bad, name + "/scale": scale})).ops
+    assert res.n == 8193 and res.bit_exact == 8192 and res.clusters["codes"][1] == 1
