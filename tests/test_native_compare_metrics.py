@@ -247,6 +247,11 @@ def test_planted_gemm_errors_are_counted_in_output_ulps(tmp_path: Path, out_dtyp
     acc = {c["name"]: c["fraction"] for c in res.extra["accumulator_inference"]["candidates"]}
     assert acc["accumulator dequantized_fp32"] == max(acc.values()) == 254 / 256
     assert not any("use_fast_accum" in name for name in acc)  # profiles tried as the capture asked (split)
+    flip = truth.copy()
+    flip[0, 0] ^= np.array(1 << (31 if out_dtype == "float32" else 15)).astype(flip.dtype)  # x captured as -x
+    (neg,) = compare_capture(_bundle(tmp_path, "flip", [op], {case.name: flip}), infer="none").ops
+    magnitude = int(truth[0, 0])  # positive: its bits count the steps from +0; -0 is one more step
+    assert neg.bit_exact == 255 and neg.max_ulp == 2 * magnitude + 1
     if out_dtype == "float32":  # the distance to the exact product, counted here from Python's exact sums
         ref = _ordered(_exact_tensorwise(case).view(np.int32))
         assert ok.extra["emulator_vs_exact_mean_ulp"] == float(np.abs(_ordered(truth) - ref).mean()) > 0.5
@@ -434,3 +439,15 @@ def test_a_torchao_nan_code_is_a_mismatch(tmp_path: Path, fmt: str) -> None:
     bad[0, 0] = 0x7F  # NaN in e4m3fn and in e5m2
     (res,) = compare_capture(_bundle(tmp_path, fmt, [op], {name + "/codes": bad, name + "/scale": scale})).ops
     assert res.n == 8193 and res.bit_exact == 8192 and res.clusters["codes"][1] == 1
+
+
+def test_a_gemm_of_an_amx_host_is_labelled_as_not_reproducing_onednn_and_not_split_searched(tmp_path: Path) -> None:
+    case = GemmCase(16, 16, 32, "e4m3", "e4m3", "tensorwise", False, "float32", 13)
+    op = {"name": case.name, "kind": "scaled_mm", **case.to_dict()}
+    planted = _torch_scaled_mm(case)
+    planted[0, 0] += 1
+    amx = {**CPU, "cpu_amx_int8": "yes", "mkldnn_enabled": "yes", "torch_cpu_kernel": "onednn", "onednn": "3.12.0"}
+    (res,) = compare_capture(_bundle(tmp_path, "amx", [op], {case.name: planted}, amx), infer="none").ops
+    assert res.emulator == "accumulator cpu_onednn (oneDNN's summation order not reproduced)"
+    assert res.extra["torch_cpu_kernel"] == "onednn" and res.bit_exact < res.n
+    assert "split_inference" not in res.extra  # a split search cannot explain oneDNN's order
