@@ -269,6 +269,8 @@ def test_cast_convention_follows_the_captured_device_and_torch_version() -> None
     assert cast_convention_for({"device": "cpu", "torch": "2.13.0+cpu"}) == "torch_eager"
     assert cast_convention_for({"device": "cpu", "torch": "2.14.1"}) == "torch_eager"
     assert cast_convention_for({"device": "cpu", "torch": "3.0"}) == "torch_eager"
+    assert cast_convention_for({"device": "cpu", "torch": "2.13+cpu"}) == "torch_eager"  # the schema takes "X.Y..."
+    assert cast_convention_for({"device": "cpu", "torch": "2.14.0a0+git1234abc"}) == "torch_eager"  # a nightly
     assert cast_convention_for({"device": "cpu", "torch": "2.12.9"}) == "torch_eager_legacy"
     assert cast_convention_for({"device": "cpu", "torch": "1.99"}) == "torch_eager_legacy"
     assert cast_convention_for({"torch": "2.13.0"}) == "torch_eager"  # no device: a CPU capture
