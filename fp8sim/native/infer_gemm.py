@@ -98,10 +98,19 @@ def infer_accumulator(
         return float(((g == want) | (_is_nan(g, out_name) & want_nan)).mean()) if want.size else 1.0
 
     cands: list[Candidate] = []
+    refused: list[tuple[str, ValueError]] = []
     for acc in accs:
-        f = fraction(scaled_mm(a, b, scale_a, scale_b, accumulator=acc, **kw))
-        cands.append(Candidate(f"accumulator {acc}", f, True, {"accumulator": acc}))
+        try:
+            got = scaled_mm(a, b, scale_a, scale_b, accumulator=acc, **kw)
+        except ValueError as exc:  # a kernel that cannot take these operands (cpu_onednn: rowwise scales)
+            refused.append((f"accumulator {acc}", exc))
+            continue
+        cands.append(Candidate(f"accumulator {acc}", fraction(got), True, {"accumulator": acc}))
+    if refused and len(refused) == len(accs):
+        raise refused[0][1]  # the operands themselves are wrong, not one kernel's limits
     notes: list[str] = []
+    if refused:
+        notes.append(f"not tried, they refuse these operands: {', '.join(n for n, _ in refused)}")
     unknown: list[str] = []
     for prof in profs:
         for fast in (True, False) if use_fast_accum is None else (use_fast_accum,):
