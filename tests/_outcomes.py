@@ -1,9 +1,10 @@
-"""Shared by the accelerate tests that compare fp8sim with accelerate call by call."""
+"""Shared by the accelerate tests: call-by-call outcomes, an in-process gloo world of one."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -15,3 +16,16 @@ def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
             return "ok", fn()
         except Exception as exc:  # noqa: BLE001 - the outcome is the comparison
             return type(exc).__name__, str(exc)
+
+
+@contextmanager
+def gloo_world_of_one() -> Iterator[None]:
+    """A gloo process group of one rank in this process (``HashStore``), destroyed on exit."""
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

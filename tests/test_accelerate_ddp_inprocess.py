@@ -17,7 +17,7 @@ import warnings
 from typing import Any
 
 import pytest
-from _outcomes import outcome
+from _outcomes import gloo_world_of_one, outcome
 
 from fp8sim.testing.oracles import require
 
@@ -45,12 +45,8 @@ HookType = fa.DDPCommunicationHookType
 
 @pytest.fixture
 def world_of_one() -> Any:
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
+    with gloo_world_of_one():
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ autils = require("accelerate.utils")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
 
+from _outcomes import gloo_world_of_one  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.fsdp import FSDPModule  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
@@ -66,12 +67,8 @@ def _environment() -> Any:
 @pytest.fixture
 def world() -> Any:
     """A gloo world of one in this process."""
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
+    with gloo_world_of_one():
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _plugin(**kwargs: Any) -> Any:
