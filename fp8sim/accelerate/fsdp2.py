@@ -95,9 +95,10 @@ def prepare_fsdp2(model: torch.nn.Module, optimizer: Any, plugin: Any, mixed_pre
 
 
 def _upcast_trainable_parameters(model: torch.nn.Module, main_process: bool) -> None:
-    """``fsdp2_prepare_model``'s upcast under mixed precision (fsdp_utils.py: trainable parameters that are not
-    float32 become float32 master weights; none when the model holds bitsandbytes ``Params4bit``), done here
-    because accelerate logs it through its logger, which raises without an initialised ``PartialState``."""
+    """``fsdp2_prepare_model``'s upcast under mixed precision (accelerate 1.15, utils/fsdp_utils.py: trainable
+    parameters that are not float32 become float32 master weights; none when the model holds bitsandbytes
+    ``Params4bit``), done here because accelerate logs it through its logger, which raises without an initialised
+    ``PartialState``.  Applied whatever accelerate is installed: the rule is 1.15's, the tests' pinned oracle."""
     params = list(model.named_parameters())
     if any(type(p).__name__ == "Params4bit" for _, p in params):
         return
