@@ -1,0 +1,64 @@
+"""``assert_within_ulp``, ``compare`` and the bit-pattern reader behind them: defaults and edges that the
+mutation run of ``fp8sim.testing`` found unpinned (issue 30.1, ``reports/mutation_testing.md``).
+
+Oracles: bit patterns and ULP distances written by hand (float32 1.0 is 0x3F800000; pattern + k is k ULP
+above it), ml_dtypes' decoding of every code, and the documented wording of the messages.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fp8sim.testing import assert_within_ulp, compare
+
+
+def _f32(bits: list[int]) -> np.ndarray:
+    return np.array(bits, np.uint32).view(np.float32)
+
+
+def _raises(fn, *args, **kw) -> str:  # noqa: ANN001, ANN002, ANN003
+    with pytest.raises(AssertionError) as info:
+        fn(*args, **kw)
+    return str(info.value)
+
+
+ONE = 0x3F800000
+
+
+# -- assert_within_ulp ----------------------------------------------------------------------------------------
+
+
+def test_within_ulp_defaults_to_a_budget_of_zero_and_ten_reported() -> None:
+    e = _f32([ONE] * 13)
+    a = _f32([ONE] + [ONE + 1] * 12)
+    msg = _raises(assert_within_ulp, a, e)
+    assert msg.startswith("not within 0 ULP: 12 of 13 elements (92.31%) are further apart (12 differ at all)")
+    assert msg.count("]: actual") == 11  # the worst line and the first 10
+    assert "first 10 (index:" in msg and msg.endswith("  ... and 2 more")
+
+
+def test_within_ulp_worst_is_a_nan_against_a_number() -> None:
+    e = _f32([ONE, ONE, ONE])
+    a = _f32([ONE + 5, 0x7FC00000, ONE + 9])
+    msg = _raises(assert_within_ulp, a, e, ulp_budget=1)
+    assert msg.splitlines()[1].startswith("worst: [1]: actual nan (float32 0x7FC00000)")
+    assert "NaN vs number" in msg.splitlines()[1]
+
+
+def test_within_ulp_worst_skips_equal_elements_at_budget_zero() -> None:
+    """Budget 0: the only differing element (1 ULP, index 2) is the worst, not an equal element before it."""
+    msg = _raises(assert_within_ulp, _f32([ONE, ONE, ONE + 1]), _f32([ONE, ONE, ONE]), ulp_budget=0)
+    assert msg.splitlines()[1] == (
+        "worst: [2]: actual 1.0000001192092896 (float32 0x3F800001) | expected 1.0 (float32 0x3F800000) | 1 ULP"
+    )
+
+
+# -- ComparisonResult.table -----------------------------------------------------------------------------------
+
+
+def test_table_always_lists_the_zero_bucket() -> None:
+    r = compare(_f32([ONE + 1, ONE + 2]), _f32([ONE, ONE]))
+    lines = r.table().splitlines()
+    i = lines.index("| ULP distance | elements | share |")
+    assert lines[i + 2 : i + 5] == ["| 0 | 0 | 0% |", "| 1 | 1 | 50% |", "| 2 | 1 | 50% |"]

@@ -1,0 +1,177 @@
+"""``assert_matches_emulator``: how it reads what a kernel returned (issue 30.1, ``reports/mutation_testing.md``).
+
+Scales given as Python floats or float64 (TE's ``scale_inv`` is float32: a float64 that float32 holds exactly
+is that float32, anything else is refused as float64), the ULP budget reaching the scales, a lone data array
+whose first dimension is 2 or 3 (not a ``(data, scales)`` tuple), the error naming the scales, and the output
+format of ``scaled_mm`` (torch's rule: ``out_dtype`` defaults to ``mat1``'s dtype; float16 is a float output).
+
+Oracles: TE current scaling written from the spec with ml_dtypes casts (clip to +-max, then ``astype``: RNE,
+saturating; as in ``tests/test_testing_emulator.py``); an exact GEMM from float64 sums of FP8 products (exact:
+at most 2 x 4 significant bits a product, 64 terms); float32 bit patterns written by hand.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fp8sim
+from fp8sim.recipe import Float8CurrentScaling, Format, NVFP4BlockScaling
+from fp8sim.testing import assert_matches_emulator
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+
+F32 = np.float32
+
+
+def _satfinite(x: np.ndarray, fmt: str) -> np.ndarray:
+    dt = fp8sim.get_format(fmt).ml_dtype
+    m = F32(ml_dtypes.finfo(dt).max)
+    return np.clip(np.asarray(x, F32), -m, m).astype(dt).view(np.uint8)
+
+
+def _te_current(x: np.ndarray) -> tuple[np.ndarray, np.float32]:
+    """TE's per-tensor current scaling to E4M3: scale = 448 / amax (float32), data = satfinite(x * scale)."""
+    scale = F32(448) / np.abs(x).max()
+    return _satfinite(x * scale, "e4m3"), F32(1) / scale
+
+
+def _x(*shape: int, seed: int = 0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape) * 3).astype(F32)
+
+
+def _raises(fn, *args, **kw) -> str:  # noqa: ANN001, ANN002, ANN003
+    with pytest.raises(AssertionError) as info:
+        fn(*args, **kw)
+    return str(info.value)
+
+
+RECIPE = Float8CurrentScaling(fp8_format=Format.E4M3)
+
+
+# -- scales as Python floats / float64 ------------------------------------------------------------------------
+
+
+def test_a_python_float_scale_inv_that_float32_holds_is_that_float32() -> None:
+    x = _x(4, 32)
+    data, scale_inv = _te_current(x)
+    assert_matches_emulator((data, float(scale_inv)), RECIPE, x)
+    assert_matches_emulator((data, np.float64([scale_inv])), RECIPE, x)
+
+
+def test_a_float64_scale_inv_off_the_float32_grid_is_refused() -> None:
+    """Half a float32 ULP above TE's scale_inv: float64 holds it, float32 does not; rounding it to float32
+    would hide the difference."""
+    x = _x(4, 32, seed=1)
+    data, scale_inv = _te_current(x)
+    half_ulp = (float(np.nextafter(scale_inv, F32(np.inf))) - float(scale_inv)) / 2
+    off = float(scale_inv) + half_ulp * 0.5  # rounds back to scale_inv in float32
+    assert F32(off) == scale_inv and off != float(scale_inv)
+    msg = _raises(assert_matches_emulator, (data, off), RECIPE, x)
+    assert "scales: dtype mismatch: actual is float64, expected is float32" in msg
+
+
+def test_reading_a_float64_scale_raises_no_floating_point_warning() -> None:
+    """1e300 overflows float32 and a float64 signalling NaN (0x7FF0000000000001) raises the invalid flag when
+    narrowed: neither may leak a RuntimeWarning; both are plain mismatches."""
+    x = _x(4, 32, seed=2)
+    data, _ = _te_current(x)
+    snan = np.array([0x7FF0000000000001], np.uint64).view(np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "dtype mismatch: actual is float64" in _raises(assert_matches_emulator, (data, 1e300), RECIPE, x)
+        assert "NaN vs number" in _raises(assert_matches_emulator, (data, snan), RECIPE, x)
+
+
+def test_nvfp4_global_scale_as_a_python_float() -> None:
+    """TE's NVFP4 global scale (``1 / s_enc``, float32) given as a Python float; an off-grid float64 is refused."""
+    require("torch")  # the NVFP4 Hadamard transform runs in torch
+    x = _x(16, 64, seed=3)
+    q = fp8sim.testing.emulate(NVFP4BlockScaling(), x)
+    amax = float(np.abs(x).max())
+    s_dec = F32(1) / np.fmin(F32(6 * 448) / F32(amax), F32(np.finfo(F32).max))  # spec 5.4
+    codes = q.codes[tuple(slice(0, n) for n in q.shape)]
+    assert_matches_emulator((codes, q.scales, float(s_dec)), NVFP4BlockScaling(), x)
+    msg = _raises(assert_matches_emulator, (codes, q.scales, float(s_dec) * (1 + 2.0**-40)), NVFP4BlockScaling(), x)
+    assert "global scale: dtype mismatch: actual is float64" in msg
+
+
+# -- the ULP budget reaches the scales ------------------------------------------------------------------------
+
+
+def test_ulp_budget_applies_to_the_scales() -> None:
+    x = _x(4, 32, seed=4)
+    data, scale_inv = _te_current(x)
+    one_up = np.nextafter(scale_inv, F32(np.inf))  # float32 pattern + 1: 1 ULP
+    assert_matches_emulator((data, one_up), RECIPE, x, ulp_budget=1)
+    assert "scales: not bit-exact" in _raises(assert_matches_emulator, (data, one_up), RECIPE, x)
+
+
+# -- a lone data array is not a tuple ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows", [2, 3])
+def test_data_alone_with_two_or_three_rows(rows: int) -> None:
+    x = _x(rows, 32, seed=5)
+    data, _ = _te_current(x)
+    assert_matches_emulator(data, RECIPE, x)
+    assert_matches_emulator(torch.from_numpy(data).view(torch.float8_e4m3fn), RECIPE, x)
+
+
+def test_scales_that_are_not_numbers_are_named() -> None:
+    x = _x(2, 32, seed=6)
+    data, _ = _te_current(x)
+    with pytest.raises(TypeError) as info:
+        assert_matches_emulator((data, np.array([True])), RECIPE, x)
+    assert str(info.value) == "scales must hold numbers (float or integer codes), got dtype bool"
+    with pytest.raises(TypeError) as info:
+        assert_matches_emulator((data, "0.5"), RECIPE, x)
+    assert str(info.value) == "scales must be an array, a tensor or a number, got str"
+
+
+# -- scaled_mm's output format --------------------------------------------------------------------------------
+
+
+def _operands(k: int, fa: str, fb: str, ints: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(7)
+    if ints:  # small integers: every sum is an integer below 2048, exact in float16
+        a, b = rng.integers(-4, 5, (16, k)).astype(F32), rng.integers(-4, 5, (k, 16)).astype(F32)
+    else:
+        a, b = rng.standard_normal((16, k)) * 8, rng.standard_normal((k, 16)) * 8
+    return _satfinite(a, fa), _satfinite(b, fb)
+
+
+def _exact(a: np.ndarray, b: np.ndarray, fa: str, fb: str) -> np.ndarray:
+    va = a.view(fp8sim.get_format(fa).ml_dtype).astype(np.float64)
+    vb = b.view(fp8sim.get_format(fb).ml_dtype).astype(np.float64)
+    return va @ vb
+
+
+def test_scaled_mm_output_defaults_to_mat1s_format() -> None:
+    """torch._scaled_mm: ``out_dtype=None`` is ``mat1.dtype``; E4M3 x E5M2 gives an E4M3 output."""
+    a, b = _operands(64, "e4m3", "e5m2")
+    ta = torch.from_numpy(a).view(torch.float8_e4m3fn)
+    tb = torch.from_numpy(np.ascontiguousarray(b.T)).view(torch.float8_e5m2).t()
+    one = torch.tensor(1.0)
+    want = _satfinite(_exact(a, b, "e4m3", "e5m2").astype(F32), "e4m3")
+    out = torch.from_numpy(want).view(torch.float8_e4m3fn)
+    assert_matches_emulator(out, "scaled_mm", ta, tb, one, one, accumulator="exact")
+
+
+def test_scaled_mm_float16_output_and_six_positional_inputs() -> None:
+    a, b = _operands(64, "e4m3", "e4m3", ints=True)
+    want = _exact(a, b, "e4m3", "e4m3")
+    assert np.abs(want).max() < 2048 and (want == np.round(want)).all()  # exact in float16
+    one = F32(1)
+    kw = dict(accumulator="exact", a_format="e4m3", b_format="e4m3")
+    assert_matches_emulator(want.astype(np.float16), "scaled_mm", a, b, one, one, out_dtype="float16", **kw)
+    assert_matches_emulator(want.astype(F32), "scaled_mm", a, b, one, one, None, None, out_dtype="float32", **kw)
+    ta = torch.from_numpy(a).view(torch.float8_e4m3fn)
+    tb = torch.from_numpy(np.ascontiguousarray(b.T)).view(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt
+    tone = torch.tensor(1.0)
+    out = torch.from_numpy(want.astype(np.float16))
+    assert_matches_emulator(out, "scaled_mm", ta, tb, tone, tone, None, None, torch.float16, accumulator="exact")
