@@ -175,3 +175,100 @@ def test_scaled_mm_float16_output_and_six_positional_inputs() -> None:
     tone = torch.tensor(1.0)
     out = torch.from_numpy(want.astype(np.float16))
     assert_matches_emulator(out, "scaled_mm", ta, tb, tone, tone, None, None, torch.float16, accumulator="exact")
+
+
+# -- the data: ULP budget, report length, the message's prefix ------------------------------------------------
+
+
+def _bumped(data: np.ndarray, n: int) -> np.ndarray:
+    """``data`` with the first ``n`` codes of magnitude below 448 (0x7E) one code further from zero: 1 ULP."""
+    out = data.copy().reshape(-1)
+    idx = np.flatnonzero((out & 0x7F) < 0x7E)[:n]
+    out[idx] += 1
+    return out.reshape(data.shape)
+
+
+def test_ulp_budget_and_max_report_apply_to_the_data() -> None:
+    x = _x(4, 32, seed=8)
+    data, scale_inv = _te_current(x)
+    bad = _bumped(data, 12)
+    assert_matches_emulator((bad, scale_inv), RECIPE, x, ulp_budget=1)
+    msg = _raises(assert_matches_emulator, (bad, scale_inv), RECIPE, x, max_report=3)
+    assert msg.startswith("Float8CurrentScaling (role input, e4m3) data: not bit-exact: 12 of 128 elements differ")
+    assert msg.count("]: actual") == 3 and msg.endswith("  ... and 9 more")
+
+
+# -- the global scale -----------------------------------------------------------------------------------------
+
+
+def _nvfp4_parts(x: np.ndarray, recipe: NVFP4BlockScaling) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    q = fp8sim.testing.emulate(recipe, x)
+    return q.codes[tuple(slice(0, n) for n in q.shape)], q.scales, np.asarray(q.global_scale, F32)
+
+
+def test_a_global_scale_is_read_in_any_shape_of_its_size() -> None:
+    """TE's row-scaled NVFP4 input has one global scale per row (spec 5.4: ``s_dec`` of the row's amax):
+    given flat, or as a column; a plain NVFP4 global scale given as a 1-element array."""
+    require("torch")  # the NVFP4 Hadamard transform runs in torch
+    x = _x(16, 64, seed=9)
+    rows = NVFP4BlockScaling(row_scaled_activation=True, disable_stochastic_rounding=True)
+    codes, scales, glob = _nvfp4_parts(x, rows)
+    amax = np.abs(x).max(axis=1)
+    s_dec = F32(1) / np.fmin(F32(6 * 448) / amax, F32(np.finfo(F32).max))
+    assert np.array_equal(glob.reshape(-1).view(np.uint32), s_dec.view(np.uint32))  # the spec's rule, per row
+    assert_matches_emulator((codes, scales, s_dec), rows, x)
+    assert_matches_emulator((codes, scales, s_dec.reshape(16, 1)), rows, x)
+    msg = _raises(assert_matches_emulator, (codes, scales, s_dec[:8]), rows, x)
+    assert "global scale: shape mismatch: actual has shape (8,), expected (16, 1)" in msg
+    plain = NVFP4BlockScaling()
+    codes, scales, glob = _nvfp4_parts(x, plain)
+    assert_matches_emulator((codes, scales, glob.reshape(1)), plain, x)
+    assert_matches_emulator((codes, scales, glob.reshape(1, 1)), plain, x)
+
+
+def test_ulp_budget_applies_to_the_global_scale() -> None:
+    require("torch")
+    x = _x(16, 64, seed=10)
+    codes, scales, glob = _nvfp4_parts(x, NVFP4BlockScaling())
+    up = np.nextafter(glob, F32(np.inf))
+    assert_matches_emulator((codes, scales, up), NVFP4BlockScaling(), x, ulp_budget=1)
+    msg = _raises(assert_matches_emulator, (codes, scales, up), NVFP4BlockScaling(), x)
+    assert "global scale: not bit-exact" in msg
+
+
+def test_a_global_scale_for_a_quantizer_without_one_and_a_global_scale_that_is_not_a_number() -> None:
+    x = _x(4, 32, seed=11)
+    data, scale_inv = _te_current(x)
+    msg = _raises(assert_matches_emulator, (data, scale_inv, F32(1)), RECIPE, x)
+    assert msg == "Float8CurrentScaling (role input, e4m3): a global scale was given, but this quantizer has none"
+    require("torch")
+    codes, scales, _ = _nvfp4_parts(_x(16, 64), NVFP4BlockScaling())
+    with pytest.raises(TypeError) as info:
+        assert_matches_emulator((codes, scales, np.array([True])), NVFP4BlockScaling(), _x(16, 64))
+    assert str(info.value) == "global scale must hold numbers (float or integer codes), got dtype bool"
+
+
+# -- messages of the recipe options ---------------------------------------------------------------------------
+
+
+def test_recipe_messages_name_the_recipe_and_the_fix() -> None:
+    from fp8sim.recipe import DelayedScaling
+    from fp8sim.testing import emulate
+
+    x = _x(16, 64, seed=12)
+    with pytest.raises(TypeError) as info:
+        emulate(DelayedScaling(), x, x)
+    assert str(info.value) == "DelayedScaling takes one input tensor, got 2"
+    with pytest.raises(TypeError) as info:
+        emulate(DelayedScaling(), x, scales=2.0)
+    assert str(info.value) == "unknown option(s) scales for DelayedScaling; accepted: role, scale"
+    require("torch")
+    with pytest.raises(ValueError) as info:
+        emulate(NVFP4BlockScaling(), x, role="grad")
+    assert str(info.value) == (
+        "this role uses stochastic rounding: pass seed= (fp8sim's seeded SR; its bits are not TE's Philox bits, "
+        "so a TE kernel can match it in distribution only), or disable_stochastic_rounding=True"
+    )
+    with pytest.raises(ValueError) as info:
+        emulate(NVFP4BlockScaling(row_scaled_activation=True), x, copy="columnwise")
+    assert str(info.value) == "row_scaled_activation: only the rowwise input copy is emulated"
