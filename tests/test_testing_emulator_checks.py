@@ -272,3 +272,73 @@ def test_recipe_messages_name_the_recipe_and_the_fix() -> None:
     with pytest.raises(ValueError) as info:
         emulate(NVFP4BlockScaling(row_scaled_activation=True), x, copy="columnwise")
     assert str(info.value) == "row_scaled_activation: only the rowwise input copy is emulated"
+
+
+# -- recipe defaults: current scaling's format and epsilon, MXFP8's axis and mxfma -----------------------------
+
+
+def test_current_scaling_hybrid_input_is_e4m3_with_no_amax_epsilon() -> None:
+    """HYBRID's input role is E4M3; TE's current scaling uses ``amax_epsilon`` 0 (QParams' default), so a tensor
+    of amax 0.25 gets the scale 448 / 0.25 = 1792, not 448 / max(amax, eps)."""
+    x = _x(4, 32, seed=13)
+    x = x * F32(0.25) / np.abs(x).max()
+    data, scale_inv = _te_current(x)
+    assert scale_inv == F32(1) / F32(1792)
+    assert_matches_emulator((data, scale_inv), Float8CurrentScaling(), x)
+
+
+def _mx_ref(x32: np.ndarray, rcp: np.float32, fmt: str = "e4m3") -> tuple[np.ndarray, np.ndarray]:
+    """TE MXFP8 RCEIL along the last axis (spec 5.2): ``d = fl32(amax * rcp)``, the E8M0 exponent is d's exponent
+    rounded up, data = satfinite(x * 2^-e)."""
+    blocks = x32.reshape(*x32.shape[:-1], x32.shape[-1] // 32, 32)
+    d = np.abs(blocks).max(axis=-1) * rcp
+    mant, ex = np.frexp(d)
+    e = np.where(mant == 0.5, ex - 1, ex)
+    data = _satfinite(blocks * np.exp2(-e)[..., None].astype(F32), fmt).reshape(x32.shape)
+    return data, (e + 127).astype(np.uint8)
+
+
+def test_mxfp8_default_axis_is_the_last_of_a_3d_input() -> None:
+    from fp8sim.recipe import MXFP8BlockScaling
+
+    x = _x(2, 64, 32, seed=14) * F32(50)
+    data, scales = _mx_ref(x, F32(1.0 / 448.0))
+    assert scales.shape == (2, 64, 1)
+    assert_matches_emulator((data, scales), MXFP8BlockScaling(), x)
+
+
+def test_mxfp8_mxfma_is_off_by_default_and_uses_the_fp16_constant_when_on() -> None:
+    """float16 input, E5M2 (HYBRID's gradient): plain TE multiplies the amax by fl32(1/57344); the
+    ``_ENABLE_MXFMA`` kernel by 1/57344 rounded to float16, 0x0125 = 293 * 2^-24 (spec 5.2), 0.15 % larger.
+    A block amax in [57344 / 1.00146, 57344) * 2^j (57312 * 2^j; float16 spacing there is 32 * 2^j) lands on
+    the next exponent with the constant only.  (For E4M3 the window above 448 * 2^j holds no bf16/fp16 value.)"""
+    from fp8sim.recipe import MXFP8BlockScaling
+
+    rng = np.random.default_rng(15)
+    j = rng.integers(-8, 1, (16, 1))
+    vals = rng.uniform(-1, 1, (16, 64)) * 40000 * np.exp2(j)
+    vals[:8, 0] = 57312 * np.exp2(j[:8, 0])  # the window: first block of the first 8 rows
+    xh = vals.astype(np.float16)
+    x32 = xh.astype(F32)
+    plain = _mx_ref(x32, F32(1.0 / 57344.0), "e5m2")
+    mxfma = _mx_ref(x32, np.array([0x0125], np.uint16).view(np.float16).astype(F32)[0], "e5m2")
+    assert (plain[1] != mxfma[1]).sum() == 8  # the constants differ exactly on those blocks
+    recipe = MXFP8BlockScaling(fp8_format=Format.HYBRID)
+    assert_matches_emulator(plain, recipe, xh, role="grad")
+    assert_matches_emulator(mxfma, recipe, xh, role="grad", mxfma=True)
+
+
+def test_more_recipe_messages_name_the_recipe_and_the_argument() -> None:
+    from fp8sim.recipe import DelayedScaling
+    from fp8sim.testing import emulate
+
+    x = _x(4, 128, seed=16)
+    with pytest.raises(TypeError) as info:
+        emulate(Float8CurrentScaling(), x, axis=0)
+    assert str(info.value) == "unknown option(s) axis for Float8CurrentScaling; accepted: role"
+    with pytest.raises(TypeError) as info:
+        emulate(fp8sim.recipe.Float8BlockScaling(), x, axis=0)
+    assert str(info.value) == "unknown option(s) axis for Float8BlockScaling; accepted: role, columnwise"
+    with pytest.raises(TypeError) as info:
+        emulate(DelayedScaling(), x, scale="2")
+    assert str(info.value) == "scale must be an array, a tensor or a number, got str"
