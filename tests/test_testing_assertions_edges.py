@@ -62,3 +62,29 @@ def test_table_always_lists_the_zero_bucket() -> None:
     lines = r.table().splitlines()
     i = lines.index("| ULP distance | elements | share |")
     assert lines[i + 2 : i + 5] == ["| 0 | 0 | 0% |", "| 1 | 1 | 50% |", "| 2 | 1 | 50% |"]
+
+
+# -- what a failure lists -------------------------------------------------------------------------------------
+
+
+def test_integer_operands_are_shown_as_integers() -> None:
+    """int32 -2 is 0xFFFFFFFE; integers are ordered by value: -2 and 5 are 7 apart."""
+    msg = _raises(assert_within_ulp, np.int32([1, -2]), np.int32([1, 5]))
+    assert msg.endswith("  [1]: actual -2 (int32 0xFFFFFFFE) | expected 5 (int32 0x00000005) | 7 ULP")
+
+
+def test_a_0d_operand_is_listed_at_index_parentheses_and_nan_has_no_ulp() -> None:
+    msg = _raises(assert_within_ulp, np.float32(np.nan), np.float32(1.0), ulp_budget=3)
+    assert msg.endswith(
+        "  (): actual nan (float32 0x7FC00000) | expected 1.0 (float32 0x3F800000) | ULP n/a (NaN vs number)"
+    )
+
+
+def test_values_given_with_fmt_show_their_own_bits_and_the_code_in_2d() -> None:
+    """float32 1.125 is 0x3F900000 and E4M3 code 0x39; 1.0 is 0x3F800000 and 0x38 (1 ULP apart)."""
+    a = np.array([[1.0, 1.0], [1.0, 1.125]], np.float32)
+    e = np.array([[1.0, 1.0], [1.0, 1.0]], np.float32)
+    msg = _raises(assert_within_ulp, a, e, "e4m3")
+    assert msg.endswith(
+        "  [1, 1]: actual 1.125 (float32 0x3F900000, e4m3 0x39) | expected 1.0 (float32 0x3F800000, e4m3 0x38) | 1 ULP"
+    )

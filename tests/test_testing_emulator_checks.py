@@ -342,3 +342,53 @@ def test_more_recipe_messages_name_the_recipe_and_the_argument() -> None:
     with pytest.raises(TypeError) as info:
         emulate(DelayedScaling(), x, scale="2")
     assert str(info.value) == "scale must be an array, a tensor or a number, got str"
+
+
+# -- Float8BlockScaling: each role's QParams ------------------------------------------------------------------
+
+
+def _block_ref(x: np.ndarray, pow2: bool) -> tuple[np.ndarray, np.ndarray]:
+    """TE 1x128 block scaling to E4M3 (spec 5.3): scale = 448 / amax (float32), rounded down to a power of two
+    when ``pow2``; data = satfinite(x * scale); scale_inv = 1 / scale."""
+    blocks = x.reshape(x.shape[0], -1, 128)
+    scale = F32(448) / np.abs(blocks).max(axis=-1)
+    if pow2:
+        scale = np.exp2(np.floor(np.log2(scale))).astype(F32)
+    data = _satfinite(blocks * scale[..., None], "e4m3").reshape(x.shape)
+    return data, (F32(1) / scale).astype(F32)
+
+
+def test_block_scaling_takes_power_2_scale_from_the_roles_qparams() -> None:
+    """TE reads ``recipe.fp8_quant_fwd_inp`` / ``fp8_quant_fwd_weight`` / ``fp8_quant_bwd_grad`` (class-level
+    QParams) per role: a recipe whose input and weight QParams have ``power_2_scale=False`` gets float32 scales
+    for those roles and power-of-two scales for the gradient."""
+    from fp8sim.recipe import Float8BlockScaling, QParams
+
+    class PerRole(Float8BlockScaling):
+        fp8_quant_fwd_inp = QParams(power_2_scale=False, amax_epsilon=0.0)
+        fp8_quant_fwd_weight = QParams(power_2_scale=False, amax_epsilon=0.0)
+        fp8_quant_bwd_grad = QParams(power_2_scale=True, amax_epsilon=0.0)
+
+    recipe = PerRole(fp8_format=Format.E4M3, w_block_scaling_dim=1)
+    x = _x(4, 256, seed=17)
+    f32, p2 = _block_ref(x, False), _block_ref(x, True)
+    assert not np.array_equal(f32[1], p2[1])
+    assert_matches_emulator(f32, recipe, x)
+    assert_matches_emulator(f32, recipe, x, role="weight")
+    assert_matches_emulator(p2, recipe, x, role="grad")
+
+
+def test_nvfp4_options_and_unknown_recipes_are_named() -> None:
+    from fp8sim.recipe import CustomRecipe
+    from fp8sim.testing import emulate
+
+    x = _x(16, 64, seed=18)
+    with pytest.raises(TypeError) as info:
+        emulate(NVFP4BlockScaling(), x, axis=0)
+    assert str(info.value) == "unknown option(s) axis for NVFP4BlockScaling; accepted: role, copy, seed"
+    with pytest.raises(TypeError) as info:
+        emulate(CustomRecipe(qfactory=lambda role: None), x)
+    assert str(info.value) == (
+        "no emulation for recipe CustomRecipe; supported: DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, "
+        "Float8BlockScaling, NVFP4BlockScaling"
+    )
