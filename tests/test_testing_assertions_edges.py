@@ -88,3 +88,30 @@ def test_values_given_with_fmt_show_their_own_bits_and_the_code_in_2d() -> None:
     assert msg.endswith(
         "  [1, 1]: actual 1.125 (float32 0x3F900000, e4m3 0x39) | expected 1.0 (float32 0x3F800000, e4m3 0x38) | 1 ULP"
     )
+
+
+def test_the_whole_failure_message_of_assert_bit_exact() -> None:
+    """float32 1.0 = 0x3F800000, + 2 patterns = 1 + 2^-22 (repr 1.000000238418579); the default quiet NaN is
+    0x7FC00000."""
+    from fp8sim.testing import assert_bit_exact
+
+    msg = _raises(assert_bit_exact, _f32([ONE, 0x7FC00000, ONE + 2]), _f32([ONE, ONE, ONE]))
+    assert msg == (
+        "not bit-exact: 2 of 3 elements differ (66.67%), compared as float32 bit patterns (NaNs equal by class); "
+        "max ULP distance 2; 1 NaN vs number\n"
+        "first 2 (index: actual | expected | distance):\n"
+        "  [1]: actual nan (float32 0x7FC00000) | expected 1.0 (float32 0x3F800000) | ULP n/a (NaN vs number)\n"
+        "  [2]: actual 1.000000238418579 (float32 0x3F800002) | expected 1.0 (float32 0x3F800000) | 2 ULP"
+    )
+    only_nan = _raises(assert_bit_exact, _f32([0x7FC00000, ONE]), _f32([ONE, ONE]))
+    assert only_nan.splitlines()[0] == (
+        "not bit-exact: 1 of 2 elements differ (50%), compared as float32 bit patterns (NaNs equal by class); "
+        "1 NaN vs number"
+    )
+    none_listed = _raises(assert_bit_exact, _f32([ONE + 1, ONE + 1]), _f32([ONE, ONE]), max_report=0)
+    assert none_listed.splitlines()[1:] == ["first 0 (index: actual | expected | distance):", "  ... and 2 more"]
+
+
+def test_table_of_empty_operands_has_zero_shares() -> None:
+    r = compare(np.zeros(0, np.float32), np.zeros(0, np.float32))
+    assert "| bit-exact | 0 (0%) |" in r.table() and "| 0 | 0 | 0% |" in r.table()

@@ -384,6 +384,10 @@ def test_nvfp4_options_and_unknown_recipes_are_named() -> None:
 
     x = _x(16, 64, seed=18)
     with pytest.raises(TypeError) as info:
+        emulate("quantize", x, fmt="e4m3", axis=0)
+    accepted = "fmt, rounding, saturate, seed, convention"
+    assert str(info.value) == f"unknown option(s) axis for 'quantize'; accepted: {accepted}"
+    with pytest.raises(TypeError) as info:
         emulate(NVFP4BlockScaling(), x, axis=0)
     assert str(info.value) == "unknown option(s) axis for NVFP4BlockScaling; accepted: role, copy, seed"
     with pytest.raises(TypeError) as info:
