@@ -396,3 +396,21 @@ def test_nvfp4_options_and_unknown_recipes_are_named() -> None:
         "no emulation for recipe CustomRecipe; supported: DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, "
         "Float8BlockScaling, NVFP4BlockScaling"
     )
+
+
+def test_a_stochastic_convention_takes_the_seed() -> None:
+    """A user ``Convention`` that rounds stochastically gets ``seed=``: the same seed gives the cast with
+    ``rounding="stochastic"`` and that seed; another seed other codes; every code is one of the two E5M2
+    neighbours of the input (ml_dtypes decodes the codes)."""
+    from fp8sim.cast.conventions import Convention
+    from fp8sim.testing import emulate
+
+    x = _x(2000, seed=19)
+    sr = Convention("sr", "a stochastic-rounding kernel", rounding="stochastic")
+    got = emulate("cast", x, fmt="e5m2", convention=sr, seed=7)
+    assert np.array_equal(got, emulate("cast", x, fmt="e5m2", rounding="stochastic", seed=7))
+    assert not np.array_equal(got, emulate("cast", x, fmt="e5m2", convention=sr, seed=8))
+    v = got.view(ml_dtypes.float8_e5m2).astype(np.float64)
+    ax = np.abs(x.astype(np.float64))
+    step = np.maximum(np.exp2(np.floor(np.log2(ax)) - 2), 2.0**-16)  # E5M2: 2 fraction bits, subnormal step 2^-16
+    assert (np.abs(v - x) < step).all()
