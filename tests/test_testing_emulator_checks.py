@@ -388,6 +388,9 @@ def test_nvfp4_options_and_unknown_recipes_are_named() -> None:
     accepted = "fmt, rounding, saturate, seed, convention"
     assert str(info.value) == f"unknown option(s) axis for 'quantize'; accepted: {accepted}"
     with pytest.raises(TypeError) as info:
+        emulate(NVFP4BlockScaling(), x, axis=0, rows=1)
+    assert str(info.value) == "unknown option(s) axis, rows for NVFP4BlockScaling; accepted: role, copy, seed"
+    with pytest.raises(TypeError) as info:
         emulate(NVFP4BlockScaling(), x, axis=0)
     assert str(info.value) == "unknown option(s) axis for NVFP4BlockScaling; accepted: role, copy, seed"
     with pytest.raises(TypeError) as info:
@@ -414,3 +417,39 @@ def test_a_stochastic_convention_takes_the_seed() -> None:
     ax = np.abs(x.astype(np.float64))
     step = np.maximum(np.exp2(np.floor(np.log2(ax)) - 2), 2.0**-16)  # E5M2: 2 fraction bits, subnormal step 2^-16
     assert (np.abs(v - x) < step).all()
+
+
+# -- the message's prefix and the report length, for every kind of op ----------------------------------------
+
+
+def test_messages_name_the_op_format_and_role_and_list_max_report_elements() -> None:
+    """12 codes one step off (1 ULP each): the default lists 10, ``max_report`` any other number, with or
+    without a ULP budget; the prefix names the op and format, or the recipe, role and element format."""
+    x = _x(4, 32, seed=20)
+    want = _satfinite(x, "e4m3")
+    bad = _bumped(want, 12)
+    msg = _raises(assert_matches_emulator, bad, "cast", x, fmt="e4m3")
+    assert msg.startswith("cast (e4m3): not bit-exact: 12 of 128 elements differ (9.375%), compared as e4m3 codes")
+    assert msg.count("]: actual") == 10 and msg.endswith("  ... and 2 more")
+    bad2 = _bumped(bad, 12)  # the same 12 codes two steps off
+    msg = _raises(assert_matches_emulator, bad2, "cast", x, fmt="e4m3", ulp_budget=1, max_report=2)
+    assert msg.startswith("cast (e4m3): not within 1 ULP: 12 of 128 elements")
+    assert msg.count("]: actual") == 3 and msg.endswith("  ... and 10 more")  # the worst line and 2
+    data, scale_inv = _te_current(x)
+    msg = _raises(assert_matches_emulator, (_bumped(data, 12), scale_inv), RECIPE, x)
+    assert msg.count("]: actual") == 10 and msg.endswith("  ... and 2 more")
+    g = x * F32(2)  # HYBRID's gradient: E5M2, scale 1 (delayed scaling's first step)
+    msg = _raises(
+        assert_matches_emulator, _bumped(_satfinite(g, "e5m2"), 1), fp8sim.recipe.DelayedScaling(), g, role="grad"
+    )
+    assert msg.startswith("DelayedScaling (role grad, e5m2) data: not bit-exact: 1 of 128 elements differ")
+
+
+def test_a_float_scaled_mm_output_is_named_by_the_op() -> None:
+    a, b = _operands(64, "e4m3", "e4m3", ints=True)
+    want = _exact(a, b, "e4m3", "e4m3").astype(F32)
+    want[0, 0] = np.nextafter(want[0, 0], F32(np.inf))
+    one = F32(1)
+    kw = dict(accumulator="exact", a_format="e4m3", b_format="e4m3", out_dtype="float32")
+    msg = _raises(assert_matches_emulator, want, "scaled_mm", a, b, one, one, **kw)
+    assert msg.startswith("scaled_mm: not bit-exact: 1 of 256 elements differ")

@@ -23,3 +23,38 @@ def test_near_grid_values_of_a_format_without_zero_hold_the_dtypes_smallest_subn
     tiny = float(ml_dtypes.finfo(dt).smallest_subnormal)
     table = near_grid_values("e8m0", dt).astype(np.float64)
     assert tiny in table and -tiny in table
+
+
+def test_near_grid_values_refuse_a_dtype_name_numpy_reads_differently() -> None:
+    """Only the four names: "bf16" or "f4" are refused with the allowed values, as "int32" is."""
+    for name in ("bf16", "f4"):
+        with pytest.raises(ValueError) as info:
+            near_grid_values("e4m3", name)
+        assert str(info.value) == f"dtype must be float16, bfloat16, float32 or float64; got {name!r}"
+
+
+def test_float_arrays_near_grid_draw_each_element_on_its_own_over_the_whole_table() -> None:
+    """E2M1's float32 table (117 values, from 0.0 out to the specials): 100 draws of 64 elements reach nearly
+    every entry, the first and the last included, and an array holds many different values (each element is
+    drawn, none is a fill)."""
+    from hypothesis import HealthCheck, given, settings
+
+    from fp8sim.testing.strategies import float_arrays_near_grid
+
+    table = near_grid_values("e2m1", np.float32)
+    seen: list[np.ndarray] = []
+
+    @settings(database=None, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck), max_examples=100)
+    @given(float_arrays_near_grid("e2m1", 64))
+    def run(a: np.ndarray) -> None:
+        seen.append(a)
+
+    run()
+
+    def keys(a: np.ndarray) -> list[str]:
+        return [float(v).hex() if v == v else "nan" for v in a.astype(np.float64)]
+
+    drawn, want = set(keys(np.concatenate(seen))), keys(table)
+    assert drawn <= set(want) and len(drawn) >= 0.9 * len(want)
+    assert want[0] in drawn and want[-1] in drawn  # the first entry (0.0) and the last (-Inf)
+    assert np.mean([np.unique(a.view(np.uint32)).size for a in seen]) > 20
