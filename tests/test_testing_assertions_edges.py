@@ -115,3 +115,10 @@ def test_the_whole_failure_message_of_assert_bit_exact() -> None:
 def test_table_of_empty_operands_has_zero_shares() -> None:
     r = compare(np.zeros(0, np.float32), np.zeros(0, np.float32))
     assert "| bit-exact | 0 (0%) |" in r.table() and "| 0 | 0 | 0% |" in r.table()
+
+
+def test_assert_bit_exact_lists_ten_by_default() -> None:
+    from fp8sim.testing import assert_bit_exact
+
+    msg = _raises(assert_bit_exact, _f32([ONE + 1] * 12), _f32([ONE] * 12))
+    assert msg.count("]: actual") == 10 and msg.endswith("  ... and 2 more")
