@@ -122,3 +122,43 @@ def test_assert_bit_exact_lists_ten_by_default() -> None:
 
     msg = _raises(assert_bit_exact, _f32([ONE + 1] * 12), _f32([ONE] * 12))
     assert msg.count("]: actual") == 10 and msg.endswith("  ... and 2 more")
+
+
+# -- compare(inputs=): ties on unsigned formats, wide dtypes, and inputs far off the grid ---------------------
+
+
+def test_ties_on_unsigned_formats() -> None:
+    """E8M0 holds 2^-127..2^127 (code 127 = 1.0): 1.5, 3.0, 0.75 and 1.5 * 2^-127 lie halfway between two
+    neighbours; 1.25 does not, nor 2^-128 (below the smallest value, no neighbour there).  UE5M3 spaces [1, 2) by
+    1/8 (code 120 = 1.0): 1.0625 (rounds down to even 1.0) and 1.1875 (rounds up to 1.25) are ties, 1.1 is not."""
+    x = np.array([1.5, 3.0, 1.25, 2.0**-128, 1.5 * 2.0**-127, 0.75])
+    expected = np.uint8([127, 128, 127, 0, 0, 126])
+    r = compare(expected + np.uint8(1), expected, "e8m0", inputs=x)
+    assert r.classes == {"overflow": 0, "tie": 4, "nan_inf": 0, "saturation": 0, "signed_zero": 0, "subnormal": 0,
+                         "other": 2}  # fmt: skip
+    x = np.array([1.0625, 1.1875, 1.1])
+    r = compare(np.uint8([121, 121, 120]), np.uint8([120, 122, 121]), "ue5m3", inputs=x)
+    assert (r.classes["tie"], r.classes["other"]) == (2, 1)
+
+
+def test_inputs_far_off_the_grid_raise_no_floating_point_warning() -> None:
+    """float16 (max 65504; 2^-25 is halfway between 0 and the smallest subnormal 2^-24): +-Inf, 1e308 and 65520
+    are overflows, 2^-25 a tie, NaN and 1.5 neither; E4M3 (max 448) with 1e308: an overflow.  No RuntimeWarning."""
+    import warnings
+
+    x = np.array([np.nan, np.inf, -np.inf, 1e308, 65520.0, 2.0**-25, 1.5])
+    e = np.full(x.size, 1.0, np.float16)
+    a = np.full(x.size, 1.0009765625, np.float16)  # 1 + 2^-10: one float16 ULP above
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = compare(a, e, inputs=x)
+        r8 = compare(np.uint8([0x39, 0x39]), np.uint8([0x38, 0x38]), "e4m3", inputs=np.array([1e308, -1e308]))
+    assert (r.classes["overflow"], r.classes["tie"], r.classes["other"]) == (4, 1, 2)
+    assert r8.classes["overflow"] == 2
+
+
+def test_float64_operands_have_no_ties() -> None:
+    """A float64 input is itself a float64 value, so it never lies strictly between two of them."""
+    x = np.array([1.0 + 2.0**-52, 1.5, 2.0])
+    r = compare(np.array([1.0, 1.5, 2.0]) + 2.0**-50, np.array([1.0, 1.5, 2.0]), inputs=x)
+    assert (r.classes["tie"], r.classes["other"]) == (0, 3)
