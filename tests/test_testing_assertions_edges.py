@@ -162,3 +162,107 @@ def test_float64_operands_have_no_ties() -> None:
     x = np.array([1.0 + 2.0**-52, 1.5, 2.0])
     r = compare(np.array([1.0, 1.5, 2.0]) + 2.0**-50, np.array([1.0, 1.5, 2.0]), inputs=x)
     assert (r.classes["tie"], r.classes["other"]) == (0, 3)
+
+
+def test_signed_ties_that_round_up_to_even() -> None:
+    """E4M3 spaces [1, 2) by 1/8: 1.1875 lies halfway between 1.125 and 1.25 and rounds (to even) up to 1.25, so
+    the other neighbour is below the rounded value; -1.1875 likewise on the negative side."""
+    x = np.array([1.1875, -1.1875, 1.2])
+    r = compare(np.uint8([0x39, 0xB9, 0x39]), np.uint8([0x3A, 0xBA, 0x3A]), "e4m3", inputs=x)
+    assert (r.classes["tie"], r.classes["other"]) == (2, 1)
+
+
+# -- _bits.from_ordered: the inverse of the ULP order ---------------------------------------------------------
+
+
+def _value_order(name: str) -> list[int]:
+    """The non-NaN codes of ``name`` sorted by ml_dtypes' value, -0 just below +0."""
+    from conftest import ml_dtype
+
+    import fp8sim
+
+    fmt = fp8sim.get_format(name)
+    codes = np.arange(fmt.num_codes, dtype=np.uint8)
+    with np.errstate(invalid="ignore"):
+        v = codes.view(ml_dtype(fmt)).astype(np.float64)
+    ok = ~np.isnan(v)
+    return codes[ok][np.lexsort((~np.signbit(v[ok]), v[ok]))].tolist()
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2", "e4m3fnuz", "e2m1"])
+def test_from_ordered_steps_through_the_value_order_and_clips_past_the_ends(name: str) -> None:
+    """Position 0 is +0; position k is k steps along the value order (-0 at -1 where the format has it); a
+    position past either end is the pattern of largest magnitude of that sign (0x7F / 0xFF for 8 bits)."""
+    import fp8sim
+    from fp8sim.testing import _bits
+
+    enc = _bits.format_encoding(fp8sim.get_format(name))
+    order = _value_order(name)
+    zero = order.index(0)
+    pos = np.arange(-zero, len(order) - zero, dtype=np.int64)
+    assert _bits.from_ordered(enc, pos).tolist() == order
+    top = (1 << (enc.bits - 1)) - 1
+    ends = _bits.from_ordered(enc, np.array([10_000, -10_000], np.int64)).tolist()
+    assert ends == [top, top | (1 << (enc.bits - 1))]
+
+
+# -- ComparisonResult.plot ------------------------------------------------------------------------------------
+
+
+def test_plot_is_an_agg_figure_whose_tick_labels_fit(tmp_path) -> None:  # noqa: ANN001
+    """The docstring's Agg canvas (pixels readable without pyplot), a wide 8 x 3.6 inch strip, and the rotated
+    bucket labels inside the canvas (constrained layout)."""
+    from fp8sim.testing.oracles import require
+
+    require("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = compare(_f32([ONE, ONE + 3]), _f32([ONE, ONE])).plot()
+    assert isinstance(fig.canvas, FigureCanvasAgg)
+    fig.canvas.draw()
+    assert np.asarray(fig.canvas.buffer_rgba()).shape == (360, 800, 4)  # 100 dpi
+    assert tuple(fig.get_size_inches()) == (8.0, 3.6)
+    renderer = fig.canvas.get_renderer()
+    for label in fig.axes[0].get_xticklabels():
+        box = label.get_window_extent(renderer)
+        assert box.y0 >= 0 and box.x0 >= 0 and box.x1 <= 800, label.get_text()
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch) -> None:  # noqa: ANN001
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    with pytest.raises(ImportError) as info:
+        compare(_f32([ONE]), _f32([ONE])).plot()
+    assert str(info.value) == "ComparisonResult.plot needs matplotlib: pip install matplotlib"
+
+
+def test_plot_draws_one_bar_per_bucket_coloured_by_kind() -> None:
+    """One bar per histogram bucket at its count: green for bit-exact ("0"), red for NaN vs number, orange
+    between; bucket labels under the bars, rotated 45 degrees and right-aligned under their bar; a symlog count
+    axis linear up to 1 (a bucket of one element is a visible bar); axes named."""
+    from fp8sim.testing.oracles import require
+
+    require("matplotlib")
+    from matplotlib.colors import to_rgba
+
+    from fp8sim.testing import HISTOGRAM_BUCKETS
+
+    r = compare(_f32([ONE, ONE + 3, 0x7FC00000, ONE + 2000]), _f32([ONE, ONE, ONE, ONE]))
+    ax = r.plot().axes[0]
+    bars = ax.patches
+    assert [b.get_height() for b in bars] == [r.histogram[k] for k in HISTOGRAM_BUCKETS]
+    colours = [b.get_facecolor() for b in bars]
+    assert colours[0] == to_rgba("tab:green") and colours[-1] == to_rgba("tab:red")
+    assert colours[1:-1] == [to_rgba("tab:orange")] * (len(HISTOGRAM_BUCKETS) - 2)
+    ticks = ax.get_xticklabels()
+    assert [t.get_text() for t in ticks] == list(HISTOGRAM_BUCKETS)
+    assert {(t.get_rotation(), t.get_horizontalalignment()) for t in ticks} == {(45.0, "right")}
+    assert ax.get_yscale() == "symlog" and ax.yaxis.get_transform().linthresh == 1
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("ULP distance", "elements")
+
+
+def test_zero_is_not_subnormal() -> None:
+    """+0 against 1.0 is an ``other`` mismatch: zero is not a subnormal number."""
+    r = compare(np.float32([0.0, 1e-40]), np.float32([1.0, 1.0]))
+    assert (r.classes["subnormal"], r.classes["other"]) == (1, 1)  # 1e-40 is a float32 subnormal

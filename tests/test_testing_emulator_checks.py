@@ -378,6 +378,17 @@ def test_block_scaling_takes_power_2_scale_from_the_roles_qparams() -> None:
     assert_matches_emulator(p2, recipe, x, role="grad")
 
 
+def test_unknown_ops_list_the_known_ones() -> None:
+    from fp8sim.testing import emulate
+
+    with pytest.raises(ValueError) as info:
+        emulate("matmul", _x(2, 2))
+    assert str(info.value) == (
+        "unknown op 'matmul'; known: 'encode', 'quantize', 'cast', 'scaled_mm', or a recipe object (DelayedScaling(), "
+        "Float8CurrentScaling(), MXFP8BlockScaling(), Float8BlockScaling(), NVFP4BlockScaling())"
+    )
+
+
 def test_nvfp4_options_and_unknown_recipes_are_named() -> None:
     from fp8sim.recipe import CustomRecipe
     from fp8sim.testing import emulate
