@@ -262,7 +262,12 @@ def test_plot_draws_one_bar_per_bucket_coloured_by_kind() -> None:
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("ULP distance", "elements")
 
 
-def test_zero_is_not_subnormal() -> None:
-    """+0 against 1.0 is an ``other`` mismatch: zero is not a subnormal number."""
-    r = compare(np.float32([0.0, 1e-40]), np.float32([1.0, 1.0]))
-    assert (r.classes["subnormal"], r.classes["other"]) == (1, 1)  # 1e-40 is a float32 subnormal
+def test_zero_and_the_smallest_normal_are_not_subnormal() -> None:
+    """+0 and float32's smallest normal 2^-126 against 1.0 are ``other`` mismatches; 1e-40 is a subnormal."""
+    r = compare(np.float32([0.0, 2.0**-126, 1e-40]), np.float32([1.0, 1.0, 1.0]))
+    assert (r.classes["subnormal"], r.classes["other"]) == (1, 2)
+
+
+def test_compare_ulp_is_inf_for_nan_against_a_number() -> None:
+    r = compare(_f32([0x7FC00000, ONE + 2, 0x7FC00001]), _f32([ONE, ONE, 0xFFC00000]))
+    assert r.ulp.tolist() == [np.inf, 2.0, 0.0]  # the NaN pair is equal by class
