@@ -271,3 +271,12 @@ def test_zero_and_the_smallest_normal_are_not_subnormal() -> None:
 def test_compare_ulp_is_inf_for_nan_against_a_number() -> None:
     r = compare(_f32([0x7FC00000, ONE + 2, 0x7FC00001]), _f32([ONE, ONE, 0xFFC00000]))
     assert r.ulp.tolist() == [np.inf, 2.0, 0.0]  # the NaN pair is equal by class
+
+
+def test_mean_ulp_is_zero_without_a_comparable_pair() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no mean of an empty selection
+        assert compare(_f32([0x7FC00000]), _f32([ONE])).mean_ulp == 0.0
+        assert compare(np.zeros(0, np.float32), np.zeros(0, np.float32)).mean_ulp == 0.0
