@@ -280,3 +280,43 @@ def test_mean_ulp_is_zero_without_a_comparable_pair() -> None:
         warnings.simplefilter("error")  # no mean of an empty selection
         assert compare(_f32([0x7FC00000]), _f32([ONE])).mean_ulp == 0.0
         assert compare(np.zeros(0, np.float32), np.zeros(0, np.float32)).mean_ulp == 0.0
+
+
+# -- compare(inputs=): reading the inputs ---------------------------------------------------------------------
+
+
+def test_inputs_are_checked_and_named() -> None:
+    a, e = _f32([ONE, ONE + 1]), _f32([ONE, ONE])
+    with pytest.raises(ValueError) as info:
+        compare(a, e, inputs=[1.0, 2.0, 3.0])
+    assert str(info.value) == "inputs has 3 elements; actual and expected have 2"
+    with pytest.raises(TypeError) as info:
+        compare(a, e, inputs="1.0")
+    assert str(info.value) == "inputs must be an array, a tensor or a number, got str"
+
+
+def test_2d_inputs_classify_2d_operands_and_ulp_keeps_their_shape() -> None:
+    """E4M3 (max 448, spacing 1/8 on [1, 2)): 1.0625 is a tie, 500 an overflow, 448 itself is no overflow (the
+    mismatch there is a saturation: 448 is E4M3's max), 1.3 neither."""
+    x = np.array([[1.0625, 500.0], [448.0, 1.3]], np.float32)
+    e = np.uint8([[0x38, 0x7E], [0x7E, 0x3A]])
+    a = np.uint8([[0x39, 0x7D], [0x7D, 0x3B]])
+    r = compare(a, e, "e4m3", inputs=x)
+    assert (r.classes["tie"], r.classes["overflow"], r.classes["saturation"], r.classes["other"]) == (1, 1, 1, 1)
+    assert r.ulp.shape == (2, 2) and r.ulp.tolist() == [[1.0, 1.0], [1.0, 1.0]]
+
+
+def test_signalling_nan_inputs_raise_no_floating_point_warning() -> None:
+    """float32 0x7F800001 is a signalling NaN: widening it raises the invalid flag, which must not leak."""
+    import warnings
+
+    x = np.array([0x7F800001, 0x3F880000], np.uint32).view(np.float32)  # sNaN, 1.0625
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = compare(np.uint8([0x39, 0x39]), np.uint8([0x38, 0x38]), "e4m3", inputs=x)
+    assert (r.classes["tie"], r.classes["other"]) == (1, 1)
+
+
+def test_opposite_signs_are_not_a_signed_zero() -> None:
+    r = compare(np.float32([1.0, 0.0]), np.float32([-1.0, -0.0]))
+    assert (r.classes["signed_zero"], r.classes["other"]) == (1, 1)

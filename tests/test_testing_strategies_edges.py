@@ -58,3 +58,26 @@ def test_float_arrays_near_grid_draw_each_element_on_its_own_over_the_whole_tabl
     assert drawn <= set(want) and len(drawn) >= 0.9 * len(want)
     assert want[0] in drawn and want[-1] in drawn  # the first entry (0.0) and the last (-Inf)
     assert np.mean([np.unique(a.view(np.uint32)).size for a in seen]) > 20
+
+
+def test_delayed_scaling_recipes_stay_valid_under_an_env_backward_override() -> None:
+    """TE's ``NVTE_BACKWARD_OVERRIDE`` sets every recipe's default ``backward_override`` at import, and delayed
+    scaling accepts only None: ``recipes()`` draws DelayedScaling with ``backward_override=None`` explicitly."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from hypothesis import given, settings, HealthCheck\n"
+        "from fp8sim.recipe import DelayedScaling\n"
+        "from fp8sim.testing.strategies import recipes\n"
+        "seen = []\n"
+        "@settings(database=None, derandomize=True, max_examples=10, suppress_health_check=list(HealthCheck))\n"
+        "@given(recipes(DelayedScaling))\n"
+        "def run(r):\n"
+        "    seen.append(r.backward_override)\n"
+        "run()\n"
+        "assert seen and set(seen) == {None}, seen\n"
+    )
+    env = dict(os.environ, NVTE_BACKWARD_OVERRIDE="dequantized")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
