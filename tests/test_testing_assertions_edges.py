@@ -273,13 +273,14 @@ def test_compare_ulp_is_inf_for_nan_against_a_number() -> None:
     assert r.ulp.tolist() == [np.inf, 2.0, 0.0]  # the NaN pair is equal by class
 
 
-def test_mean_ulp_is_zero_without_a_comparable_pair() -> None:
+def test_mean_and_max_ulp_are_zero_without_a_comparable_pair() -> None:
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no mean of an empty selection
-        assert compare(_f32([0x7FC00000]), _f32([ONE])).mean_ulp == 0.0
-        assert compare(np.zeros(0, np.float32), np.zeros(0, np.float32)).mean_ulp == 0.0
+        nan = compare(_f32([0x7FC00000]), _f32([ONE]))
+        empty = compare(np.zeros(0, np.float32), np.zeros(0, np.float32))
+    assert (nan.mean_ulp, nan.max_ulp, empty.mean_ulp, empty.max_ulp) == (0.0, 0, 0.0, 0)
 
 
 # -- compare(inputs=): reading the inputs ---------------------------------------------------------------------
@@ -320,3 +321,14 @@ def test_signalling_nan_inputs_raise_no_floating_point_warning() -> None:
 def test_opposite_signs_are_not_a_signed_zero() -> None:
     r = compare(np.float32([1.0, 0.0]), np.float32([-1.0, -0.0]))
     assert (r.classes["signed_zero"], r.classes["other"]) == (1, 1)
+
+
+def test_unreadable_operands_are_named() -> None:
+    from fp8sim.testing import assert_bit_exact
+
+    with pytest.raises(TypeError) as info:
+        assert_bit_exact("1.0", np.float32([1.0]))
+    assert str(info.value) == "actual must be an array, a tensor or a number, got str"
+    with pytest.raises(TypeError) as info:
+        assert_bit_exact(np.float32([1.0]), np.zeros(1, "V4"))
+    assert str(info.value) == ("expected has dtype |V4, which fp8sim cannot read as bit patterns; pass fmt= or cast it")
