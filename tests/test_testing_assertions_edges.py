@@ -332,3 +332,17 @@ def test_unreadable_operands_are_named() -> None:
     with pytest.raises(TypeError) as info:
         assert_bit_exact(np.float32([1.0]), np.zeros(1, "V4"))
     assert str(info.value) == ("expected has dtype |V4, which fp8sim cannot read as bit patterns; pass fmt= or cast it")
+
+
+def test_integer_codes_must_lie_in_the_format() -> None:
+    """E4M3 has codes 0..255 and E2M1 0..15: 256 and 16 are out of range, and the message names the bad one even
+    next to a code 0."""
+    from fp8sim.testing import assert_bit_exact
+
+    with pytest.raises(ValueError) as info:
+        assert_bit_exact(np.array([0, 256]), np.array([0, 0]), "e4m3")
+    assert str(info.value) == "actual holds code 256, out of range for e4m3: codes are 0..255"
+    with pytest.raises(ValueError) as info:
+        assert_bit_exact(np.array([0, 1]), np.array([0, 16]), "e2m1")
+    assert str(info.value) == "expected holds code 16, out of range for e2m1: codes are 0..15"
+    assert_bit_exact(np.array([0, 255]), np.array([0, 255]), "e4m3")
