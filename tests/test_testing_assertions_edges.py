@@ -346,3 +346,13 @@ def test_integer_codes_must_lie_in_the_format() -> None:
         assert_bit_exact(np.array([0, 1]), np.array([0, 16]), "e2m1")
     assert str(info.value) == "expected holds code 16, out of range for e2m1: codes are 0..15"
     assert_bit_exact(np.array([0, 255]), np.array([0, 255]), "e4m3")
+
+
+def test_infinities_are_values_of_formats_that_have_them() -> None:
+    """E5M2 holds +-Inf (0x7C / 0xFC), so float infinities given with fmt="e5m2" are read as those codes, not
+    refused as off-grid."""
+    from fp8sim.testing import assert_bit_exact
+
+    assert_bit_exact(np.float32([np.inf, -np.inf, 57344.0]), np.uint8([0x7C, 0xFC, 0x7B]), "e5m2")
+    msg = _raises(assert_bit_exact, np.float32([np.inf]), np.uint8([0x7B]), "e5m2")
+    assert "actual inf (float32 0x7F800000, e5m2 0x7C) | expected 57344.0 (e5m2 0x7B) | 1 ULP" in msg
