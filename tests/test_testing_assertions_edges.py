@@ -356,3 +356,11 @@ def test_infinities_are_values_of_formats_that_have_them() -> None:
     assert_bit_exact(np.float32([np.inf, -np.inf, 57344.0]), np.uint8([0x7C, 0xFC, 0x7B]), "e5m2")
     msg = _raises(assert_bit_exact, np.float32([np.inf]), np.uint8([0x7B]), "e5m2")
     assert "actual inf (float32 0x7F800000, e5m2 0x7C) | expected 57344.0 (e5m2 0x7B) | 1 ULP" in msg
+
+
+def test_mismatched_dtypes_say_how_to_compare_them() -> None:
+    msg = _raises(assert_within_ulp, np.float32([1.0]), np.float16([1.0]))
+    assert msg == (
+        "dtype mismatch: actual is float32, expected is float16; bit patterns of different dtypes cannot be "
+        "compared: cast one of them, or pass fmt= to compare both as codes of a format"
+    )
