@@ -464,3 +464,15 @@ def test_a_float_scaled_mm_output_is_named_by_the_op() -> None:
     kw = dict(accumulator="exact", a_format="e4m3", b_format="e4m3", out_dtype="float32")
     msg = _raises(assert_matches_emulator, want, "scaled_mm", a, b, one, one, **kw)
     assert msg.startswith("scaled_mm: not bit-exact: 1 of 256 elements differ")
+
+
+def test_packed_fp4_tensors_are_refused_with_the_fix() -> None:
+    from fp8sim.testing import assert_bit_exact
+
+    packed = torch.zeros(4, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    with pytest.raises(TypeError) as info:
+        assert_bit_exact(packed, np.zeros(8, np.uint8), "e2m1")
+    assert str(info.value) == (
+        "actual is packed FP4 (float4_e2m1fn_x2): unpack it first (fp8sim.scaling.packing.unpack_fp4) and pass "
+        "fmt='e2m1'"
+    )
