@@ -364,3 +364,15 @@ def test_mismatched_dtypes_say_how_to_compare_them() -> None:
         "dtype mismatch: actual is float32, expected is float16; bit patterns of different dtypes cannot be "
         "compared: cast one of them, or pass fmt= to compare both as codes of a format"
     )
+
+
+def test_big_endian_operands_are_read_by_value() -> None:
+    """A big-endian float32 1.0 is bytes 3F 80 00 00 in memory; it is the pattern 0x3F800000 all the same."""
+    from fp8sim.testing import assert_bit_exact
+
+    big = np.array([1.0, 2.0], ">f4")
+    assert big.tobytes()[:4] == b"\x3f\x80\x00\x00"
+    assert_bit_exact(big, np.float32([1.0, 2.0]))
+    msg = _raises(assert_bit_exact, big, np.float32([1.0, 2.5]))
+    assert "[1]: actual 2.0 (float32 0x40000000) | expected 2.5 (float32 0x40200000)" in msg
+    assert_bit_exact(np.array([7, -3], ">i2"), np.int16([7, -3]))

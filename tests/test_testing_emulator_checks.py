@@ -476,3 +476,19 @@ def test_packed_fp4_tensors_are_refused_with_the_fix() -> None:
         "actual is packed FP4 (float4_e2m1fn_x2): unpack it first (fp8sim.scaling.packing.unpack_fp4) and pass "
         "fmt='e2m1'"
     )
+
+
+def test_operands_that_are_not_numbers_are_named() -> None:
+    from fp8sim.testing import assert_bit_exact
+
+    for bad, what in ((torch.tensor([True]), "torch.bool"), (torch.tensor([1 + 2j]), "torch.complex64")):
+        with pytest.raises(TypeError) as info:
+            assert_bit_exact(bad, np.float32([1.0]))
+        assert str(info.value) == f"actual must hold numbers (float or integer codes), got {what}"
+    with pytest.raises(TypeError) as info:
+        assert_bit_exact(np.float32([1.0]), None)
+    assert str(info.value) == "expected must be an array, a tensor or a number, got NoneType"
+    for bad, what in ((np.array([1 + 2j]), "complex128"), (np.array([True]), "bool"), (np.array([{}]), "object")):
+        with pytest.raises(TypeError) as info:
+            assert_bit_exact(bad, np.float32([1.0]))
+        assert str(info.value) == f"actual must hold numbers (float or integer codes), got dtype {what}"
