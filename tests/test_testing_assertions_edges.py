@@ -376,3 +376,19 @@ def test_big_endian_operands_are_read_by_value() -> None:
     msg = _raises(assert_bit_exact, big, np.float32([1.0, 2.5]))
     assert "[1]: actual 2.0 (float32 0x40000000) | expected 2.5 (float32 0x40200000)" in msg
     assert_bit_exact(np.array([7, -3], ">i2"), np.int16([7, -3]))
+
+
+def test_signalling_nan_operands_raise_no_floating_point_warning() -> None:
+    """float32 0x7F800001 and float16 0x7C01 are signalling NaNs (widening them raises the invalid flag): equal to
+    any NaN by class, a NaN against a number, and no RuntimeWarning."""
+    import warnings
+
+    h = np.array([0x7C01, 0x3C00], np.uint16).view(np.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from fp8sim.testing import assert_bit_exact
+
+        assert_bit_exact(_f32([0x7F800001, ONE]), _f32([0x7FC00000, ONE]))
+        r = compare(_f32([0x7F800001]), _f32([ONE]))
+        assert_bit_exact(h, np.array([0xFE00, 0x3C00], np.uint16).view(np.float16))
+    assert r.nan_mismatches == 1

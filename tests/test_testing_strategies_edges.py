@@ -81,3 +81,27 @@ def test_delayed_scaling_recipes_stay_valid_under_an_env_backward_override() -> 
     )
     env = dict(os.environ, NVTE_BACKWARD_OVERRIDE="dequantized")
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_fp8_arrays_mix_elementwise_draws_and_sweeps() -> None:
+    """E4M3 has 256 codes: a sweep of 64 is 64 distinct codes ``(start + step * i) % 256`` with an odd step; an
+    element-wise draw repeats codes (it shrinks toward code 0).  Both kinds appear."""
+    from hypothesis import HealthCheck, given, settings
+
+    from fp8sim.testing.strategies import fp8_arrays
+
+    seen: list[np.ndarray] = []
+
+    @settings(database=None, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck), max_examples=60)
+    @given(fp8_arrays("e4m3", 64))
+    def run(a: np.ndarray) -> None:
+        seen.append(a.astype(np.int64))
+
+    run()
+
+    def is_sweep(a: np.ndarray) -> bool:
+        step = (a[1] - a[0]) % 256
+        return step % 2 == 1 and bool((np.diff(a) % 256 == step).all())
+
+    assert any(is_sweep(a) for a in seen)
+    assert any(np.unique(a).size < a.size for a in seen)
