@@ -392,3 +392,12 @@ def test_signalling_nan_operands_raise_no_floating_point_warning() -> None:
         r = compare(_f32([0x7F800001]), _f32([ONE]))
         assert_bit_exact(h, np.array([0xFE00, 0x3C00], np.uint16).view(np.float16))
     assert r.nan_mismatches == 1
+
+
+def test_compare_integer_operands() -> None:
+    """int8: 127 is the largest value (a saturation), -2 and 5 are 7 apart, 0x80 is -128."""
+    r = compare(np.int8([127, -2, -128]), np.int8([126, 5, -128]))
+    assert r.encoding == "int8 bit patterns" and r.ulp.tolist() == [1.0, 7.0, 0.0]
+    assert (r.classes["saturation"], r.classes["other"]) == (1, 1)
+    msg = _raises(assert_within_ulp, np.int8([-128]), np.int8([127]))
+    assert msg.endswith("  [0]: actual -128 (int8 0x80) | expected 127 (int8 0x7F) | 255 ULP")
