@@ -401,3 +401,19 @@ def test_compare_integer_operands() -> None:
     assert (r.classes["saturation"], r.classes["other"]) == (1, 1)
     msg = _raises(assert_within_ulp, np.int8([-128]), np.int8([127]))
     assert msg.endswith("  [0]: actual -128 (int8 0x80) | expected 127 (int8 0x7F) | 255 ULP")
+
+
+def test_sub_byte_ml_dtypes_arrays_are_read_by_their_low_bits() -> None:
+    """ml_dtypes stores FP4 / FP6 in a byte and decodes only the low 4 / 6 bits (bytes 0xFA and 0x0A are both
+    float4_e2m1fn -1.0, code 0xA): without fmt= they compare as codes of their format."""
+    import ml_dtypes
+
+    from fp8sim.testing import assert_bit_exact
+
+    fp4 = ml_dtypes.float4_e2m1fn
+    assert np.uint8([0xFA]).view(fp4).astype(np.float32)[0] == -1.0
+    assert_bit_exact(np.uint8([0xFA, 0x07]).view(fp4), np.uint8([0x0A, 0x07]).view(fp4))
+    msg = _raises(assert_bit_exact, np.uint8([0xFA]).view(fp4), np.uint8([0x0B]).view(fp4))
+    assert msg.endswith("  [0]: actual -1.0 (e2m1 0xA) | expected -1.5 (e2m1 0xB) | 1 ULP")
+    fp6 = ml_dtypes.float6_e3m2fn
+    assert_bit_exact(np.uint8([0xE4]).view(fp6), np.uint8([0x24]).view(fp6))

@@ -105,3 +105,21 @@ def test_fp8_arrays_mix_elementwise_draws_and_sweeps() -> None:
 
     assert any(is_sweep(a) for a in seen)
     assert any(np.unique(a).size < a.size for a in seen)
+
+
+def test_fp8_values_without_specials_are_finite() -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from fp8sim.testing.strategies import fp8_values
+
+    seen: list[float] = []
+
+    @settings(database=None, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck), max_examples=20)
+    @given(st.lists(fp8_values("e5m2", specials=False), min_size=256, max_size=256))
+    def run(v: list[float]) -> None:
+        seen.extend(v)
+
+    run()
+    finite = np.isfinite(np.array(seen))
+    assert finite.all() and len({float(v).hex() for v in seen}) > 200  # E5M2 has 248 finite codes
