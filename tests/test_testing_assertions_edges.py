@@ -398,6 +398,7 @@ def test_compare_integer_operands() -> None:
     """int8: 127 is the largest value (a saturation), -2 and 5 are 7 apart, 0x80 is -128."""
     r = compare(np.int8([127, -2, -128]), np.int8([126, 5, -128]))
     assert r.encoding == "int8 bit patterns" and r.ulp.tolist() == [1.0, 7.0, 0.0]
+    assert compare(np.int32([-2, -7, -1]), np.int32([-3, -1, -1])).ulp.tolist() == [1.0, 6.0, 0.0]
     assert (r.classes["saturation"], r.classes["other"]) == (1, 1)
     msg = _raises(assert_within_ulp, np.int8([-128]), np.int8([127]))
     assert msg.endswith("  [0]: actual -128 (int8 0x80) | expected 127 (int8 0x7F) | 255 ULP")
