@@ -245,8 +245,12 @@ def _dec(v: float) -> str:
 
 def midpoint(enc: Encoding, x: np.ndarray) -> np.ndarray:
     """True where float64 ``x`` lies exactly halfway between two adjacent finite values of ``enc``."""
-    if enc.kind == "int" or (enc.kind == "ieee" and enc.bits == 64):
+    if enc.kind == "ieee" and enc.bits == 64:  # a float64 input is a float64 value: never between two
         return np.zeros(x.shape, bool)
+    if enc.kind == "int":  # adjacent values are consecutive integers
+        info = np.iinfo(enc.dtype)
+        with np.errstate(invalid="ignore"):
+            return (x - np.floor(x) == 0.5) & (x > info.min) & (x < info.max)
     with np.errstate(invalid="ignore", over="ignore"):
         if enc.kind == "format":
             near = encode(x, enc.fmt, saturate=False).astype(np.uint64)
