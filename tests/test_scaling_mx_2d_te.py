@@ -1,9 +1,10 @@
 """TE's MXFP8 2D weight quantization (``fp8sim.scaling.mx.quantize_mx_2d_te``) against a reference written
-here in torch from NVIDIA/TransformerEngine at d0067d0: ``common/cast/mxfp8/quantize_mxfp8.cuh`` lines 421-446
-(``kIs2DBlockScaling``: one amax per 32x32 tile, ``float_to_e8m0(amax_2d * max_norm_rcp)``), the E8M0 ceil rule
-of ``ptx::float_to_e8m0`` as TE's ``tests/pytorch/test_mxfp8_2d_quantize.py`` ``float_to_e8m0`` spells it
-(round the exponent up when the mantissa is nonzero, not at exponent 254, not for a subnormal at most half an
-ulp; 0 for 0), and that file's ``quantize_mxfp8_2d_reference`` (zero padding to whole tiles, the tile's scale
+here in torch from NVIDIA/TransformerEngine at d0067d0: ``common/cast/mxfp8/quantize_mxfp8.cuh`` lines 409-446
+(``kIs2DBlockScaling``: one NaN-skipping ``fmaxf`` amax per 32x32 tile, then
+``float_to_e8m0(amax_2d * max_norm_rcp)``); ``ptx::float_to_e8m0`` (``common/util/ptx_arch_spec.cuh`` lines
+72-104: NaN 0xFF, Inf 0xFE, else the exponent rounded up when the mantissa is nonzero, not at 254, not for a
+subnormal at most half an ulp; 0 for 0), as TE's ``tests/pytorch/test_mxfp8_2d_quantize.py`` ``float_to_e8m0``
+also spells it; that file's ``quantize_mxfp8_2d_reference`` (zero padding to whole tiles, the tile's scale
 repeated along the rowwise / columnwise scale axis).  The element cast is torch's own float8 conversion.
 """
 
@@ -29,6 +30,9 @@ def _e8m0_ceil_reference(amax: torch.Tensor, fmax: float) -> torch.Tensor:
     mantissa = bits & 0x7FFFFF
     up = (mantissa > 0) & (exponent != 254) & ~((exponent == 0) & (mantissa <= 0x400000))
     exponent = torch.where(val == 0, torch.zeros_like(exponent), exponent + up.to(torch.int32))
+    # ptx_arch_spec.cuh lines 86-91: NaN -> 0xFF, Inf -> 0xFE before the bit rule
+    exponent = torch.where(val.isinf(), torch.full_like(exponent, 0xFE), exponent)
+    exponent = torch.where(val.isnan(), torch.full_like(exponent, 0xFF), exponent)
     return exponent.to(torch.uint8)
 
 
@@ -38,11 +42,14 @@ def _reference(x: np.ndarray, fmt_name: str, fmax: float) -> tuple[torch.Tensor,
     rows, cols = t.shape
     t = torch.nn.functional.pad(t, (0, (-cols) % 32, 0, (-rows) % 32))
     pr, pc = t.shape
-    tiles = t.view(pr // 32, 32, pc // 32, 32).abs().amax(dim=(1, 3))
+    mag = t.abs()
+    mag = torch.where(mag.isnan(), torch.zeros_like(mag), mag)  # fmaxf from 0 skips NaN (lines 409-437)
+    tiles = mag.view(pr // 32, 32, pc // 32, 32).amax(dim=(1, 3))
     e8m0 = _e8m0_ceil_reference(tiles, fmax)
     scale_inv = torch.pow(2.0, e8m0.float() - 127)
     full = scale_inv.repeat_interleave(32, 0).repeat_interleave(32, 1)
-    codes = (t / full).to(_TORCH_FP8[fmt_name]).view(torch.uint8)
+    # the kernel converts with cvt.rn.satfinite: clamp to +-max first (NaN stays NaN), then torch's RN cast
+    codes = (t / full).clamp(-fmax, fmax).to(_TORCH_FP8[fmt_name]).view(torch.uint8)
     return codes, e8m0
 
 
@@ -107,3 +114,23 @@ def test_e8m0_ceil_rule_edges() -> None:
     want = _e8m0_ceil_reference(torch.from_numpy(amax), fmax).numpy()
     np.testing.assert_array_equal(q.scales[0], want)
     assert q.scales[0, 0] == 0  # a zero tile
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=lambda f: f.name)
+def test_nonfinite_tiles_follow_te_nan_skipping_amax_and_inf_scale(fmt) -> None:  # noqa: ANN001
+    """A NaN does not set its tile's scale (the kernel's amax is ``fmaxf``), an Inf gives scale code 0xFE (the
+    Inf saturates to +-max, its neighbours flush), an all-NaN tile gets code 0 and NaN codes."""
+    x = _weights(64, 96)
+    clean_tile_code = _reference(x, fmt.name, fmt.max)[1][1, 1]
+    x[40, 40] = np.nan  # tile (1, 1): the amax of the rest
+    x[40, 70] = np.inf  # tile (1, 2)
+    x[0:32, 32:64] = np.nan  # tile (0, 1): NaN only
+    q = quantize_mx_2d_te(x, fmt, 1)
+    codes, e8m0 = _reference(x, fmt.name, fmt.max)
+    assert e8m0[1, 2] == 0xFE and e8m0[0, 1] == 0 and e8m0[1, 1] == clean_tile_code not in (0, 0xFF)
+    np.testing.assert_array_equal(q.scales, e8m0.repeat_interleave(32, 0).numpy())
+    # NaN by class: fp8sim's casts write ml_dtypes' E5M2 NaN code 0x7E, torch (and CUDA) 0x7F
+    nan = codes.view(_TORCH_FP8[fmt.name]).float().isnan().numpy()
+    assert nan[0:32, 32:64].all() and np.isnan(q.dequantize()[nan]).all()
+    np.testing.assert_array_equal(q.codes[~nan], codes.numpy()[~nan])
+    assert int(q.codes[40, 70]) == {"e4m3": 0x7E, "e5m2": 0x7B}[fmt.name]  # +max: the Inf saturates
