@@ -70,7 +70,7 @@ def _weights(rows: int, cols: int) -> np.ndarray:
 
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=lambda f: f.name)
 @pytest.mark.parametrize("k_axis", [1, 0])
-@pytest.mark.parametrize("shape", [(96, 160), (70, 45)])
+@pytest.mark.parametrize("shape", [(96, 160), (70, 45), (65, 130)])
 def test_2d_quantization_equals_te_reference(fmt, k_axis: int, shape: tuple) -> None:  # noqa: ANN001
     x = _weights(*shape)
     q = quantize_mx_2d_te(x, fmt, k_axis)
@@ -107,6 +107,12 @@ def test_e8m0_ceil_rule_edges() -> None:
         np.float32,
     )
     amax = quotients / rcp  # amax * fl32(1/448) lands on (or next to) the quotient
+    # quotients one ulp off the rule's edges: mantissa 1 above 1.0 (rounds up), subnormal mantissa 0x400001
+    # (rounds up) and 0x400000 (does not)
+    edges = np.array([0x3F800001, 0x00400001, 0x00400000], np.uint32)
+    near = np.array([448.00003, 2.6331077e-36, 2.633107e-36], np.float32)
+    assert ((near * rcp).astype(np.float32).view(np.uint32) == edges).all()
+    amax = np.concatenate([amax, near])
     x = np.zeros((32, 32 * amax.size), np.float32)
     for i, a in enumerate(amax):
         x[3, 32 * i + 7] = a
@@ -114,6 +120,7 @@ def test_e8m0_ceil_rule_edges() -> None:
     want = _e8m0_ceil_reference(torch.from_numpy(amax), fmax).numpy()
     np.testing.assert_array_equal(q.scales[0], want)
     assert q.scales[0, 0] == 0  # a zero tile
+    assert q.scales[0, -3:].tolist() == [128, 1, 0]
 
 
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=lambda f: f.name)
