@@ -6,6 +6,7 @@ documented contract: "arguments as quantize_mx", each copy from the high-precisi
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import ml_dtypes
@@ -14,10 +15,11 @@ import pytest
 
 import fp8sim.scaling
 from fp8sim.formats import E2M1, E4M3
-from fp8sim.scaling.current import quantize_with_scale
+from fp8sim.scaling.current import quantize_current_scaling, quantize_torchao, quantize_with_scale
 from fp8sim.scaling.mx import quantize_mx, quantize_mx_rowwise_columnwise
 from fp8sim.scaling.nvfp4_variants import dequantize_nvfp4_variant, nvfp4_variant_of, quantize_nvfp4_variant
 from fp8sim.scaling.quantized import QuantizedData
+from fp8sim.scaling.swizzle import to_blocked, with_blocked_scales
 from fp8sim.testing.oracles import require
 
 torch = require("torch")
@@ -114,3 +116,48 @@ def test_old_record_name_warns_with_the_package_name_and_unknown_names_raise() -
         assert fp8sim.scaling.QuantizedTensor is QuantizedData
     with pytest.raises(AttributeError, match="module 'fp8sim.scaling' has no attribute 'nope'"):
         fp8sim.scaling.nope  # noqa: B018
+
+
+@pytest.mark.parametrize(("pow2", "eps"), [(False, 0.0), (True, 0.0), (False, 1000.0), (True, 1000.0)])
+def test_quantize_current_scaling_uses_pow2_and_eps_and_saturates_inf(pow2: bool, eps: float) -> None:
+    """TE's current scaling (``common/recipe/recipe_common.cuh`` ``compute_scale_from_amax``): amax 3 ->
+    scale 448/3, or its power of two 128 (``pow2``), or 448/1000 when ``eps`` = 1000 exceeds the amax; an Inf
+    element saturates to +-448 (satfinite)."""
+    x = np.array([3.0, -1.25, 0.5, 0.0], np.float32)
+    scale = np.float32(448) / np.float32(max(3.0, eps))
+    if pow2:
+        scale = np.float32(2.0 ** np.floor(np.log2(scale)))
+    q = quantize_current_scaling(torch.from_numpy(x).to(torch.bfloat16), pow2=pow2, eps=eps)
+    assert q.fmt == E4M3 and q.dtype == "bfloat16"
+    assert q.scales.reshape(-1)[0] == np.float32(1) / scale
+    want = (x * scale).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    np.testing.assert_array_equal(q.codes, want)
+    qi = quantize_current_scaling(np.array([np.inf, -np.inf, 1.0], np.float32), "e4m3")
+    assert qi.codes[:2].tolist() == [0x7E, 0xFE]
+
+
+def test_nvfp4_variant_float16_output_is_one_rn_cast_of_the_float32_output() -> None:
+    x = np.linspace(-6, 6, 64, dtype=np.float32).reshape(2, 32)
+    q = quantize_nvfp4_variant(x, "ue5m3x16")
+    q = dataclasses.replace(q, global_amax=np.float32(1e9))  # dequantizes past float16's max
+    f32 = dequantize_nvfp4_variant(q, out_dtype="float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f16 = dequantize_nvfp4_variant(q, out_dtype="float16")
+    assert f16.dtype == np.float16 and f16.shape == (2, 32)
+    want = torch.from_numpy(f32).half().numpy()
+    np.testing.assert_array_equal(f16.view(np.uint16), want.view(np.uint16))
+    assert np.isinf(f16).any() and np.isfinite(f32).all()
+
+
+def test_swizzle_needs_block_scale_codes_and_transposes_columnwise_scales() -> None:
+    x = np.random.default_rng(2).standard_normal((64, 256)).astype(np.float32)
+    col = quantize_mx(x, axis=0, swizzle=True)  # scales (2, 256): swizzled as the (256, 2) transpose
+    want = to_blocked(
+        np.ascontiguousarray(col.scales.T)
+    )  # to_blocked: checked against torchao's in test_scaling_swizzle
+    np.testing.assert_array_equal(col.blocked_scales, want)
+    tensorwise = quantize_torchao(np.ones((4, 8), np.float32), "e4m3", granularity="axiswise", axiswise_dim=-1)
+    assert tensorwise.scales.ndim == 2 and tensorwise.scale_format is None
+    with pytest.raises(ValueError, match=r"swizzle=True needs a 2-D tensor with MX/NVFP4 block scales; got scales"):
+        with_blocked_scales(tensorwise)

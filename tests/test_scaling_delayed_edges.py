@@ -6,6 +6,8 @@ compute it), ``reduced_amax`` checking, ``set_recipe`` keeping the state's array
 
 from __future__ import annotations
 
+import warnings
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -90,6 +92,7 @@ def test_reduced_amax_takes_any_real_array_or_tensor_and_names_itself_when_bad()
     # an integer amax rounds once to float32: 2^54 + 2^30 + 1 -> 2^54 + 2^31 (via float64 it would tie to 2^54)
     s.update(reduced_amax=np.array([2**54 + 2**30 + 1, 1], np.int64))
     assert s.amax_history[0, 0] == 0 and s.scale[0] == np.float32(448) / np.float32(2**54 + 2**31)
+    assert s.scale[1] == 448.0  # a reduced amax of 1 is an amax like any other (the local row is 0 here)
     for bad, msg in (
         ([[1.0], [2.0, 3.0]], "reduced_amax is not a rectangular array"),
         (
@@ -127,3 +130,49 @@ def test_quantize_record_covers_the_tensor_in_one_block(shape: tuple) -> None:
     np.testing.assert_array_equal(q.codes, _e4m3_codes(xb * np.float32(300.0)))  # saturating: |x| * 300 > 448
     assert q.scales.dtype == np.float32 and q.scales.reshape(-1)[0] == np.float32(1) / np.float32(300)
     np.testing.assert_array_equal(q.dequantize().shape, shape)
+
+
+def test_fused_update_warns_nothing_on_zero_tiny_inf_nan_amaxes() -> None:
+    """The kernel's float32 division has no floating-point traps: a quantizer that did not run (amax 0), an
+    amax whose scale overflows (FLT_MAX), Inf and NaN (scale kept)."""
+    amaxes = np.array([0.0, 1e-45, np.inf, np.nan, 3.0], np.float32)
+    s = DelayedScaler(DelayedScaling(amax_history_len=1, reduce_amax=False), n=amaxes.size)
+    assert s.fused
+    s.scale[:] = np.float32(5.0)
+    s.amax_history[0] = amaxes
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.update()
+    assert s.scale.tolist() == [5.0, float(np.finfo(np.float32).max), 5.0, 5.0, float(np.float32(448) / 3)]
+
+
+@pytest.mark.parametrize(
+    ("state", "msg"),
+    [
+        (7, r"^state must be a dict with keys \('scale', 'amax_history'\) \(a state_dict\(\)\); got int$"),
+        (
+            {"scale": np.ones(2), "extra": 1, "other": 2},
+            r"^DelayedScaler state: missing key\(s\) \['amax_history'\]; unexpected key\(s\) 'extra', 'other'; "
+            r"a state has exactly the keys \('scale', 'amax_history'\)$",
+        ),
+        (
+            {"scale": np.ones(2), "amax_history": np.ones((4, 2)), "extra": 1},
+            r"^DelayedScaler state: unexpected key\(s\) 'extra'; a state",
+        ),
+        ({"scale": np.zeros(2), "amax_history": np.ones((4, 2))}, r"state\['scale'\] must be finite and positive"),
+        ({"scale": np.array([1e39, 1.0]), "amax_history": np.ones((4, 2))}, "must be finite and positive"),
+        (
+            {"scale": np.ones(2), "amax_history": np.ones((3, 2))},
+            r"has shape \(3, 2\); this DelayedScaler's is \(4, 2\) \(amax_history_len, n\): the state comes from "
+            "another recipe or module$",
+        ),
+    ],
+    ids=["not-a-dict", "missing-and-unexpected", "unexpected", "zero-scale", "float32-overflow", "shape"],
+)
+def test_bad_states_are_refused_with_the_whole_message(state, msg: str) -> None:  # noqa: ANN001
+    s = DelayedScaler(DelayedScaling(amax_history_len=4), n=2)
+    with pytest.raises((TypeError, ValueError), match=msg):
+        s.load_state_dict(state)
+    assert s.scale.tolist() == [1.0, 1.0]
+    s.load_state_dict({"scale": np.array([0.5, 1e-30]), "amax_history": np.zeros((4, 2), np.float16)})
+    assert s.scale.tolist() == [0.5, float(np.float32(1e-30))]
