@@ -76,6 +76,8 @@ def test_rowwise_columnwise_pad_reaches_both_copies_and_messages_name_x() -> Non
         quantize_mx_rowwise_columnwise(x, flavor="torchao")
     row, col = quantize_mx_rowwise_columnwise(x, flavor="torchao", pad=True)
     assert col.codes.shape == (64, 48) and row.codes.shape == (40, 64)
+    with pytest.raises(TypeError, match=r"pad must be True, False or None, got 'yes'"):
+        quantize_mx_rowwise_columnwise(x, flavor="torchao", pad="yes")
     with pytest.raises(TypeError, match=r"^x must be a float array or tensor, got str"):
         quantize_mx_rowwise_columnwise("x")
     with pytest.raises(ValueError, match=r"takes a 2-D tensor; got shape \(48,\)"):

@@ -75,3 +75,16 @@ def test_torchao_flavour_numpy_input_equals_torch_input(single_level: bool) -> N
         q.dequantize() if single_level else dequantize_nvfp4(q, "torchao")
     np.testing.assert_array_equal(q.codes, want_codes.reshape(q.codes.shape))
     np.testing.assert_array_equal(q.scales, want_scales.reshape(q.scales.shape))
+
+
+def test_numpy_input_below_one_and_empty_numpy_input() -> None:
+    """A numpy input's global amax is its own max|x| (no floor at 1), and an empty one has amax 0."""
+    x = torch.linspace(-0.3, 0.2, 64).reshape(2, 32)
+    want_codes, want_scales, pts = _torchao(x, False)
+    q = quantize_nvfp4(x.numpy(), flavor="torchao")
+    np.testing.assert_array_equal(q.codes, want_codes.reshape(q.codes.shape))
+    np.testing.assert_array_equal(q.scales, want_scales.reshape(q.scales.shape))
+    assert np.float32(q.global_scale).view(np.uint32) == pts.numpy().view(np.uint32)
+    assert q.global_amax == np.float32(0.3)
+    empty = quantize_nvfp4(np.zeros((0, 32), np.float32), flavor="torchao")
+    assert empty.codes.shape == (0, 32) and empty.global_amax == 0.0
