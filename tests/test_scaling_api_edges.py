@@ -111,6 +111,21 @@ def test_nvfp4_variant_dequantize_of_extreme_global_amax_warns_nothing() -> None
         warnings.simplefilter("error")
         out = dequantize_nvfp4_variant(big)
     assert np.isnan(out[0, :8]).all() and np.isinf(out[0, 8:]).all()  # 0 * inf, 6 * inf
+    huge = dataclasses.replace(big, global_amax=np.float32(3e38))  # fl32(s_blk * amax) overflows
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = dequantize_nvfp4_variant(huge)
+    assert np.isinf(out[0, 8:]).all()
+
+
+def test_nvfp4_variant_dequantize_crops_a_padded_record_to_its_shape() -> None:
+    codes = np.zeros((4, 32), np.uint8)
+    codes[:, :20] = 0x2  # E2M1 1.0
+    scales = np.full((4, 2), 0x38, np.uint8)  # E4M3 1.0
+    qt = QuantizedData(codes, scales, E2M1, (1, 16), (4, 20), "float32", scale_format=E4M3, global_amax=2688.0)
+    out = dequantize_nvfp4_variant(qt)  # final = fl32(1 * 2688) * fl32(1 / 2688)
+    assert out.shape == (4, 20)
+    assert (out == np.float32(2688) * (np.float32(1) / np.float32(2688))).all()
 
 
 def test_old_record_name_warns_with_the_package_name_and_unknown_names_raise() -> None:

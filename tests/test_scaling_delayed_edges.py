@@ -57,15 +57,18 @@ def _scalers(reduce_amax: bool = True) -> tuple[DelayedScaler, DelayedScaler]:
 
 def test_reduce_and_update_all_reduces_one_row_and_splits_it_per_scaler() -> None:
     a, b = _scalers()
-    with _TwoRanks([8.0, 0.25, 1.0]) as ranks:
-        reduce_and_update([a, b], group=ranks.group)
+    c = DelayedScaler(DelayedScaling(amax_history_len=2), n=1)
+    c.record(0, np.array([1.0], np.float32))
+    with _TwoRanks([8.0, 0.25, 5.0, 7.0]) as ranks:
+        reduce_and_update([a, b, c], group=ranks.group)
     assert len(ranks.calls) == 1
     sent, op, group = ranks.calls[0]
-    assert sent == [2.0, 0.5, 3.0] and op == dist.ReduceOp.MAX and group is ranks.group
-    # reduced row (8, 0.5, 3): a fused, b unfused (eager reciprocal * 448)
+    assert sent == [2.0, 0.5, 3.0, 1.0] and op == dist.ReduceOp.MAX and group is ranks.group
+    # reduced row (8, 0.5, 5, 7): a fused, b unfused (eager reciprocal * 448), c fused
     assert a.scale.tolist() == [56.0, 896.0] and a.amax_history.tolist() == [[0.0, 0.0], [8.0, 0.5]]
-    assert b.scale[0] == (np.float32(1) / np.float32(3)) * np.float32(448)
-    assert b.amax_history.tolist() == [[0.0], [3.0]]
+    assert b.scale[0] == (np.float32(1) / np.float32(5)) * np.float32(448)
+    assert b.amax_history.tolist() == [[0.0], [5.0]]
+    assert c.scale.tolist() == [64.0] and c.amax_history.tolist() == [[0.0], [7.0]]
 
 
 def test_reduce_and_update_without_reduce_amax_keeps_the_local_row() -> None:
@@ -83,6 +86,14 @@ def test_update_all_reduces_in_the_given_group() -> None:
         a.update(group=ranks.group)
     assert [c[2] for c in ranks.calls] == [ranks.group]
     assert a.scale.tolist() == [224.0, 112.0]
+
+
+def test_a_group_of_one_rank_in_a_world_of_two_is_not_reduced() -> None:
+    a, _ = _scalers()
+    with _TwoRanks([9.0, 9.0]) as ranks:
+        alone = dist.new_group([1])
+        a.update(group=alone)
+    assert ranks.calls == [] and a.scale.tolist() == [224.0, 896.0]
 
 
 def test_reduced_amax_takes_any_real_array_or_tensor_and_names_itself_when_bad() -> None:
@@ -151,6 +162,10 @@ def test_fused_update_warns_nothing_on_zero_tiny_inf_nan_amaxes() -> None:
     [
         (7, r"^state must be a dict with keys \('scale', 'amax_history'\) \(a state_dict\(\)\); got int$"),
         (
+            {"scale": np.ones(2)},
+            r"^DelayedScaler state: missing key\(s\) \['amax_history'\]; a state has exactly the keys",
+        ),
+        (
             {"scale": np.ones(2), "extra": 1, "other": 2},
             r"^DelayedScaler state: missing key\(s\) \['amax_history'\]; unexpected key\(s\) 'extra', 'other'; "
             r"a state has exactly the keys \('scale', 'amax_history'\)$",
@@ -167,7 +182,7 @@ def test_fused_update_warns_nothing_on_zero_tiny_inf_nan_amaxes() -> None:
             "another recipe or module$",
         ),
     ],
-    ids=["not-a-dict", "missing-and-unexpected", "unexpected", "zero-scale", "float32-overflow", "shape"],
+    ids=["not-a-dict", "missing", "missing-and-unexpected", "unexpected", "zero-scale", "float32-overflow", "shape"],
 )
 def test_bad_states_are_refused_with_the_whole_message(state, msg: str) -> None:  # noqa: ANN001
     s = DelayedScaler(DelayedScaling(amax_history_len=4), n=2)
