@@ -88,3 +88,33 @@ def test_numpy_input_below_one_and_empty_numpy_input() -> None:
     assert q.global_amax == np.float32(0.3)
     empty = quantize_nvfp4(np.zeros((0, 32), np.float32), flavor="torchao")
     assert empty.codes.shape == (0, 32) and empty.global_amax == 0.0
+
+
+def _with_bits(x: torch.Tensor, bits: list[int]) -> torch.Tensor:
+    flat = x.view(-1)
+    for i, b in enumerate(bits):
+        flat[3 + 5 * i] = torch.tensor(b, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    return x
+
+
+# quiet NaNs whose payloads sit on the rounding carry of torchao's bit cast (bit 21 and its neighbours)
+_NAN_BITS = [0x7FE00000, 0x7FDFFFFF, 0x7FE00001, 0x7FDFFFFE, 0xFFE00000, 0xFFDFFFFF, 0x7FFFFFFF, 0xFFC00001]
+
+
+@pytest.mark.parametrize("single_level", [False, True], ids=["two_level", "single_level"])
+def test_nan_payloads_on_the_carry_and_zero_or_tiny_tensors_equal_torchao(single_level: bool) -> None:
+    cases = [
+        _with_bits(torch.randn(2, 64, generator=torch.Generator().manual_seed(1)), _NAN_BITS),
+        torch.zeros(2, 32),
+        torch.full((2, 32), 1e-44),
+        torch.linspace(-1e-41, 1e-41, 64).reshape(2, 32),
+    ]
+    for x in cases:
+        want_codes, want_scales, pts = _torchao(x, single_level)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            q = quantize_nvfp4(x, flavor="torchao", single_level=single_level)
+        np.testing.assert_array_equal(q.codes, want_codes.reshape(q.codes.shape))
+        np.testing.assert_array_equal(q.scales, want_scales.reshape(q.scales.shape))
+        if not single_level:
+            assert np.float32(q.global_scale).view(np.uint32) == pts.numpy().view(np.uint32)
