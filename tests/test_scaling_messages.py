@@ -80,3 +80,21 @@ def test_delayed_index_is_named() -> None:
         s.record(1.5, np.ones(2, np.float32))
     with pytest.raises(IndexError, match=r"^quantizer index 2 out of range for n=2$"):
         s.record(2, np.ones(2, np.float32))
+
+
+def test_block_scaling_flags_ranks_dtypes_and_eps() -> None:
+    for kw, msg in (({"pow2": "yes"}, "pow2 must be True or False, got 'yes'"), ({"columnwise": 1}, "columnwise must")):
+        with pytest.raises(ValueError, match=rf"^{msg}"):
+            quantize_block_scaling(X, **kw)
+    with pytest.raises(ValueError, match=r"^block scaling needs a tensor with at least one dimension$"):
+        quantize_block_scaling(np.float32(1.0))
+    with pytest.raises(ValueError, match=r"^128x128 blocks need a 2-D tensor \(flatten leading dims first\); got"):
+        quantize_block_scaling(X[0], block_dim=2)
+    with pytest.raises(ValueError, match=r"^columnwise blocks need a 2-D tensor \(flatten leading dims first\); got"):
+        quantize_block_scaling(X[0], columnwise=True)
+    one_d = quantize_block_scaling(X[0])  # 1-D input: one 1x128 block; float64 input: the float32 value_for_inf
+    assert one_d.block == (128,) and one_d.dtype == "float32"
+    q64 = quantize_block_scaling(X.astype(np.float64))
+    assert q64.dtype == "float64" and np.array_equal(q64.codes, quantize_block_scaling(X).codes)
+    qe = quantize_block_scaling(X, eps=1000.0, pow2=False)  # amax below eps: scale 448 / 1000
+    assert (qe.scales == np.float32(1) / (np.float32(448) / np.float32(1000))).all()
