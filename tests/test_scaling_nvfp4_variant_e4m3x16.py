@@ -83,3 +83,44 @@ def test_variant_shape_refusals() -> None:
         quantize_nvfp4_variant(np.ones(32, np.float32), "e4m3x16", block_2d=True)
     with pytest.raises((TypeError, ValueError), match="TE's high-precision dtypes"):
         quantize_nvfp4_variant(np.ones((2, 32), np.int32), "e4m3x16")
+
+
+@pytest.mark.parametrize(
+    ("x", "kw"),
+    [
+        (np.linspace(-0.01, 0.02, 512, dtype=np.float32).reshape(16, 32), {}),  # amax below 1
+        (np.zeros((16, 32), np.float32), {}),  # amax 0: S_enc 1
+        (np.full((16, 32), np.nan, np.float32), {}),  # NaN skipped: amax 0
+        (np.zeros((0, 32), np.float32), {}),  # empty
+        (np.linspace(-3, 3, 512, dtype=np.float32).reshape(16, 32), {"global_amax": 0.0}),
+        (np.linspace(-3, 3, 512, dtype=np.float32).reshape(16, 32), {"global_amax": float("inf")}),
+        (np.linspace(-3, 3, 512, dtype=np.float32).reshape(16, 32), {"global_amax": 1000.1}),  # rounded to float32
+        (np.linspace(-3, 3, 512, dtype=np.float32).reshape(16, 32), {"global_amax": 1e-42}),
+        (np.array([[np.inf, -np.inf, 1e-45] + [1.0] * 29] * 16, np.float32), {}),
+    ],
+    ids=["small", "zeros", "nan", "empty", "amax0", "amaxinf", "amax-f64", "amax-tiny", "inf"],
+)
+def test_e4m3x16_edges_equal_tes_nvfp4_without_warnings(x: np.ndarray, kw: dict) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = quantize_nvfp4_variant(x, "e4m3x16", **kw)
+    want = quantize_nvfp4(x, **kw)
+    np.testing.assert_array_equal(got.scales, want.scales)
+    np.testing.assert_array_equal(got.codes, want.codes)
+    assert np.float32(got.global_scale) == np.float32(want.global_scale)
+    assert np.float32(got.global_amax) == np.float32(want.global_amax)
+
+
+def test_variant_takes_bf16_and_fp16_and_checks_every_flag() -> None:
+    import ml_dtypes
+
+    x = np.linspace(-3, 3, 512, dtype=np.float32).reshape(16, 32)
+    for dt in (ml_dtypes.bfloat16, np.float16):
+        got = quantize_nvfp4_variant(x.astype(dt), "e4m3x16")
+        want = quantize_nvfp4(x.astype(dt))
+        assert got.dtype == want.dtype and np.array_equal(got.codes, want.codes)
+    for flag in ("second_level_scale", "block_2d", "rht", "stochastic", "swizzle"):
+        with pytest.raises(TypeError, match=rf"^{flag} must be True or False, got 'yes'"):
+            quantize_nvfp4_variant(x, "e4m3x16", **{flag: "yes"})
