@@ -460,13 +460,15 @@ def _e8m0_ceil(amax: np.ndarray, fmax: float) -> np.ndarray:
     """TE's E8M0 scale code for a tile amax: the exponent of ``fl32(amax * fl32(1/fmax))`` (the kernel
     multiplies by ``max_norm_rcp``: ``common/cast/mxfp8/quantize_mxfp8.cuh`` lines 440-441), rounded
     up when the mantissa is nonzero (not past 254; subnormals at most half an ulp round to 0); 0 for
-    amax 0 (the ceil rule as TE's ``tests/pytorch/test_mxfp8_2d_quantize.py`` ``_float_to_e8m0``)."""
+    amax 0, 0xFE for Inf, 0xFF for NaN (``ptx::float_to_e8m0``, ``common/util/ptx_arch_spec.cuh`` lines 86-101;
+    Blackwell's ``cvt.rp.satfinite.ue8m0x2`` agrees)."""
     val = (amax.astype(np.float32) * np.float32(1.0 / fmax)).astype(np.float32)
     bits = val.view(np.uint32)
     exponent = ((bits >> 23) & 0xFF).astype(np.int32)
     mantissa = bits & 0x7FFFFF
     up = (mantissa > 0) & (exponent != 254) & ~((exponent == 0) & (mantissa <= 0x400000))
     exponent = np.where(val == 0, 0, exponent + up)
+    exponent = np.where(np.isinf(val), 0xFE, np.where(np.isnan(val), 0xFF, exponent))
     return exponent.astype(np.uint8)
 
 
@@ -479,7 +481,8 @@ def quantize_mx_2d_te(x: np.ndarray, fmt: FloatFormat, k_axis: int) -> Quantized
     pr, pc = -(-rows // 32) * 32, -(-cols // 32) * 32
     xp = np.zeros((pr, pc), np.float32)
     xp[:rows, :cols] = x
-    tiles = np.abs(xp).reshape(pr // 32, 32, pc // 32, 32).max(axis=(1, 3))
+    # the kernel's tile amax is fmaxf from 0 over |x|: NaN-skipping (quantize_mxfp8.cuh lines 409-437)
+    tiles = np.fmax.reduce(np.abs(xp).reshape(pr // 32, 32, pc // 32, 32), axis=(1, 3), initial=0.0)
     e8m0 = _e8m0_ceil(tiles, fmt.max)
     scale_inv = np.ldexp(np.float32(1), e8m0.astype(np.int32) - 127).astype(np.float32)
     full = np.repeat(np.repeat(scale_inv, 32, axis=0), 32, axis=1)
