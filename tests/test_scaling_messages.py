@@ -61,6 +61,7 @@ def test_nvfp4_role_arguments_are_named() -> None:
         quantize_nvfp4_role(X, "weight", seed=1)
 
 
+@pytest.mark.torch  # the grad role's columnwise copy takes the Hadamard transform, which runs in torch
 def test_nvfp4_role_copies_share_the_zero_rule_and_seed_plus_one_wraps() -> None:
     zeros = np.zeros((16, 32), np.float32)
     te = quantize_nvfp4_role(zeros, "weight")

@@ -24,7 +24,7 @@ def _x(shape: tuple[int, ...]) -> np.ndarray:
     [
         {"block_2d": True},
         {"block_2d": True, "global_amax": 1000.0},
-        {"rht": True},
+        pytest.param({"rht": True}, marks=pytest.mark.torch),  # the Hadamard transform runs in torch
         {"stochastic": True, "seed": 5},
         {"block_2d": True, "stochastic": True, "seed": 7},
         {},

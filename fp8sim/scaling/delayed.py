@@ -348,7 +348,8 @@ def _state_array(value: Any, key: str, shape: tuple[int, ...]) -> np.ndarray:
             f"state[{key!r}] has shape {arr.shape}; this DelayedScaler's is {shape} "
             "(amax_history_len, n): the state comes from another recipe or module"
         )
-    return arr.astype(np.float32)
+    with np.errstate(over="ignore"):  # beyond float32 becomes Inf, which the caller refuses by name
+        return arr.astype(np.float32)
 
 
 def _all_reduce_max(row: np.ndarray, group: Any) -> np.ndarray | None:
