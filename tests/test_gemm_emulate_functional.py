@@ -103,4 +103,3 @@ def test_what_is_not_emulated_is_refused_naming_it(kw: dict, message: str) -> No
     with emulate_scaled_mm(accumulator="hopper_fast"), pytest.raises(NotImplementedError) as err:
         F.scaled_mm(a, b, *scales, **sw, **extra)
     assert str(err.value) == message or (str(err.value).startswith(message) and "swizzled" in message)
-
