@@ -1,7 +1,8 @@
-"""``torch.nn.functional.scaled_mm`` (torch >= 2.9) under ``emulate_scaled_mm``: every argument reaches
-fp8sim's ``scaled_mm``.  Oracle: torch's own ``F.scaled_mm`` on this CPU (it runs ``torch._scaled_mm_v2``), on
-operands whose every sum is exact (small integers, power-of-two scales), so any accumulator must agree bit for
-bit; the multi-level, swizzled and contraction_dim calls that are not emulated are refused naming the argument."""
+"""``torch._scaled_mm`` and ``torch.nn.functional.scaled_mm`` (torch >= 2.9) under ``emulate_scaled_mm``: every
+argument reaches fp8sim's ``scaled_mm``, and exit restores both.  Oracle: torch's own functions on this CPU
+(``F.scaled_mm`` runs ``torch._scaled_mm_v2``; ``torch._scaled_mm`` under ``fallback_kernel()``), on operands whose
+every sum is exact (small integers, power-of-two scales), so any accumulator must agree bit for bit; the
+multi-level, swizzled and contraction_dim calls that are not emulated are refused naming the argument."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ torch = require("torch")
 
 from fp8sim.gemm import get_profile  # noqa: E402
 from fp8sim.gemm.emulate import emulate_scaled_mm  # noqa: E402
+from fp8sim.gemm.torch_cpu import fallback_kernel  # noqa: E402
 
 F = torch.nn.functional
-pytestmark = pytest.mark.skipif(not hasattr(F, "scaled_mm"), reason="torch without nn.functional.scaled_mm")
+functional = pytest.mark.skipif(not hasattr(F, "scaled_mm"), reason="torch without nn.functional.scaled_mm")
 E4 = torch.float8_e4m3fn
 # the H100 profile with the splits of the shapes below given (its recorded table has neither)
 H100 = get_profile("h100_pcie_cublaslt_12_8").with_splits({(16, 32, 32): (1, "none"), (16, 16, 512): (1, "none")})
@@ -42,6 +44,7 @@ def _calls() -> list[tuple[dict, list]]:
     ]
 
 
+@functional
 @pytest.mark.parametrize(("kw", "how"), _calls())
 def test_emulated_functional_scaled_mm_equals_torchs_on_exact_sums(kw: dict, how: list) -> None:
     a, b, sa, sb = _exact()
@@ -55,6 +58,7 @@ def test_emulated_functional_scaled_mm_equals_torchs_on_exact_sums(kw: dict, how
         assert torch.equal(got.float(), want.float()), setting
 
 
+@functional
 def test_use_fast_accum_picks_the_profiles_preset_as_torch_scaled_mm_does() -> None:
     """Inexact sums: the profile's fast and split presets differ, and F.scaled_mm must take the one
     ``use_fast_accum`` names, the same as the ``torch._scaled_mm`` call with the same arguments."""
@@ -64,8 +68,8 @@ def test_use_fast_accum_picks_the_profiles_preset_as_torch_scaled_mm_does() -> N
     one, t = torch.tensor(1.0), F.ScalingType.TensorWise
     with emulate_scaled_mm(profile=H100):
         runs = {
-            False: (F.scaled_mm(a, b, one, t, one, t, output_dtype=torch.float32),  # the default: False
-                    torch._scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=False)),
+            False: (F.scaled_mm(a, b, one, t, one, t, output_dtype=torch.float32),  # the defaults: False
+                    torch._scaled_mm(a, b, one, one, out_dtype=torch.float32)),
             True: (F.scaled_mm(a, b, one, t, one, t, output_dtype=torch.float32, use_fast_accum=True),
                    torch._scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=True)),
         }  # fmt: skip
@@ -74,6 +78,7 @@ def test_use_fast_accum_picks_the_profiles_preset_as_torch_scaled_mm_does() -> N
     assert not torch.equal(runs[False][0], runs[True][0])  # the two presets differ on these sums
 
 
+@functional
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
@@ -103,3 +108,34 @@ def test_what_is_not_emulated_is_refused_naming_it(kw: dict, message: str) -> No
     with emulate_scaled_mm(accumulator="hopper_fast"), pytest.raises(NotImplementedError) as err:
         F.scaled_mm(a, b, *scales, **sw, **extra)
     assert str(err.value) == message or (str(err.value).startswith(message) and "swizzled" in message)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"out_dtype": torch.bfloat16},
+        {"out_dtype": torch.bfloat16, "bias": torch.arange(32, dtype=torch.bfloat16)},
+        {"out_dtype": E4, "scale_result": torch.tensor(4.0)},
+        {"out_dtype": torch.float32, "use_fast_accum": True},
+    ],
+)
+def test_emulated_torch_scaled_mm_passes_every_argument(kw: dict) -> None:
+    a, b, sa, sb = _exact()
+    with fallback_kernel():
+        want = torch._scaled_mm(a, b, sa, sb, **kw)
+    with emulate_scaled_mm(accumulator="cpu_reference"):  # the fallback's epilogue: scale_result divides
+        got = torch._scaled_mm(a, b, sa, sb, **kw)
+        into = torch.full(want.shape, 7.0).to(want.dtype)
+        same = torch._scaled_mm(a, b, sa, sb, **kw, out=into)
+    assert got.dtype == want.dtype and torch.equal(got.float(), want.float())
+    assert same is into and torch.equal(into.float(), want.float())
+
+
+def test_exit_restores_torch_and_functional() -> None:
+    native = torch._scaled_mm, getattr(F, "scaled_mm", None)
+    with emulate_scaled_mm(accumulator="hopper_fast"):
+        assert torch._scaled_mm is not native[0]
+        if native[1] is not None:
+            assert F.scaled_mm is not native[1]
+    assert torch._scaled_mm is native[0] and getattr(F, "scaled_mm", None) is native[1]
+    assert not hasattr(F, "_scaled_mm") and not hasattr(torch, "scaled_mm")
