@@ -4,6 +4,7 @@ power-of-two scales (every sum exact), and IEEE specials."""
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import numpy as np
@@ -58,3 +59,19 @@ def test_overflow_and_inf_times_zero_follow_ieee_without_warnings() -> None:
         big = scaled_mm(a[:, :1], b[:1], np.float32(2.0**127), np.float32(1), **kw)
         nan = scaled_mm(a[:, 1:], b[1:], np.float32(0), np.float32(1), **kw)
     assert np.isposinf(big).all() and np.isnan(nan).all()
+
+
+def test_without_torch_numpys_matmul_gives_the_same_exact_sums_and_specials(monkeypatch) -> None:  # noqa: ANN001
+    a, b = _codes((4, 64), 7), _codes((64, 5), 8)
+    want = scaled_mm(a, b, np.float32(0.5), np.float32(2), **KW)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert np.array_equal(scaled_mm(a, b, np.float32(0.5), np.float32(2), **KW), want)
+    test_overflow_and_inf_times_zero_follow_ieee_without_warnings()
+
+
+def test_torchs_128x128_blocks_of_a_start_a_new_scale_at_row_128() -> None:
+    """DeepSeek-style 128x128 scales of A ((ceil(M/128), K/128)): row i takes scale_a[i // 128]."""
+    a, b = np.full((256, 128), 0x38, np.uint8), np.full((128, 16), 0x38, np.uint8)  # E4M3 1.0: sums are 128
+    sa, sb = np.array([[1.0], [4.0]], np.float32), np.ones((1, 16), np.float32)
+    got = scaled_mm(a, b, sa, sb, **KW)
+    assert np.array_equal(got[:, 0], np.repeat(np.float32([128.0, 512.0]), 128))
