@@ -75,3 +75,14 @@ def test_torchs_128x128_blocks_of_a_start_a_new_scale_at_row_128() -> None:
     sa, sb = np.array([[1.0], [4.0]], np.float32), np.ones((1, 16), np.float32)
     got = scaled_mm(a, b, sa, sb, **KW)
     assert np.array_equal(got[:, 0], np.repeat(np.float32([128.0, 512.0]), 128))
+
+
+def test_without_torch_overflowing_or_opposite_inf_sums_follow_ieee_quietly(monkeypatch) -> None:  # noqa: ANN001
+    a = np.array([[0x7B, 0x7B], [0x7C, 0xFC]], np.uint8)  # E5M2: 57344, 57344; +Inf, -Inf
+    b = np.array([[0x3C], [0x3C]], np.uint8)  # 1.0, 1.0
+    kw = {**KW, "a_format": "e5m2", "b_format": "e5m2"}
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = scaled_mm(a, b, np.float32(2.0**112), np.float32(1), **kw)  # each product ~3e38: the sum overflows
+    assert np.isposinf(got[0, 0]) and np.isnan(got[1, 0])
