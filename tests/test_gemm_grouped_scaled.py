@@ -5,6 +5,8 @@ preset (``use_fast_accum=False`` on ``device="hopper"``); MX scales may come as 
 
 from __future__ import annotations
 
+import pytest
+
 from fp8sim.testing.oracles import require
 
 torch = require("torch")
@@ -46,3 +48,52 @@ def test_mx_scales_as_e8m0_dtype_equal_their_uint8_codes() -> None:
     typed = scaled_grouped_mm(a, b, sa.view(torch.float8_e8m0fnu), sb.view(torch.float8_e8m0fnu), _offs(),
                               accumulator="exact")  # fmt: skip
     assert torch.equal(codes.view(torch.int16), typed.view(torch.int16))
+
+
+@pytest.mark.parametrize(("device", "fast"), [("ada", False), ("ada", True), ("hopper", True)])
+def test_device_and_use_fast_accum_pick_each_groups_preset(device: str, fast: bool) -> None:
+    g = torch.Generator().manual_seed(6)
+    a = (torch.randn(32, 512, generator=g) * 40).to(E4)
+    b = (torch.randn(2, 512, 16, generator=g) * 40).to(E4)
+    sa, sb = torch.rand(32, generator=g) + 0.5, torch.rand(2, 16, generator=g) + 0.5
+    offs = torch.tensor([16, 32], dtype=torch.int32)
+    got = scaled_grouped_mm(a, b, sa, sb, offs, out_dtype=torch.float32, use_fast_accum=fast, device=device)
+    preset = f"{device}_{'fast' if fast else 'split'}"
+    for e, s in enumerate((0, 16)):
+        want = scaled_mm(a[s : s + 16], b[e].t().contiguous().t(), sa[s : s + 16, None], sb[e][None, :],
+                         out_dtype=torch.float32, accumulator=preset, strict=False)  # fmt: skip
+        assert torch.equal(got[s : s + 16], want), preset
+
+
+def test_empty_dims_give_zeros_of_the_output_dtype() -> None:
+    a = torch.zeros(8, 32).to(E4)
+    got = scaled_grouped_mm(a, torch.zeros(2, 32, 0).to(E4), torch.ones(8), torch.ones(2, 0), _offs_of([4, 8]))
+    assert got.shape == (8, 0) and got.dtype == torch.bfloat16
+    a0, b2 = torch.zeros(0, 64).to(E4), torch.zeros(64, 16).to(E4)
+    got = scaled_grouped_mm(a0, b2, torch.ones(2, 0), torch.ones(2, 16), _offs_of([32, 64]), out_dtype=torch.float32)
+    assert got.shape == (2, 0, 16) and got.dtype == torch.float32
+    sa, sb = torch.full((0, 2), 127, dtype=torch.uint8), torch.full((2, 16), 127, dtype=torch.uint8)
+    got = scaled_grouped_mm(a0, b2, sa, sb, _offs_of([32, 64]))
+    assert got.shape == (2, 0, 16) and got.dtype == torch.bfloat16
+
+
+def test_mx_2d_by_2d_output_dtype_and_bad_offs_messages() -> None:
+    a, b = torch.ones(4, 64).to(E4), torch.ones(64, 16).to(E4)
+    sa, sb = torch.full((4, 2), 127, dtype=torch.uint8), torch.full((2, 16), 127, dtype=torch.uint8)
+    out = scaled_grouped_mm(a, b, sa, sb, _offs_of([32, 64]), accumulator="exact")
+    assert out.dtype == torch.bfloat16 and (out == 32).all()
+    for scales, what in (
+        ((sa, sb), "the contraction dim"),
+        ((torch.ones(2, 4), torch.ones(2, 16)), "the contraction dim"),
+    ):
+        with pytest.raises(ValueError, match=rf"^offs must be non-decreasing and at most 64 \(the size of {what}\)"):
+            scaled_grouped_mm(a, b, *scales, _offs_of([32, 96]))
+    b3 = torch.ones(3, 64, 16).to(E4)
+    with pytest.raises(ValueError, match=r"^offs must be non-decreasing and at most 4 \(the size of a's dim 0\)"):
+        scaled_grouped_mm(a, b3, torch.ones(4), torch.ones(3, 16), _offs_of([2, 3, 5]))
+    with pytest.raises(ValueError, match=r"^offs has 2 groups, b has 3$"):
+        scaled_grouped_mm(a, b3, torch.ones(4), torch.ones(3, 16), _offs_of([2, 4]))
+
+
+def _offs_of(ends: list[int]) -> torch.Tensor:
+    return torch.tensor(ends, dtype=torch.int32)

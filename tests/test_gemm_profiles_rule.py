@@ -66,3 +66,14 @@ def test_without_mmaemu_the_rule_names_the_install_line(monkeypatch) -> None:  #
         "the recorded split-K table of 'ada' ships with mmaemu: pip install mmaemu==0.1.0 (needed for M=16 N=48 "
         "K=3072 (e5m2 x e4m3 -> float32, use_fast_accum=False)), or pass split_k=(S, scheme)"
     )
+
+
+def test_split_for_passes_use_fast_accum_to_the_table() -> None:
+    """ada-te records (128, 256, 16384) as 6 serial without fast accumulation and 3 pairwise with it."""
+    from fp8sim.gemm import get_profile
+
+    prof = get_profile("rtx4060_cublaslt_12_8_te")
+    for fast in (False, True):
+        want = _oracle("ada-te", 128, 256, 16384, "bfloat16", fast, "e4m3", "e4m3")
+        assert prof.split_for(128, 256, 16384, "bfloat16", fast) == want.split_k
+    assert prof.split_for(128, 256, 16384, "bfloat16", True) != prof.split_for(128, 256, 16384, "bfloat16", False)
