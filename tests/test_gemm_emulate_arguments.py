@@ -139,3 +139,19 @@ def test_exit_restores_torch_and_functional() -> None:
             assert F.scaled_mm is not native[1]
     assert torch._scaled_mm is native[0] and getattr(F, "scaled_mm", None) is native[1]
     assert not hasattr(F, "_scaled_mm") and not hasattr(torch, "scaled_mm")
+
+
+@functional
+def test_functional_scaled_mm_runs_the_chosen_accumulator() -> None:
+    """Inexact sums, where Ada's and Hopper's fast presets differ: F.scaled_mm under ``ada_fast`` is ada_fast."""
+    from fp8sim.gemm import scaled_mm
+
+    g = torch.Generator().manual_seed(9)
+    a = (torch.randn(16, 512, generator=g) * 60).to(E4)
+    b = (torch.randn(16, 512, generator=g) * 60).to(E4).t()
+    one, t = torch.tensor(1.0), F.ScalingType.TensorWise
+    with emulate_scaled_mm(accumulator="ada_fast"):
+        got = F.scaled_mm(a, b, one, t, one, t, output_dtype=torch.float32, use_fast_accum=True)
+    want = scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=True, accumulator="ada_fast")
+    hopper = scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=True, accumulator="hopper_fast")
+    assert torch.equal(got, want) and not torch.equal(got, hopper)
