@@ -90,3 +90,14 @@ def test_with_splits_takes_3_and_5_tuples() -> None:
     )
     assert prof.split_for(16, 16, 64, "bfloat16", False) == (2, "contiguous")
     assert prof.split_for(16, 16, 128, "float32", True) == (1, "none")
+
+
+def test_a_users_split_rule_may_return_a_plain_pair() -> None:
+    from fp8sim.gemm.profiles import SplitChoice
+
+    prof = DeviceProfile(
+        "mine", "hopper_fast", "hopper_split", split_rule=lambda m, n, k, out, fast, fa, fb: (3, "serial")
+    )
+    got = prof.decide(16, 16, 4096, "bfloat16", True)
+    assert got == SplitChoice(3, "serial", "rule", "the profile's split_rule")
+    assert prof.split_for(16, 16, 4096, "bfloat16", False) == (3, "serial")
