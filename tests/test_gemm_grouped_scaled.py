@@ -97,3 +97,13 @@ def test_mx_2d_by_2d_output_dtype_and_bad_offs_messages() -> None:
 
 def _offs_of(ends: list[int]) -> torch.Tensor:
     return torch.tensor(ends, dtype=torch.int32)
+
+
+def test_a_single_output_column_is_computed() -> None:
+    g = torch.Generator().manual_seed(7)
+    a = torch.randint(-8, 9, (8, 32), generator=g).float().to(E4)  # integers: every sum exact in float32
+    b = torch.randint(-8, 9, (2, 32, 1), generator=g).float().to(E4)
+    sa, sb = torch.ones(8), torch.ones(2, 1)
+    got = scaled_grouped_mm(a, b, sa, sb, _offs_of([4, 8]), out_dtype=torch.float32, accumulator="exact")
+    want = torch.cat([a[:4].float() @ b[0].float(), a[4:].float() @ b[1].float()])
+    assert torch.equal(got, want) and (want != 0).any()
