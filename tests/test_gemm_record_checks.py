@@ -101,3 +101,24 @@ def test_a_users_split_rule_may_return_a_plain_pair() -> None:
     got = prof.decide(16, 16, 4096, "bfloat16", True)
     assert got == SplitChoice(3, "serial", "rule", "the profile's split_rule")
     assert prof.split_for(16, 16, 4096, "bfloat16", False) == (3, "serial")
+
+
+def test_a_profile_without_a_rule_names_the_call_and_the_ways_out() -> None:
+    from fp8sim.gemm import SplitKUnknownError
+
+    prof = DeviceProfile("mine", "hopper_fast", "hopper_split")
+    call = "M=16 N=16 K=4096 (e4m3 x e4m3 -> bfloat16, use_fast_accum=True)"
+    with pytest.raises(SplitKUnknownError) as err:
+        prof.split_for(16, 16, 4096, "bfloat16", True)
+    assert str(err.value) == (
+        f"profile 'mine' does not know cuBLAS's split-K for {call}; pass split_k=(S, scheme) (contiguous, serial or "
+        "pairwise) or profile.with_splits({(16, 16, 4096): (S, scheme)}) with the split your GPU used"
+    )
+    with pytest.raises(SplitKUnknownError) as err:
+        prof.decide(16, 16, 4096, "bfloat16", True, what="fc1 fprop")
+    assert str(err.value) == (
+        f"profile 'mine' does not know cuBLAS's split-K for fc1 fprop: {call}. Ways out: run with "
+        "accumulator=get_profile('mine').with_splits({(16, 16, 4096): (S, scheme)}) giving the split your GPU used "
+        "(scheme contiguous, serial or pairwise; (1, 'none') if it does not split), or with an instruction preset "
+        "(unsplit GEMMs); `fp8sim explain` lists every GEMM's decision at once"
+    )
