@@ -45,3 +45,21 @@ def test_a_shape_that_does_not_tile_is_refused_naming_it(sa: tuple, sb: tuple, m
     with pytest.raises(ValueError) as err:
         scaled_mm(a, b, np.ones(sa, np.float32), np.ones(sb, np.float32), **KW)
     assert str(err.value) == message if "edge blocks" in message else str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 0), (2, -2, 16), (True, 2, 16), (2, 2, 16.0), (2, 2), "2x2x16"])
+def test_block_shape_must_be_three_positive_integers(shape: object) -> None:
+    a, b = np.full((4, 32), 0x38, np.uint8), np.full((32, 4), 0x38, np.uint8)
+    with pytest.raises(ValueError) as err:
+        scaled_mm(a, b, np.ones((2, 2), np.float32), np.ones((2, 2), np.float32), block_shape=shape, **KW)
+    assert str(err.value) == (
+        "block_shape must be (block_m, block_n, block_k), three positive integers (CUTLASS's scale granularity "
+        f"M x N x K, e.g. (128, 64, 128) or (1, 128, 128)); got {shape!r}"
+    )
+
+
+def test_block_shape_takes_numpy_integers() -> None:
+    a, b = np.full((4, 32), 0x38, np.uint8), np.full((32, 4), 0x38, np.uint8)  # E4M3 1.0: sums are 32
+    shape = (np.int64(2), np.int32(2), np.int64(16))
+    got = scaled_mm(a, b, np.ones((2, 2), np.float32), np.ones((2, 2), np.float32), block_shape=shape, **KW)
+    assert np.array_equal(got, np.full((4, 4), 32.0, np.float32))
