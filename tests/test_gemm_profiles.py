@@ -74,3 +74,12 @@ def test_unknown_profile_and_bad_user_split_are_refused() -> None:
         get_profile("a100")
     with pytest.raises(ValueError, match="split_k"):
         PROFILES["h200"].with_splits({(16, 16, 1024): (2, "diagonal")})
+
+
+def test_is_profile_takes_a_profile_record_or_a_known_name_only() -> None:
+    from fp8sim.gemm import DeviceProfile, is_profile
+
+    assert all(is_profile(name) for name in PROFILES) and len(PROFILES) > 1
+    assert is_profile(DeviceProfile("mine", "hopper_fast", "hopper_split"))  # a user's record, under no name
+    for other in ("hopper_fast", "exact", "", "H100_PCIE_CUBLASLT_12_8", None, 0, [next(iter(PROFILES))]):
+        assert not is_profile(other), other

@@ -47,6 +47,8 @@ def _ceil(a: int, b: int) -> int:
 
 
 def _divisors(x: int) -> str:
+    if x == 0:  # a zero-size dim: any positive count divides it
+        return "1, 2, 3, ... (any positive number)"
     ds = [d for d in range(1, x + 1) if x % d == 0]
     return ", ".join(map(str, ds[:24])) + (", ..." if len(ds) > 24 else "")
 

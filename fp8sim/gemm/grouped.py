@@ -42,7 +42,7 @@ def _bounds(offs: Any, total: int, what: str) -> list[tuple[int, int]]:
     if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
         raise ValueError(f"offs must be a 1-D int32 tensor of group end offsets along {what}; got {offs!r}")
     ends = [int(v) for v in offs.tolist()]
-    starts = [0, *ends[:-1]]
+    starts = [0, *ends][: len(ends)]  # no groups: no starts (torch takes an empty offs)
     if any(e < s for s, e in zip(starts, ends, strict=True)) or (ends and not 0 <= ends[-1] <= total):
         raise ValueError(f"offs must be non-decreasing and at most {total} (the size of {what}); got {ends}")
     return list(zip(starts, ends, strict=True))

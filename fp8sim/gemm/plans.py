@@ -149,7 +149,8 @@ def record_plans(dry: bool = False, namer: Callable[[Any], str | None] | None = 
     try:
         yield rec
     finally:
-        _STACK.remove(rec)
+        # by identity: recorders are dataclasses, and list.remove would drop an equal outer one
+        del _STACK[max(i for i, r in enumerate(_STACK) if r is rec)]
 
 
 def _description(profile: str) -> str:
