@@ -40,3 +40,44 @@ def test_the_split_rule_sees_the_calls_shape_output_fast_flag_and_formats(fast: 
     unsplit = scaled_mm(*args, out_dtype=torch.float32, use_fast_accum=fast, accumulator=acc, split_k=(1, "none"))
     assert not torch.equal(want, unsplit)  # the split shows in the bits for these operands
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def _rowwise(m: int, n: int, k: int):  # noqa: ANN202
+    x, w, _, _ = _operands(m, n, k, torch.float8_e4m3fn)
+    g = torch.Generator().manual_seed(4)
+    sa = torch.rand(m, 1, generator=g) + 0.5
+    sb = torch.rand(1, n, generator=g) + 0.5
+    return x, w, sa, sb
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_rowwise_call_takes_the_split_given_for_its_shape_and_fast_flag(fast: bool) -> None:
+    """Rowwise scales run other kernels than the recorded cuBLASLt ones: only a split the user gave counts, keyed
+    by ``(M, N, K, out, use_fast_accum)`` before ``(M, N, K)`` (``DeviceProfile.with_splits``)."""
+    args = _rowwise(16, 32, 2048)
+    base = DeviceProfile("spy", "hopper_fast", "hopper_split", schemes=("serial",))
+    acc = base.fast if fast else base.split
+    prof = base.with_splits({(16, 32, 2048, "bfloat16", fast): (4, "serial"), (16, 32, 2048): (1, "none")})
+    got = scaled_mm(*args, out_dtype=torch.bfloat16, use_fast_accum=fast, profile=prof)
+    want = scaled_mm(*args, out_dtype=torch.bfloat16, use_fast_accum=fast, accumulator=acc, split_k=(4, "serial"))
+    unsplit = scaled_mm(*args, out_dtype=torch.bfloat16, use_fast_accum=fast, accumulator=acc, split_k=(1, "none"))
+    assert not torch.equal(want, unsplit)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    only_shape = base.with_splits({(16, 32, 2048): (4, "serial")})
+    got = scaled_mm(*args, out_dtype=torch.bfloat16, use_fast_accum=fast, profile=only_shape)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_a_rowwise_call_without_a_given_split_names_the_ways_out() -> None:
+    from fp8sim.gemm.profiles import SplitKUnknownError
+
+    args = _rowwise(16, 32, 2048)
+    prof = DeviceProfile("spy", "hopper_fast", "hopper_split", split_rule=lambda *a: (4, "serial"))
+    msg = (
+        "profile 'spy' records the split-K of tensorwise-scaled calls only; this call has rowwise scales "
+        "(M=16 N=32 K=2048, e4m3 x e4m3 -> bfloat16, use_fast_accum=True); pass split_k=(S, scheme) or "
+        "profile.with_splits({(16, 32, 2048): (S, scheme)}) with the split your GPU used ((1, 'none'): unsplit)"
+    )
+    with pytest.raises(SplitKUnknownError) as info:
+        scaled_mm(*args, out_dtype=torch.bfloat16, use_fast_accum=True, profile=prof)
+    assert str(info.value) == msg
