@@ -31,3 +31,22 @@ def test_a_profile_without_a_float16_rule_says_where_the_rule_is_known() -> None
         "profile 'mine' has no float16-accumulate model: its mma.sync .f16 rule is not known "
         "(reports/hardware_f16_accumulate.md); modelled on Ada (rtx4060_cublaslt_12_8, l40s: ada_fast_f16)"
     )
+
+
+def test_decide_names_where_a_split_came_from() -> None:
+    """``DeviceProfile.decide``'s ``SplitChoice``: a split given with ``with_splits`` is an ``override`` (the
+    five-key entry before the shape's), any zero-size GEMM accumulates nothing, a shape of ones is a real GEMM."""
+    from fp8sim.gemm.profiles import SplitChoice, SplitKUnknownError
+
+    p = DeviceProfile("mine", "hopper_fast", "hopper_split").with_splits(
+        {(16, 32, 64, "float32", True): (2, "serial"), (16, 32, 64): (4, "serial")}
+    )
+    given = "given with DeviceProfile.with_splits"
+    assert p.decide(16, 32, 64, "float32", True) == SplitChoice(2, "serial", "override", given)
+    assert p.decide(16, 32, 64, "float32", False) == SplitChoice(4, "serial", "override", given)
+    zero = SplitChoice(1, "none", "zero-size", "nothing is accumulated")
+    for m, n, k in ((0, 32, 64), (16, 0, 64), (16, 32, 0), (0, 0, 0)):
+        assert p.decide(m, n, k, "float32", True) == zero
+    for m, n, k in ((1, 32, 64), (16, 1, 64), (16, 32, 1), (1, 1, 1)):
+        with pytest.raises(SplitKUnknownError, match=f"for {m}x{n}x{k}|M={m}|{m}, {n}, {k}"):
+            p.decide(m, n, k, "float32", True)
