@@ -13,6 +13,7 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
+from _te_delayed import te_unfused_update
 
 from fp8sim.recipe import DelayedScaling, Format
 from fp8sim.scaling.delayed import FLT_MAX, DelayedScaler
@@ -224,35 +225,6 @@ def test_quantize_records_the_nan_skipping_amax_and_casts_with_the_current_scale
     assert s2.amax_history[0, 0] == 7.0
 
 
-# -- TE's unfused update, written in torch from NVIDIA/TransformerEngine:transformer_engine/pytorch/
-# quantization.py at d0067d0: _update_amax_history (lines 1067-1074), _default_get_amax_and_update_history
-# (1077-1089), _default_sf_compute (1092-1116), _compute_amax_and_update_history (1119-1132),
-# _compute_scaling_factor (1135-1150), _amax_and_scale_update (1153-1166); get_fp8_max (306-312).
-
-
-def _te_unfused_update(hist, scale, fp8_max, recipe) -> None:  # noqa: ANN001 - torch tensors
-    import torch
-
-    algo = recipe.amax_compute_algo
-    if callable(algo):
-        amax = algo(hist)
-    elif algo == "max":
-        amax = torch.max(hist, dim=0).values
-    else:
-        amax = hist[0].clone()
-    if hist.shape[0] > 1:
-        hist.copy_(torch.roll(hist, -1, 0))
-    hist[0].fill_(0.0)
-    if recipe.scaling_factor_compute_algo is not None:
-        new = recipe.scaling_factor_compute_algo(amax, scale, fp8_max, recipe)
-    else:
-        sf = (fp8_max / amax) / (2**recipe.margin)
-        sf = torch.where(amax > 0.0, sf, scale)
-        sf = torch.where(torch.isfinite(amax), sf, scale)
-        new = torch.where(torch.isinf(sf), torch.full_like(sf, torch.finfo(torch.float32).max), sf)
-    scale.copy_(new)
-
-
 def _hard_amaxes() -> np.ndarray:
     rng = np.random.default_rng(0)
     mant = np.float32(1) + rng.integers(0, 2**23, 300).astype(np.float32) * np.float32(2**-23)
@@ -277,7 +249,7 @@ def test_unfused_update_is_tes_eager_torch_code_bit_for_bit(margin: int, forward
     s.amax_history[0] = amaxes
     hist, scale = torch.zeros(2, amaxes.size), torch.full((amaxes.size,), 7.0)
     hist[0] = torch.from_numpy(amaxes)
-    _te_unfused_update(hist, scale, 448 if forward else 57344, recipe)
+    te_unfused_update(hist, scale, 448 if forward else 57344, recipe)
     s.update()
     got, want = s.scale.view(np.uint32), scale.numpy().view(np.uint32)
     bad = np.flatnonzero(got != want)
@@ -314,7 +286,7 @@ def test_callables_get_the_live_history_and_fp8_max_as_a_python_number() -> None
             ours.amax_history[0] = step
             hist[0] = torch.from_numpy(step)
             ours.update()
-            _te_unfused_update(hist, scale, 57344, recipe)
+            te_unfused_update(hist, scale, 57344, recipe)
             assert np.array_equal(ours.scale, scale.numpy()) and np.array_equal(ours.amax_history, hist.numpy())
     assert DelayedScaler(DelayedScaling(amax_compute_algo=lambda h: h[0])).scale[0] == 1.0
 

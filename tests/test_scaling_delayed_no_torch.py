@@ -16,6 +16,7 @@ import warnings
 
 import numpy as np
 import pytest
+from _te_delayed import te_unfused_update
 
 from fp8sim.recipe import DelayedScaling, Format
 from fp8sim.scaling.delayed import FLT_MAX, DelayedScaler, _all_reduce_max, load_state_dicts
@@ -24,27 +25,6 @@ from fp8sim.testing.oracles import require
 torch = require("torch")
 
 INF, NAN = math.inf, math.nan
-
-
-def _te_update(hist: torch.Tensor, scale: torch.Tensor, fp8_max: int, recipe: DelayedScaling) -> None:
-    algo = recipe.amax_compute_algo
-    if callable(algo):
-        amax = algo(hist)
-    elif algo == "max":
-        amax = torch.max(hist, dim=0).values
-    else:
-        amax = hist[0].clone()
-    if hist.shape[0] > 1:
-        hist.copy_(torch.roll(hist, -1, 0))
-    hist[0].fill_(0.0)
-    if recipe.scaling_factor_compute_algo is not None:
-        new = recipe.scaling_factor_compute_algo(amax, scale, fp8_max, recipe)
-    else:
-        sf = (fp8_max / amax) / (2**recipe.margin)
-        sf = torch.where(amax > 0.0, sf, scale)
-        sf = torch.where(torch.isfinite(amax), sf, scale)
-        new = torch.where(torch.isinf(sf), torch.full_like(sf, torch.finfo(torch.float32).max), sf)
-    scale.copy_(new)
 
 
 def _amaxes() -> np.ndarray:
@@ -85,7 +65,7 @@ def test_unfused_update_without_torch_is_tes_update(monkeypatch, kw: dict, forwa
     s.scale[:] = np.float32(7.0)
     hist, scale = torch.from_numpy(s.amax_history.copy()), torch.from_numpy(s.scale.copy())
     fp8_max = 448 if (forward or kw.get("fp8_format") == Format.E4M3) else 57344  # HYBRID: E5M2 backward
-    _te_update(hist, scale, fp8_max, recipe)
+    te_unfused_update(hist, scale, fp8_max, recipe)
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # amax 0, 1e-45, Inf, NaN: no floating-point warnings

@@ -9,19 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _bit_helpers import f32, raises
 
 from fp8sim.testing import assert_within_ulp, compare
-
-
-def _f32(bits: list[int]) -> np.ndarray:
-    return np.array(bits, np.uint32).view(np.float32)
-
-
-def _raises(fn, *args, **kw) -> str:  # noqa: ANN001, ANN002, ANN003
-    with pytest.raises(AssertionError) as info:
-        fn(*args, **kw)
-    return str(info.value)
-
 
 ONE = 0x3F800000
 
@@ -30,25 +20,25 @@ ONE = 0x3F800000
 
 
 def test_within_ulp_defaults_to_a_budget_of_zero_and_ten_reported() -> None:
-    e = _f32([ONE] * 13)
-    a = _f32([ONE] + [ONE + 1] * 12)
-    msg = _raises(assert_within_ulp, a, e)
+    e = f32([ONE] * 13)
+    a = f32([ONE] + [ONE + 1] * 12)
+    msg = raises(assert_within_ulp, a, e)
     assert msg.startswith("not within 0 ULP: 12 of 13 elements (92.31%) are further apart (12 differ at all)")
     assert msg.count("]: actual") == 11  # the worst line and the first 10
     assert "first 10 (index:" in msg and msg.endswith("  ... and 2 more")
 
 
 def test_within_ulp_worst_is_a_nan_against_a_number() -> None:
-    e = _f32([ONE, ONE, ONE])
-    a = _f32([ONE + 5, 0x7FC00000, ONE + 9])
-    msg = _raises(assert_within_ulp, a, e, ulp_budget=1)
+    e = f32([ONE, ONE, ONE])
+    a = f32([ONE + 5, 0x7FC00000, ONE + 9])
+    msg = raises(assert_within_ulp, a, e, ulp_budget=1)
     assert msg.splitlines()[1].startswith("worst: [1]: actual nan (float32 0x7FC00000)")
     assert "NaN vs number" in msg.splitlines()[1]
 
 
 def test_within_ulp_worst_skips_equal_elements_at_budget_zero() -> None:
     """Budget 0: the only differing element (1 ULP, index 2) is the worst, not an equal element before it."""
-    msg = _raises(assert_within_ulp, _f32([ONE, ONE, ONE + 1]), _f32([ONE, ONE, ONE]), ulp_budget=0)
+    msg = raises(assert_within_ulp, f32([ONE, ONE, ONE + 1]), f32([ONE, ONE, ONE]), ulp_budget=0)
     assert msg.splitlines()[1] == (
         "worst: [2]: actual 1.0000001192092896 (float32 0x3F800001) | expected 1.0 (float32 0x3F800000) | 1 ULP"
     )
@@ -58,7 +48,7 @@ def test_within_ulp_worst_skips_equal_elements_at_budget_zero() -> None:
 
 
 def test_table_always_lists_the_zero_bucket() -> None:
-    r = compare(_f32([ONE + 1, ONE + 2]), _f32([ONE, ONE]))
+    r = compare(f32([ONE + 1, ONE + 2]), f32([ONE, ONE]))
     lines = r.table().splitlines()
     i = lines.index("| ULP distance | elements | share |")
     assert lines[i + 2 : i + 5] == ["| 0 | 0 | 0% |", "| 1 | 1 | 50% |", "| 2 | 1 | 50% |"]
@@ -69,12 +59,12 @@ def test_table_always_lists_the_zero_bucket() -> None:
 
 def test_integer_operands_are_shown_as_integers() -> None:
     """int32 -2 is 0xFFFFFFFE; integers are ordered by value: -2 and 5 are 7 apart."""
-    msg = _raises(assert_within_ulp, np.int32([1, -2]), np.int32([1, 5]))
+    msg = raises(assert_within_ulp, np.int32([1, -2]), np.int32([1, 5]))
     assert msg.endswith("  [1]: actual -2 (int32 0xFFFFFFFE) | expected 5 (int32 0x00000005) | 7 ULP")
 
 
 def test_a_0d_operand_is_listed_at_index_parentheses_and_nan_has_no_ulp() -> None:
-    msg = _raises(assert_within_ulp, np.float32(np.nan), np.float32(1.0), ulp_budget=3)
+    msg = raises(assert_within_ulp, np.float32(np.nan), np.float32(1.0), ulp_budget=3)
     assert msg.endswith(
         "  (): actual nan (float32 0x7FC00000) | expected 1.0 (float32 0x3F800000) | ULP n/a (NaN vs number)"
     )
@@ -84,7 +74,7 @@ def test_values_given_with_fmt_show_their_own_bits_and_the_code_in_2d() -> None:
     """float32 1.125 is 0x3F900000 and E4M3 code 0x39; 1.0 is 0x3F800000 and 0x38 (1 ULP apart)."""
     a = np.array([[1.0, 1.0], [1.0, 1.125]], np.float32)
     e = np.array([[1.0, 1.0], [1.0, 1.0]], np.float32)
-    msg = _raises(assert_within_ulp, a, e, "e4m3")
+    msg = raises(assert_within_ulp, a, e, "e4m3")
     assert msg.endswith(
         "  [1, 1]: actual 1.125 (float32 0x3F900000, e4m3 0x39) | expected 1.0 (float32 0x3F800000, e4m3 0x38) | 1 ULP"
     )
@@ -95,7 +85,7 @@ def test_the_whole_failure_message_of_assert_bit_exact() -> None:
     0x7FC00000."""
     from fp8sim.testing import assert_bit_exact
 
-    msg = _raises(assert_bit_exact, _f32([ONE, 0x7FC00000, ONE + 2]), _f32([ONE, ONE, ONE]))
+    msg = raises(assert_bit_exact, f32([ONE, 0x7FC00000, ONE + 2]), f32([ONE, ONE, ONE]))
     assert msg == (
         "not bit-exact: 2 of 3 elements differ (66.67%), compared as float32 bit patterns (NaNs equal by class); "
         "max ULP distance 2; 1 NaN vs number\n"
@@ -103,12 +93,12 @@ def test_the_whole_failure_message_of_assert_bit_exact() -> None:
         "  [1]: actual nan (float32 0x7FC00000) | expected 1.0 (float32 0x3F800000) | ULP n/a (NaN vs number)\n"
         "  [2]: actual 1.000000238418579 (float32 0x3F800002) | expected 1.0 (float32 0x3F800000) | 2 ULP"
     )
-    only_nan = _raises(assert_bit_exact, _f32([0x7FC00000, ONE]), _f32([ONE, ONE]))
+    only_nan = raises(assert_bit_exact, f32([0x7FC00000, ONE]), f32([ONE, ONE]))
     assert only_nan.splitlines()[0] == (
         "not bit-exact: 1 of 2 elements differ (50%), compared as float32 bit patterns (NaNs equal by class); "
         "1 NaN vs number"
     )
-    none_listed = _raises(assert_bit_exact, _f32([ONE + 1, ONE + 1]), _f32([ONE, ONE]), max_report=0)
+    none_listed = raises(assert_bit_exact, f32([ONE + 1, ONE + 1]), f32([ONE, ONE]), max_report=0)
     assert none_listed.splitlines()[1:] == ["first 0 (index: actual | expected | distance):", "  ... and 2 more"]
 
 
@@ -120,7 +110,7 @@ def test_table_of_empty_operands_has_zero_shares() -> None:
 def test_assert_bit_exact_lists_ten_by_default() -> None:
     from fp8sim.testing import assert_bit_exact
 
-    msg = _raises(assert_bit_exact, _f32([ONE + 1] * 12), _f32([ONE] * 12))
+    msg = raises(assert_bit_exact, f32([ONE + 1] * 12), f32([ONE] * 12))
     assert msg.count("]: actual") == 10 and msg.endswith("  ... and 2 more")
 
 
@@ -217,7 +207,7 @@ def test_plot_is_an_agg_figure_whose_tick_labels_fit(tmp_path) -> None:  # noqa:
     require("matplotlib")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    fig = compare(_f32([ONE, ONE + 3]), _f32([ONE, ONE])).plot()
+    fig = compare(f32([ONE, ONE + 3]), f32([ONE, ONE])).plot()
     assert isinstance(fig.canvas, FigureCanvasAgg)
     fig.canvas.draw()
     assert np.asarray(fig.canvas.buffer_rgba()).shape == (360, 800, 4)  # 100 dpi
@@ -233,7 +223,7 @@ def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch) -> None:  #
 
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
     with pytest.raises(ImportError) as info:
-        compare(_f32([ONE]), _f32([ONE])).plot()
+        compare(f32([ONE]), f32([ONE])).plot()
     assert str(info.value) == "ComparisonResult.plot needs matplotlib: pip install matplotlib"
 
 
@@ -248,7 +238,7 @@ def test_plot_draws_one_bar_per_bucket_coloured_by_kind() -> None:
 
     from fp8sim.testing import HISTOGRAM_BUCKETS
 
-    r = compare(_f32([ONE, ONE + 3, 0x7FC00000, ONE + 2000]), _f32([ONE, ONE, ONE, ONE]))
+    r = compare(f32([ONE, ONE + 3, 0x7FC00000, ONE + 2000]), f32([ONE, ONE, ONE, ONE]))
     ax = r.plot().axes[0]
     bars = ax.patches
     assert [b.get_height() for b in bars] == [r.histogram[k] for k in HISTOGRAM_BUCKETS]
@@ -269,7 +259,7 @@ def test_zero_and_the_smallest_normal_are_not_subnormal() -> None:
 
 
 def test_compare_ulp_is_inf_for_nan_against_a_number() -> None:
-    r = compare(_f32([0x7FC00000, ONE + 2, 0x7FC00001]), _f32([ONE, ONE, 0xFFC00000]))
+    r = compare(f32([0x7FC00000, ONE + 2, 0x7FC00001]), f32([ONE, ONE, 0xFFC00000]))
     assert r.ulp.tolist() == [np.inf, 2.0, 0.0]  # the NaN pair is equal by class
 
 
@@ -278,7 +268,7 @@ def test_mean_and_max_ulp_are_zero_without_a_comparable_pair() -> None:
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no mean of an empty selection
-        nan = compare(_f32([0x7FC00000]), _f32([ONE]))
+        nan = compare(f32([0x7FC00000]), f32([ONE]))
         empty = compare(np.zeros(0, np.float32), np.zeros(0, np.float32))
     assert (nan.mean_ulp, nan.max_ulp, empty.mean_ulp, empty.max_ulp) == (0.0, 0, 0.0, 0)
 
@@ -287,7 +277,7 @@ def test_mean_and_max_ulp_are_zero_without_a_comparable_pair() -> None:
 
 
 def test_inputs_are_checked_and_named() -> None:
-    a, e = _f32([ONE, ONE + 1]), _f32([ONE, ONE])
+    a, e = f32([ONE, ONE + 1]), f32([ONE, ONE])
     with pytest.raises(ValueError) as info:
         compare(a, e, inputs=[1.0, 2.0, 3.0])
     assert str(info.value) == "inputs has 3 elements; actual and expected have 2"
@@ -354,12 +344,12 @@ def test_infinities_are_values_of_formats_that_have_them() -> None:
     from fp8sim.testing import assert_bit_exact
 
     assert_bit_exact(np.float32([np.inf, -np.inf, 57344.0]), np.uint8([0x7C, 0xFC, 0x7B]), "e5m2")
-    msg = _raises(assert_bit_exact, np.float32([np.inf]), np.uint8([0x7B]), "e5m2")
+    msg = raises(assert_bit_exact, np.float32([np.inf]), np.uint8([0x7B]), "e5m2")
     assert "actual inf (float32 0x7F800000, e5m2 0x7C) | expected 57344.0 (e5m2 0x7B) | 1 ULP" in msg
 
 
 def test_mismatched_dtypes_say_how_to_compare_them() -> None:
-    msg = _raises(assert_within_ulp, np.float32([1.0]), np.float16([1.0]))
+    msg = raises(assert_within_ulp, np.float32([1.0]), np.float16([1.0]))
     assert msg == (
         "dtype mismatch: actual is float32, expected is float16; bit patterns of different dtypes cannot be "
         "compared: cast one of them, or pass fmt= to compare both as codes of a format"
@@ -373,7 +363,7 @@ def test_big_endian_operands_are_read_by_value() -> None:
     big = np.array([1.0, 2.0], ">f4")
     assert big.tobytes()[:4] == b"\x3f\x80\x00\x00"
     assert_bit_exact(big, np.float32([1.0, 2.0]))
-    msg = _raises(assert_bit_exact, big, np.float32([1.0, 2.5]))
+    msg = raises(assert_bit_exact, big, np.float32([1.0, 2.5]))
     assert "[1]: actual 2.0 (float32 0x40000000) | expected 2.5 (float32 0x40200000)" in msg
     assert_bit_exact(np.array([7, -3], ">i2"), np.int16([7, -3]))
 
@@ -388,8 +378,8 @@ def test_signalling_nan_operands_raise_no_floating_point_warning() -> None:
         warnings.simplefilter("error")
         from fp8sim.testing import assert_bit_exact
 
-        assert_bit_exact(_f32([0x7F800001, ONE]), _f32([0x7FC00000, ONE]))
-        r = compare(_f32([0x7F800001]), _f32([ONE]))
+        assert_bit_exact(f32([0x7F800001, ONE]), f32([0x7FC00000, ONE]))
+        r = compare(f32([0x7F800001]), f32([ONE]))
         assert_bit_exact(h, np.array([0xFE00, 0x3C00], np.uint16).view(np.float16))
     assert r.nan_mismatches == 1
 
@@ -400,7 +390,7 @@ def test_compare_integer_operands() -> None:
     assert r.encoding == "int8 bit patterns" and r.ulp.tolist() == [1.0, 7.0, 0.0]
     assert compare(np.int32([-2, -7, -1]), np.int32([-3, -1, -1])).ulp.tolist() == [1.0, 6.0, 0.0]
     assert (r.classes["saturation"], r.classes["other"]) == (1, 1)
-    msg = _raises(assert_within_ulp, np.int8([-128]), np.int8([127]))
+    msg = raises(assert_within_ulp, np.int8([-128]), np.int8([127]))
     assert msg.endswith("  [0]: actual -128 (int8 0x80) | expected 127 (int8 0x7F) | 255 ULP")
 
 
@@ -414,7 +404,7 @@ def test_sub_byte_ml_dtypes_arrays_are_read_by_their_low_bits() -> None:
     fp4 = ml_dtypes.float4_e2m1fn
     assert np.uint8([0xFA]).view(fp4).astype(np.float32)[0] == -1.0
     assert_bit_exact(np.uint8([0xFA, 0x07]).view(fp4), np.uint8([0x0A, 0x07]).view(fp4))
-    msg = _raises(assert_bit_exact, np.uint8([0xFA]).view(fp4), np.uint8([0x0B]).view(fp4))
+    msg = raises(assert_bit_exact, np.uint8([0xFA]).view(fp4), np.uint8([0x0B]).view(fp4))
     assert msg.endswith("  [0]: actual -1.0 (e2m1 0xA) | expected -1.5 (e2m1 0xB) | 1 ULP")
     fp6 = ml_dtypes.float6_e3m2fn
     assert_bit_exact(np.uint8([0xE4]).view(fp6), np.uint8([0x24]).view(fp6))

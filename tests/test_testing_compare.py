@@ -13,6 +13,7 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
+from _bit_helpers import f32, raises
 from conftest import ml_dtype
 
 import fp8sim
@@ -22,24 +23,14 @@ from fp8sim.testing.oracles import require
 torch = require("torch")
 
 
-def _f32(bits: list[int]) -> np.ndarray:
-    return np.array(bits, np.uint32).view(np.float32)
-
-
-def _raises(fn, *args, **kw) -> str:  # noqa: ANN001, ANN002, ANN003
-    with pytest.raises(AssertionError) as info:
-        fn(*args, **kw)
-    return str(info.value)
-
-
 # -- assert_bit_exact ---------------------------------------------------------------------------
 
 
 def test_flipped_bit_is_reported_with_index_hex_and_ulp() -> None:
-    expected = np.tile(_f32([0x3F800000, 0x40490FDB, 0xC2F60000]), 8).reshape(4, 6)
+    expected = np.tile(f32([0x3F800000, 0x40490FDB, 0xC2F60000]), 8).reshape(4, 6)
     actual = expected.copy()
     actual.view(np.uint32)[2, 4] ^= 1  # expected[2, 4] is 0x40490FDB (pi)
-    msg = _raises(assert_bit_exact, actual, expected)
+    msg = raises(assert_bit_exact, actual, expected)
     assert "1 of 24 elements differ (4.167%)" in msg
     assert "[2, 4]: actual" in msg
     assert "(float32 0x40490FDA)" in msg and "(float32 0x40490FDB)" in msg
@@ -48,8 +39,8 @@ def test_flipped_bit_is_reported_with_index_hex_and_ulp() -> None:
 
 
 def test_identical_inputs_pass_and_nans_are_equal_by_class() -> None:
-    a = _f32([0x7FC00000, 0xFFC00001, 0x7F800001, 0x00000000, 0x80000000, 0x7F800000])
-    b = _f32([0xFFFFFFFF, 0x7FC00000, 0x7FBFFFFF, 0x00000000, 0x80000000, 0x7F800000])
+    a = f32([0x7FC00000, 0xFFC00001, 0x7F800001, 0x00000000, 0x80000000, 0x7F800000])
+    b = f32([0xFFFFFFFF, 0x7FC00000, 0x7FBFFFFF, 0x00000000, 0x80000000, 0x7F800000])
     assert_bit_exact(a, b)
     assert_bit_exact(a.copy(), a)
     h = np.array([0x7E00, 0xFC01, 0x3C00], np.uint16).view(np.float16)
@@ -59,12 +50,12 @@ def test_identical_inputs_pass_and_nans_are_equal_by_class() -> None:
 
 
 def test_signed_zeros_differ_by_one_ulp() -> None:
-    msg = _raises(assert_bit_exact, np.float32([0.0]), np.float32([-0.0]))
+    msg = raises(assert_bit_exact, np.float32([0.0]), np.float32([-0.0]))
     assert "0x00000000" in msg and "0x80000000" in msg and "1 ULP" in msg
 
 
 def test_nan_against_number_is_reported() -> None:
-    msg = _raises(assert_bit_exact, _f32([0x7FC00000]), _f32([0x3F800000]))
+    msg = raises(assert_bit_exact, f32([0x7FC00000]), f32([0x3F800000]))
     assert "NaN vs number" in msg and "0x7FC00000" in msg
 
 
@@ -72,7 +63,7 @@ def test_torch_tensors_are_read_as_their_bits() -> None:
     exp = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.bfloat16)
     act = exp.clone()
     act.view(torch.int16)[1, 0] += 1  # 3.0 is bfloat16 0x4040
-    msg = _raises(assert_bit_exact, act, exp)
+    msg = raises(assert_bit_exact, act, exp)
     assert "[1, 0]: actual 3.015625 (bfloat16 0x4041) | expected 3.0 (bfloat16 0x4040) | 1 ULP" in msg
     # a transposed (non-contiguous) tensor against numpy, and requires_grad
     x = torch.arange(6, dtype=torch.float32).reshape(2, 3).t().requires_grad_()
@@ -81,7 +72,7 @@ def test_torch_tensors_are_read_as_their_bits() -> None:
     f8 = torch.tensor([1.0, -448.0, 0.001953125]).to(torch.float8_e4m3fn)
     assert_bit_exact(f8, f8.clone())
     assert_bit_exact(f8, np.array([0x38, 0xFE, 0x01], np.uint8), "e4m3")
-    msg = _raises(assert_bit_exact, f8, np.array([0x38, 0xFE, 0x02], np.uint8), "e4m3")
+    msg = raises(assert_bit_exact, f8, np.array([0x38, 0xFE, 0x02], np.uint8), "e4m3")
     assert "[2]: actual 0.001953125 (e4m3 0x01) | expected 0.00390625 (e4m3 0x02) | 1 ULP" in msg
 
 
@@ -90,7 +81,7 @@ def test_fmt_takes_codes_and_grid_values_and_refuses_the_rest() -> None:
     values = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
     assert_bit_exact(values, codes, "e4m3")
     assert_bit_exact(values.astype(ml_dtypes.bfloat16), codes.astype(np.int64), fmt="e4m3")
-    msg = _raises(assert_bit_exact, values, np.roll(codes, 1), "e4m3")
+    msg = raises(assert_bit_exact, values, np.roll(codes, 1), "e4m3")
     assert "(float32 0x00000000, e4m3 0x00) | expected" in msg and "(e4m3 0xFF)" in msg
     with pytest.raises(ValueError, match=r"actual\[3\] = 0.3 .* is not a value of e4m3"):
         assert_bit_exact(np.float64([0, 1, 2, 0.3]), np.zeros(4, np.uint8), "e4m3")
@@ -101,10 +92,10 @@ def test_fmt_takes_codes_and_grid_values_and_refuses_the_rest() -> None:
 
 
 def test_shape_and_dtype_mismatches_are_assertion_errors() -> None:
-    assert "shape mismatch: actual has shape (3,), expected (1, 3)" in _raises(
+    assert "shape mismatch: actual has shape (3,), expected (1, 3)" in raises(
         assert_bit_exact, np.zeros(3, np.float32), np.zeros((1, 3), np.float32)
     )
-    assert "dtype mismatch: actual is float32, expected is float16" in _raises(
+    assert "dtype mismatch: actual is float32, expected is float16" in raises(
         assert_bit_exact, np.zeros(3, np.float32), np.zeros(3, np.float16)
     )
 
@@ -113,7 +104,7 @@ def test_max_report_limits_the_listed_elements() -> None:
     e = np.zeros(40, np.float16)
     a = e.copy()
     a[::2] = 1
-    msg = _raises(assert_bit_exact, a, e, max_report=3)
+    msg = raises(assert_bit_exact, a, e, max_report=3)
     assert "20 of 40 elements differ (50%)" in msg
     assert msg.count("]: actual") == 3 and "[0]:" in msg and "[4]:" in msg and "... and 17 more" in msg
 
@@ -157,8 +148,8 @@ def test_ulp_distance_is_the_rank_difference_for_16_bit_floats(dtype: type) -> N
 
 
 def test_ulp_distance_in_float32_and_across_zero() -> None:
-    a = _f32([0x80000001, 0x7F7FFFFF, 0x3F800003, 0xFF800000])
-    r = compare(a, _f32([0x00000001, 0x7F800000, 0x3F800000, 0x7F800000]))
+    a = f32([0x80000001, 0x7F7FFFFF, 0x3F800003, 0xFF800000])
+    r = compare(a, f32([0x00000001, 0x7F800000, 0x3F800000, 0x7F800000]))
     np.testing.assert_array_equal(r.ulp, [3, 1, 3, 2 * 0x7F800000 + 1])
     # fnuz formats have no -0: -min and +min subnormal are 2 steps apart
     assert compare(np.uint8([0x81]), np.uint8([0x01]), "e4m3fnuz").max_ulp == 2
@@ -172,12 +163,12 @@ def test_ulp_budget_passes_within_and_reports_the_worst_beyond() -> None:
     a = e.copy()
     a.view(np.uint32)[[1, 5, 6]] += np.uint32([1, 3, 2])
     assert_within_ulp(a, e, ulp_budget=3)
-    msg = _raises(assert_within_ulp, a, e, ulp_budget=1)
+    msg = raises(assert_within_ulp, a, e, ulp_budget=1)
     assert "not within 1 ULP: 2 of 8 elements (25%) are further apart (3 differ at all)" in msg
     assert msg.splitlines()[1].startswith("worst: [5]: actual 1.0000003576278687 (float32 0x3F800003)")
     nan = e.copy()
     nan[0] = np.nan
-    assert "NaN vs number" in _raises(assert_within_ulp, nan, e, ulp_budget=1 << 30)
+    assert "NaN vs number" in raises(assert_within_ulp, nan, e, ulp_budget=1 << 30)
     with pytest.raises(ValueError, match="ulp_budget must be an int >= 0"):
         assert_within_ulp(e, e, ulp_budget=-1)
 
