@@ -24,7 +24,8 @@ mutant, for ``spawn._entry``).
 
 ``--sample N`` runs a uniform random sample of N of the package's mutants (``--seed``, default 30; the names
 are kept in ``.mutation/<package>/sample.txt``): a package too large for a session gets an estimated score
-with its 95 % (Wilson) interval, printed by ``--sample N --results``.
+with its 95 % (Wilson) interval, printed by ``--sample N --results``; ``--recheck --sample N`` rechecks the
+sample's mutants only.
 """
 
 from __future__ import annotations
@@ -304,7 +305,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.sample is not None and args.sample < 1:
         raise SystemExit(f"--sample must be a positive number of mutants, got {args.sample}")
     work = _workdir(args.package, packages[args.package])
-    if args.sample is not None:
+    if args.sample is not None and args.recheck:  # the sample's mutants only (and those of the globs)
+        sampled = (work / "sample.txt").read_text("utf-8").split() if (work / "sample.txt").exists() else []
+        if not sampled:
+            raise SystemExit(f"--recheck --sample: no sample drawn yet for {args.package!r}")
+        rest = [n for n in sampled if not rest or any(fnmatch.fnmatchcase(n, g) for g in rest)]
+        if not rest:
+            raise SystemExit("--recheck --sample: no sampled mutant matches the given names")
+    elif args.sample is not None:
         return _sample(work, args.sample, args.seed, args.results)
     if args.recheck:
         tests = shlex.split(args.tests) if args.tests else []
