@@ -243,7 +243,11 @@ def _sample(work: Path, size: int, seed: int, results: bool) -> int:
     if not names:
         raise SystemExit("no mutants generated: see mutmut's output above")
     chosen = sorted(random.Random(seed).sample(names, min(size, len(names))))
-    (work / "sample.txt").write_text("\n".join(chosen) + "\n", "utf-8")
+    drawn = work / "sample.txt"
+    if results and drawn.exists() and drawn.read_text("utf-8").split() != chosen:
+        held = len(drawn.read_text("utf-8").split())
+        raise SystemExit(f"the sample run for this package has {held} mutants, not --sample {size} --seed {seed}")
+    drawn.write_text("\n".join(chosen) + "\n", "utf-8")
     if not results:
         return subprocess.call([sys.executable, "-m", "mutmut", "run", "--max-children", "1", *chosen], cwd=work)
     listing = subprocess.run(
