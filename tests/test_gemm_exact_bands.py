@@ -75,3 +75,25 @@ def test_the_exact_accumulator_rounds_sums_beyond_float64_once(backend: str) -> 
     want = _reference(a, b)
     assert got[0, 0] == np.float32(2.0**30 + 2.0**7)  # the tie broken upward by 2^-32
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_the_band_width_leaves_room_for_both_operands_significands(backend: str) -> None:
+    """K = 3, A holds powers of two (``mbits_a = 0``), B values of up to 31 significant bits (``mbits_b = 30``):
+    the products 1 + 2^-24, 2^-30 + 2^-60 and -2^-30 sum to 1 + 2^-24 + 2^-60, just above float32's tie between
+    1 and 1 + 2^-23.  Whatever the order, one float64 sum of them is 1 + 2^-24 (61 bits do not fit 53), a tie
+    that rounds to 1; only bands narrow enough for B's 31 bits keep the 2^-60."""
+    a = [[1.0, 1.0, 1.0]]
+    b = [[1.0 + 2.0**-24], [2.0**-30 * (1.0 + 2.0**-30)], [-(2.0**-30)]]
+    if backend == "numpy":
+        from fp8sim.gemm._exact import exact_matmul_f32
+
+        got = exact_matmul_f32(np.array(a), np.array(b), 0, 30)
+    else:
+        torch = require("torch")
+        from fp8sim.gemm._torch_exact import exact_matmul_f32
+
+        got = exact_matmul_f32(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64), 0, 30)
+        got = got.numpy()
+    assert float(np.float64(1.0) + 2.0**-24 + 2.0**-60) == 1.0 + 2.0**-24  # float64 loses the 2^-60
+    assert got.dtype == np.float32 and got.tolist() == [[1.0 + 2.0**-23]]
