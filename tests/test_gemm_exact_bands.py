@@ -80,11 +80,11 @@ def test_the_exact_accumulator_rounds_sums_beyond_float64_once(backend: str) -> 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_the_band_width_leaves_room_for_both_operands_significands(backend: str) -> None:
     """K = 3, A holds powers of two (``mbits_a = 0``), B values of up to 31 significant bits (``mbits_b = 30``):
-    the products 1 + 2^-24, 2^-30 + 2^-60 and -2^-30 sum to 1 + 2^-24 + 2^-60, just above float32's tie between
-    1 and 1 + 2^-23.  Whatever the order, one float64 sum of them is 1 + 2^-24 (61 bits do not fit 53), a tie
-    that rounds to 1; only bands narrow enough for B's 31 bits keep the 2^-60."""
+    the products 1 + 2^-24, 2^-26 + 2^-56 and -2^-26 sum to 1 + 2^-24 + 2^-56, just above float32's tie between
+    1 and 1 + 2^-23.  Whatever the order, one float64 sum of them is 1 + 2^-24 (57 bits do not fit 53), a tie
+    that rounds to 1; only bands narrow enough for B's 31 bits (27 binades apart) keep the 2^-56."""
     a = [[1.0, 1.0, 1.0]]
-    b = [[1.0 + 2.0**-24], [2.0**-30 * (1.0 + 2.0**-30)], [-(2.0**-30)]]
+    b = [[1.0 + 2.0**-24], [2.0**-26 * (1.0 + 2.0**-30)], [-(2.0**-26)]]
     if backend == "numpy":
         from fp8sim.gemm._exact import exact_matmul_f32
 
@@ -95,5 +95,39 @@ def test_the_band_width_leaves_room_for_both_operands_significands(backend: str)
 
         got = exact_matmul_f32(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64), 0, 30)
         got = got.numpy()
-    assert float(np.float64(1.0) + 2.0**-24 + 2.0**-60) == 1.0 + 2.0**-24  # float64 loses the 2^-60
+    assert float(np.float64(1.0) + 2.0**-24 + 2.0**-56) == 1.0 + 2.0**-24  # float64 loses the 2^-56
     assert got.dtype == np.float32 and got.tolist() == [[1.0 + 2.0**-23]]
+
+
+def _terms() -> np.ndarray:
+    rng = np.random.default_rng(7)
+    rows = rng.choice([-1.0, 1.0], (300, 5)) * np.ldexp(
+        1.0 + rng.integers(0, 1 << 20, (300, 5)) / 2.0**20, rng.integers(-70, 70, (300, 5))
+    )
+    rows[rng.random((300, 5)) < 0.2] = 0.0
+    planted = []
+    for big, mid, tiny in [
+        (2.0**30, 2.0**6, 2.0**-40),
+        (2.0**30, 2.0**6, -(2.0**-40)),
+        (-1.0, -(2.0**-24), -(2.0**-80)),
+    ]:
+        for order in ([big, mid, tiny], [big, tiny, mid], [tiny, big, mid], [mid, tiny, big], [tiny, mid, big]):
+            planted.append([*order, 0.0, 0.0])  # float32 ties at big broken only by tiny
+    return np.vstack([rows, planted])
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_the_distilled_sum_is_the_exact_sum_rounded_once_to_float32(backend: str) -> None:
+    terms = _terms()
+    if backend == "numpy":
+        from fp8sim.gemm._exact import _distill, round_sum_to_f32
+
+        got = round_sum_to_f32(*_distill(list(terms.T)))
+    else:
+        torch = require("torch")
+        from fp8sim.gemm._torch_exact import rn_sum_f32
+
+        got = rn_sum_f32(torch.from_numpy(terms)).numpy()
+    want = np.array([_rne_f32(sum((Fraction(float(t)) for t in row), Fraction(0))) for row in terms], np.float32)
+    assert got[-15:].tolist()[:2] == [2.0**30 + 2.0**7, 2.0**30 + 2.0**7]
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
