@@ -1,12 +1,18 @@
 """User-built records are checked when built, each refusal naming the field and its allowed values:
-``InstructionModel`` (a tensor-core instruction), ``DeviceProfile`` and ``DeviceProfile.with_splits``."""
+``InstructionModel`` (a tensor-core instruction), ``Accumulator``, ``DeviceProfile`` and
+``DeviceProfile.with_splits``."""
 
 from __future__ import annotations
 
 import pytest
 
 from fp8sim.gemm import DeviceProfile, get_profile
+from fp8sim.gemm.accumulators import Accumulator
 from fp8sim.gemm.instructions import InstructionModel
+
+_MODELS = (
+    "hopper_wgmma, ada_mma, blackwell_tcgen05, blackwell_mma, blackwell_mma_km, blackwell_mxf8f6f4, blackwell_mxf4nvf4"
+)
 
 
 @pytest.mark.parametrize(
@@ -43,6 +49,25 @@ def test_instruction_model_takes_the_edges(kw: dict) -> None:
     args = {"name": "mine", "k": 32, "frac_bits": 13, **kw}
     model = InstructionModel(**args)
     assert all(getattr(model, key) == value for key, value in kw.items())
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"kind": "fp16"}, "kind must be one of 'exact', 'dequantized_fp32', 'fp32_matmul', 'tensor_core'; got 'fp16'"),
+        ({"kind": "tensor_core"}, f"instruction must be one of {_MODELS}; got None"),
+        ({"kind": "tensor_core", "instruction": "volta_mma"}, f"instruction must be one of {_MODELS}; got 'volta_mma'"),
+        (
+            {"kind": "tensor_core", "instruction": "hopper_wgmma", "promote_every": 48},
+            "promote_every must be a positive multiple of the instruction's K=32",
+        ),
+        ({"kind": "exact", "accumulate": "bfloat16"}, "accumulate must be 'float32' or 'float16'; got 'bfloat16'"),
+    ],
+)
+def test_accumulator_refusals(kw: dict, message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        Accumulator("mine", **kw)
+    assert str(err.value) == message
 
 
 @pytest.mark.parametrize(
