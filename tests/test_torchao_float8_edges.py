@@ -162,3 +162,63 @@ def test_explain_of_rowwise_scales_with_a_profile_takes_only_given_splits() -> N
     given = get_profile("h200").with_splits({(16, 32, 64): (2, "contiguous")})
     fprop = _plans(_Block(given, "rowwise"), dry=True)[0]
     assert (fprop.split, fprop.scheme, fprop.source) == (2, "contiguous", "override")
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_cuda_autocast_casts_the_input_first_like_torchao(monkeypatch: pytest.MonkeyPatch, recipe: str) -> None:
+    """torchao's forward (float8_linear.py) casts the input to the CUDA autocast dtype when
+    ``torch.is_autocast_enabled()`` (CUDA) is on; CUDA autocast is simulated for both libraries (a CPU host
+    cannot turn it on), the CPU's left off."""
+    cpu_dtype = torch.get_autocast_dtype
+
+    def enabled(device_type: str | None = None) -> bool:
+        return device_type in (None, "cuda")
+
+    def dtype(device_type: str) -> torch.dtype:
+        return torch.bfloat16 if device_type == "cuda" else cpu_dtype(device_type)
+
+    torch.manual_seed(3)
+    base = nn.Sequential(nn.Linear(32, 16))
+    x0 = torch.randn(6, 32, generator=torch.Generator().manual_seed(5))
+    runs = []
+    for model in _pair(recipe, base):
+        x = x0.clone().requires_grad_(True)
+        with monkeypatch.context() as mp:
+            mp.setattr(torch, "is_autocast_enabled", enabled)
+            mp.setattr(torch, "get_autocast_dtype", dtype)
+            mp.setattr(torch, "get_autocast_gpu_dtype", lambda: torch.bfloat16)
+            y = model(x)
+            y.float().square().sum().backward()
+        runs.append([y.detach(), x.grad, *(p.grad for p in model.parameters())])
+    assert runs[1][0].dtype == torch.bfloat16
+    for a, b in zip(*runs, strict=True):
+        assert a.dtype == b.dtype
+        assert_bit_exact(a, b)
+
+
+def test_a_high_precision_output_gemm_under_cpu_autocast_is_torchs_autocast_mm() -> None:
+    """All operands DISABLED: every GEMM is a plain ``torch.mm`` (float8_linear.py), which CPU autocast runs
+    in its dtype."""
+    off = ao.CastConfig(scaling_type=ao.ScalingType.DISABLED)
+    off_ours = fs.CastConfig(scaling_type=fs.ScalingType.DISABLED)
+    torch.manual_seed(3)
+    base = nn.Linear(32, 16)
+    theirs = ao.convert_to_float8_training(
+        nn.Sequential(copy.deepcopy(base)),
+        config=ao.Float8LinearConfig(
+            cast_config_input=off, cast_config_weight=off, cast_config_grad_output=off, emulate=True
+        ),
+    )
+    ours = fs.convert_to_float8_training(
+        nn.Sequential(copy.deepcopy(base)),
+        config=fs.Float8LinearConfig(
+            cast_config_input=off_ours, cast_config_weight=off_ours, cast_config_grad_output=off_ours
+        ),
+    )
+    x = torch.randn(6, 32, generator=torch.Generator().manual_seed(5))
+    outs = []
+    for model in (ours, theirs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outs.append(model(x))
+    assert outs[1].dtype == torch.bfloat16
+    assert_bit_exact(outs[0], outs[1])

@@ -76,3 +76,12 @@ def test_bias_of_another_dtype_is_cast_to_the_output_dtype_like_torchao() -> Non
     got, want = _step(ours, x), _step(theirs, x)
     assert want["output"].dtype == torch.bfloat16
     _assert_equal(got, want)
+
+
+def test_create_graph_warning_names_the_graphless_gemms() -> None:
+    from fp8sim._util.upstream_quirk import UpstreamQuirkWarning
+
+    ours, _ = _pair(torch.bfloat16, "rceil")
+    x = _heavy((32, 64), torch.bfloat16, 3).requires_grad_(True)
+    with pytest.warns(UpstreamQuirkWarning, match=r"create_graph=True through torchao's MXFP8 GEMMs \(mx_mm\)"):
+        torch.autograd.grad(ours(x).float().square().sum(), (x,), create_graph=True)
