@@ -47,14 +47,16 @@ def test_forward_of_a_3d_input_whose_sequence_is_not_k_equals_reference() -> Non
     assert_bit_exact(got, _reference_forward(m, x))
 
 
-def test_blocks_far_below_the_amax_get_the_smallest_normal_e4m3_scale() -> None:
-    """A block whose ``bmax / 6 * enc`` is below 2^-6 is scaled by 2^-6 (torchao's clamp), not by the
-    subnormal E4M3 code its quotient would round to."""
+def test_a_block_scale_below_the_smallest_normal_e4m3_is_raised_to_it() -> None:
+    """``enc = 2688 / amax = 1`` (amax 2688): a block whose max is 18 * 2^-9 has ``bmax / 6 * enc = 3 * 2^-9``,
+    below E4M3's smallest normal 2^-6, so torchao's clamp gives the block the scale 2^-6 (the element
+    ``18 * 2^-9 * 64 = 2.25`` rounds to 2, dequantized 2^-5); the subnormal code 3 * 2^-9 it would round to
+    otherwise would hold the element exactly (6 * 3 * 2^-9)."""
     m = _module()
-    x = _heavy((128, 128), 2).float()
-    x[:, :16] *= 1e-6  # the first 1x16 block of every row: about 1e-6 of the tensor's amax
-    x[0, 0] = 2.0**-10  # and one of them with a quotient between 2^-9 and 2^-6
-    x = x.to(torch.bfloat16)
+    x = (torch.rand(128, 128, generator=torch.Generator().manual_seed(2)) - 0.5).to(torch.bfloat16)
+    x[5, 20] = 2688.0
+    x[0, :16] = 0.0
+    x[0, 0] = 18 * 2.0**-9
     with torch.no_grad():
         got = m(x)
     assert_bit_exact(got, _reference_forward(m, x))
