@@ -12,9 +12,16 @@
   recipe, scales, amax histories, ``extra_fp8_variables``; DotProductAttention's ``num_gemms`` is 3), read back
   with fp8sim's TE-format decoder (tested against blobs built as TE builds them in
   ``tests/test_pytorch_tensor_extra_state.py``).
+- Masks against float64 math SDPA per sequence (the helpers of ``tests/test_pytorch_attention_alibi_padding.py``):
+  ``padding_causal_bottom_right`` aligns each sequence by its own lengths; "causal" forces top-left alignment of
+  the window and of ALiBi (TE sets ``bottom_right_diagonal = False``); refusals with their whole messages.
 """
 
 from __future__ import annotations
+
+import pytest
+from test_pytorch_attention_alibi_padding import _alibi, _per_sequence, _sdpa
+from test_pytorch_attention_alibi_padding import _qkv as _qkv64
 
 from fp8sim.testing.oracles import require
 
@@ -92,3 +99,68 @@ def test_dpa_extra_state_is_tes_with_its_fp8_variables() -> None:
     state = decode_te_extra_state(dpa.get_extra_state(), "DotProductAttention", allow_unsafe=True)
     assert state.extra_fp8_variables == {"fp8_checkpoint": True, "num_gemms": 3}
     assert tuple(state.scale_fwd.shape) == (9,) and tuple(state.amax_history_bwd.shape) == (4, 6)
+
+
+# -- masks and messages of DotProductAttention.forward (TE dot_product_attention.py) ---------------------------
+
+
+def test_padding_causal_bottom_right_aligns_each_sequence_by_its_own_lengths() -> None:
+    """One query per sequence (the others padding): bottom-right causal lets it see every key of its sequence
+    (offset ``actual_kv - actual_q`` per sequence, TE's get_full_mask)."""
+    b, sq, skv, h, d = 2, 3, 5, 2, 4
+    q, k, v = _qkv64(b, sq, skv, h, d, seed=21)
+    lens_q, lens_kv = [1, 1], [4, 5]
+    mq = (torch.arange(sq).view(1, sq) >= torch.tensor(lens_q).view(b, 1)).view(b, 1, 1, sq)
+    mk = (torch.arange(skv).view(1, skv) >= torch.tensor(lens_kv).view(b, 1)).view(b, 1, 1, skv)
+    dpa = te.DotProductAttention(
+        h, d, qkv_format="bshd", attn_mask_type="padding_causal_bottom_right", attention_type="cross"
+    )
+    out = dpa(q, k, v, attention_mask=(mq, mk))
+    _per_sequence(out, q, k, v, lens_q, lens_kv, d**-0.5)
+
+
+def test_causal_alibi_is_aligned_top_left_even_when_the_module_says_bottom_right() -> None:
+    """TE: ``attn_mask_type`` "causal" forces ``bottom_right_diagonal = False``, so with s_q < s_kv the causal
+    window and the ALiBi distances ``|i - j|`` both start at the top-left corner."""
+    b, sq, skv, h, d, scale = 1, 4, 6, 2, 4, 0.5
+    q, k, v = _qkv64(b, sq, skv, h, d, seed=22)
+    slopes = torch.tensor([0.5, 0.25], dtype=torch.float32)
+    dpa = te.DotProductAttention(h, d, qkv_format="bshd", attn_mask_type="causal", softmax_scale=scale)
+    out = dpa(q, k, v, core_attention_bias_type="alibi", alibi_slopes=slopes, bottom_right_diagonal=True)
+    bias = _alibi(slopes, sq, skv, 0)
+    bias = bias.masked_fill(torch.arange(skv).view(1, skv) > torch.arange(sq).view(sq, 1), float("-inf"))
+    ref = _sdpa(*(x[0].permute(1, 0, 2) for x in (q, k, v)), scale, bias).permute(1, 0, 2)
+    torch.testing.assert_close(out.reshape(b, sq, h, d)[0], ref, rtol=1e-6, atol=1e-7)
+
+
+def _raises(kind: type, message: str, fn) -> None:  # noqa: ANN001
+    with pytest.raises(kind) as info:
+        fn()
+    assert str(info.value) == message
+
+
+def test_refusals_have_whole_messages() -> None:
+    q, k, v = _qkv64(1, 2, 2, 2, 8, seed=23)
+    _raises(
+        NotImplementedError,
+        "fp8sim emulates softmax_type='vanilla' only; got 'off-by-one'",
+        lambda: te.DotProductAttention(2, 8, softmax_type="off-by-one"),
+    )
+    _raises(
+        AssertionError, "attention_type both not supported", lambda: te.DotProductAttention(2, 8, attention_type="both")
+    )
+    dpa = te.DotProductAttention(2, 8, qkv_format="bshd", attn_mask_type="no_mask")
+    _raises(
+        NotImplementedError,
+        "fp8sim does not emulate KV caching (inference_params)",
+        lambda: dpa(q, k, v, inference_params=object()),
+    )
+    _raises(
+        AssertionError,
+        "core_attention_bias must be None when core_attention_bias_type is alibi!",  # TE's words
+        lambda: dpa(q, k, v, core_attention_bias_type="alibi", core_attention_bias=torch.zeros(1, 2, 2, 2)),
+    )
+    arbitrary = te.DotProductAttention(2, 8, qkv_format="bshd", attn_mask_type="arbitrary")
+    _raises(AssertionError, "attention_mask must be given for attn_mask_type='arbitrary'", lambda: arbitrary(q, k, v))
+    wide = te.DotProductAttention(2, 16, qkv_format="bshd", attn_mask_type="no_mask")
+    _raises(AssertionError, "Keys have head_dim = 8, but expected head_dim = 16!", lambda: wide(q, k, v))
