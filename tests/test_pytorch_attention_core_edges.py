@@ -121,7 +121,9 @@ def test_padding_causal_bottom_right_aligns_each_sequence_by_its_own_lengths() -
 
 def test_causal_alibi_is_aligned_top_left_even_when_the_module_says_bottom_right() -> None:
     """TE: ``attn_mask_type`` "causal" forces ``bottom_right_diagonal = False``, so with s_q < s_kv the causal
-    window and the ALiBi distances ``|i - j|`` both start at the top-left corner."""
+    window and the ALiBi distances ``|i - j|`` both start at the top-left corner, and the flag changes no bit.
+    (Under a top-left causal mask a bottom-right ALiBi offset only adds a constant to each row, which softmax
+    removes in exact arithmetic: the float64 check cannot see it, the float32 bits can.)"""
     b, sq, skv, h, d, scale = 1, 4, 6, 2, 4, 0.5
     q, k, v = _qkv64(b, sq, skv, h, d, seed=22)
     slopes = torch.tensor([0.5, 0.25], dtype=torch.float32)
@@ -131,6 +133,13 @@ def test_causal_alibi_is_aligned_top_left_even_when_the_module_says_bottom_right
     bias = bias.masked_fill(torch.arange(skv).view(1, skv) > torch.arange(sq).view(sq, 1), float("-inf"))
     ref = _sdpa(*(x[0].permute(1, 0, 2) for x in (q, k, v)), scale, bias).permute(1, 0, 2)
     torch.testing.assert_close(out.reshape(b, sq, h, d)[0], ref, rtol=1e-6, atol=1e-7)
+    q32, k32, v32 = (x.float() for x in _qkv64(2, 16, 24, h, d, seed=23))
+    slopes = torch.tensor([0.7, 0.3], dtype=torch.float32)
+    outs = [
+        dpa(q32, k32, v32, core_attention_bias_type="alibi", alibi_slopes=slopes, bottom_right_diagonal=flag)
+        for flag in (True, False, None)
+    ]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 def _raises(kind: type, message: str, fn) -> None:  # noqa: ANN001
