@@ -27,6 +27,7 @@ added after the GEMM in the output dtype (``out + bias.to(out.dtype)``), so its 
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from typing import Any, NamedTuple
 
@@ -318,6 +319,12 @@ def _autocast_dtype(device_type: str) -> torch.dtype | None:
     return None
 
 
+def _no_autocast(device_type: str) -> Any:
+    """Autocast off on ``device_type`` where it is on; a device type autocast does not know (``meta``, on which
+    torchao's Float8Linear traces shapes) has none to turn off, and ``torch.autocast`` refuses it."""
+    return torch.autocast(device_type, enabled=False) if _autocast_dtype(device_type) else contextlib.nullcontext()
+
+
 class _Float8MatMul(torch.autograd.Function):
     """``input @ weight_t`` with float8 GEMMs forward and backward (torchao's ``matmul_with_hp_or_float8_args``)."""
 
@@ -336,7 +343,7 @@ class _Float8MatMul(torch.autograd.Function):
         ctx.tp_group = _TP_AMAX_GROUP.get()  # the backward casts reduce their amaxes over it too
         input_2d = input_hp.reshape(-1, input_hp.shape[-1])
         # torchao's mm runs below autocast (in __torch_dispatch__): keep fp8sim's float32 GEMMs out of it
-        with torch.autocast(input_hp.device.type, enabled=False):
+        with _no_autocast(input_hp.device.type):
             out, in_op, w_op = _gemm(
                 input_2d,
                 weight_hp_t,

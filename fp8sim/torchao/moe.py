@@ -214,9 +214,10 @@ def _fp8_axiswise(x: torch.Tensor, dim: int, fmt: Any) -> tuple[torch.Tensor, to
     x32 = x.detach().float().numpy()
     amax = np.max(np.abs(x32), axis=dim, keepdims=True, initial=np.float32(0))
     scale = torchao_amax_to_scale(amax, fmt, round_scales_to_power_of_2=True)
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # an Inf amax: scale 0, as torchao's
         codes = encode(x32 * scale, fmt, saturate=True)
-    return torch.from_numpy(codes).view(fmt.torch_dtype), torch.from_numpy(np.float32(1) / scale)
+        inverse = np.float32(1) / scale
+    return torch.from_numpy(codes).view(fmt.torch_dtype), torch.from_numpy(inverse)
 
 
 class _Float8GroupedMM(torch.autograd.Function):
