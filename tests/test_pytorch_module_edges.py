@@ -361,3 +361,76 @@ def test_fp8_unpadding_backward_pads_the_gradient_with_zero_rows_and_runs_withou
         rows = torch.zeros(48, 8)
         rows[0:3], rows[16:36] = keep[0:3], keep[3:23]
         assert splits == [16, 32, 0] and torch.equal(padded, rows)
+
+
+@pytest.mark.parametrize("variant", ["e4m3x16", "ue5m3x16"])
+def test_nvfp4_gradient_stochastic_rounding_is_seeded_and_applied(variant: str) -> None:
+    """TE's NVFP4 grad quantizer rounds stochastically (``fp4_quant_bwd_grad``) with a Philox seed per call, so a
+    step repeated on an identical module gives the same bits, and they differ from round-to-nearest."""
+
+    def step(recipe: NVFP4BlockScaling) -> tuple:
+        torch.manual_seed(11)
+        lin = te.Linear(64, 32)
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(12), requires_grad=True)
+        with te.autocast(recipe=recipe):
+            lin(x).backward(torch.randn(32, 32, generator=torch.Generator().manual_seed(13)))
+        return x.grad, lin.weight.grad
+
+    kw = {"disable_rht": True, "fp8sim_nvfp4_variant": variant}
+    first, again = step(NVFP4BlockScaling(**kw)), step(NVFP4BlockScaling(**kw))
+    nearest = step(NVFP4BlockScaling(**kw, disable_stochastic_rounding=True))
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not torch.equal(first[0], nearest[0]) and not torch.equal(first[1], nearest[1])
+
+
+def test_nvfp4_hadamard_operand_of_a_float32_tensor_is_that_of_its_bf16_rounding() -> None:
+    """TE's RHT kernel takes bf16 only (csrc/quantizer.cpp:2632, "RHT is only supported for bfloat16 input");
+    fp8sim rounds a float32 wgrad operand to bf16 first, so it quantizes as TE's reference does the bf16 tensor
+    (tests/_te_nvfp4_reference.py, from TE's nvfp4_tensor.py get_rht_matrix and reference_nvfp4.py)."""
+    import numpy as np
+    from _te_nvfp4_reference import apply_rht, quantize_1x16
+
+    from fp8sim.pytorch.module._operands import quantize_operand
+
+    torch.manual_seed(11)
+    x = torch.randn(32, 64)
+    assert not torch.equal(x, x.to(torch.bfloat16).float())
+    op = quantize_operand(x, NVFP4BlockScaling(disable_stochastic_rounding=True), "input", 0)
+    packed, scales, amax = quantize_1x16(apply_rht(x.to(torch.bfloat16).t().contiguous()))
+    codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(64, 32)
+    assert np.array_equal(op.qt.codes, codes.numpy()) and np.array_equal(op.qt.scales, scales.numpy())
+    assert np.float32(op.qt.global_amax) == np.float32(amax.item())
+
+
+def test_the_backward_gemms_write_tes_output_dtypes() -> None:
+    """TE linear.py:1091: an ``fp8_grad`` dgrad is written by the GEMM with the grad-input quantizer, a backward
+    one (HYBRID: E5M2) under delayed scaling; linear.py:1250-1251: a fused wgrad is written in ``main_grad``'s
+    dtype.  The plans (``fp8sim explain``) name the dtype each GEMM writes."""
+    from fp8sim.gemm.plans import record_plans
+
+    m = te.Linear(32, 16, params_dtype=torch.bfloat16, fuse_wgrad_accumulation=True)
+    m.weight.main_grad = torch.zeros(16, 32)
+    x = torch.randn(16, 32).to(torch.bfloat16).requires_grad_()
+    with record_plans() as rec:
+        with te.autocast(recipe=DelayedScaling(fp8_format=Format.HYBRID)):
+            y = m(x, fp8_grad=True)
+        y.float().sum().backward()
+    assert [(p.role, p.out_dtype) for p in rec.plans] == [
+        ("fprop", "bfloat16"),
+        ("dgrad", "e5m2"),
+        ("wgrad", "float32"),
+    ]
+
+
+@pytest.mark.parametrize("first_microbatch", [True, False])
+def test_high_precision_backward_override_accumulates_wgrad_into_main_grad(first_microbatch: bool) -> None:
+    """TE linear.py:1230-1236 also under ``backward_override="high_precision"`` (its wgrad GEMM takes the original
+    input and gradient): accumulated into ``main_grad`` unless ``is_first_microbatch``.  Exact integers."""
+    m = te.Linear(16, 8, bias=False, fuse_wgrad_accumulation=True)
+    x, g = _ints(16, 16, seed=6), _ints(16, 8, seed=7)
+    m.weight.main_grad = torch.ones(8, 16)
+    with te.autocast(recipe=Float8CurrentScaling(backward_override="high_precision")):
+        y = m(x, is_first_microbatch=first_microbatch)
+    y.backward(g)
+    dw = g.double().t() @ x.double()
+    assert torch.equal(m.weight.main_grad.double(), dw if first_microbatch else 1 + dw)
