@@ -434,3 +434,14 @@ def test_high_precision_backward_override_accumulates_wgrad_into_main_grad(first
     y.backward(g)
     dw = g.double().t() @ x.double()
     assert torch.equal(m.weight.main_grad.double(), dw if first_microbatch else 1 + dw)
+
+
+def test_a_weight_that_overwrites_main_grad_is_not_accumulated_into() -> None:
+    """TE linear.py:751 and 1256-1259: ``weight.overwrite_main_grad = True`` (Megatron) makes the wgrad GEMM write
+    ``main_grad`` instead of accumulating into it, whatever ``is_first_microbatch``.  Exact integers."""
+    m = te.Linear(16, 8, bias=False, fuse_wgrad_accumulation=True)
+    x, g = _ints(16, 16, seed=8), _ints(16, 8, seed=9)
+    m.weight.main_grad = torch.ones(8, 16)
+    m.weight.overwrite_main_grad = True
+    m(x).backward(g)
+    assert torch.equal(m.weight.main_grad.double(), g.double().t() @ x.double())
