@@ -445,3 +445,36 @@ def test_a_weight_that_overwrites_main_grad_is_not_accumulated_into() -> None:
     m.weight.overwrite_main_grad = True
     m(x).backward(g)
     assert torch.equal(m.weight.main_grad.double(), g.double().t() @ x.double())
+
+
+def test_nvfp4_4over6_module_operands_read_the_fast_math_error_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TE csrc/quantizer.cpp:2692-2696: ``NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH=1`` switches the 4over6 kernel to the
+    f16 candidate error, for the modules' operands too; reference: TE's kernel as written in
+    tests/test_pytorch_nvfp4_4over6.py (``_kernel``), whose data picks differently on the two error paths."""
+    from test_pytorch_nvfp4_4over6 import _G, _SPLIT, _amax, _kernel, _x
+
+    from fp8sim.pytorch.module._operands import quantize_operand
+
+    x = _x((32, 64), seed=11, dtype=torch.float32).clamp(-1, 1)
+    x[0, :16] = torch.tensor(_SPLIT["MAE"])
+    x[1, 16] = _G
+    recipe = NVFP4BlockScaling(
+        nvfp4_4over6="all", disable_rht=True, disable_stochastic_rounding=True, disable_2d_quantization=True
+    )
+    monkeypatch.setenv("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH", "1")
+    op = quantize_operand(x, recipe, "input", 1)
+    codes, scales = _kernel(x.numpy(), _amax(x.numpy()), 256, "MAE", False, fast=True)
+    assert (op.qt.codes == codes).all() and (op.qt.scales == scales).all()
+    assert not (codes == _kernel(x.numpy(), _amax(x.numpy()), 256, "MAE", False)[0]).all()
+
+
+def test_only_the_regions_first_grouped_linear_updates_the_backward_scales() -> None:
+    """TE grouped_linear.py:978-981: ``reduce_and_update_bwd_fp8_tensors`` is set under FP8 for the region's first
+    module only (``is_first_fp8_module``): a second GroupedLinear in the same region leaves it False."""
+    a, b = te.GroupedLinear(2, 32, 32), te.GroupedLinear(2, 32, 32)
+    x = torch.randn(64, 32, requires_grad=True)
+    with te.autocast(recipe=Float8CurrentScaling()):
+        h = a(x, [32, 32])
+        y = b(h, [32, 32])
+    assert h.grad_fn.fp8 and h.grad_fn.reduce_and_update_bwd_fp8_tensors
+    assert y.grad_fn.fp8 and not y.grad_fn.reduce_and_update_bwd_fp8_tensors
