@@ -478,3 +478,58 @@ def test_only_the_regions_first_grouped_linear_updates_the_backward_scales() -> 
         y = b(h, [32, 32])
     assert h.grad_fn.fp8 and h.grad_fn.reduce_and_update_bwd_fp8_tensors
     assert y.grad_fn.fp8 and not y.grad_fn.reduce_and_update_bwd_fp8_tensors
+
+
+def test_sequence_parallel_refuses_a_high_precision_backward_override_before_any_collective() -> None:
+    """fp8sim refuses ``sequence_parallel`` with ``backward_override="high_precision"`` (TE re-gathers the original
+    input in backward, not emulated) in the forward's checks, before the module touches its (here unusable) group."""
+    m = te.Linear(32, 64, tp_size=2, parallel_mode="column", sequence_parallel=True)
+    m.set_tensor_parallel_group(object())
+    want = "fp8sim: sequence_parallel with backward_override='high_precision' (TE re-gathers the original input)"
+    with pytest.raises(NotImplementedError, match=f"^{re.escape(want)}$"):
+        with te.autocast(recipe=Float8CurrentScaling(backward_override="high_precision")):
+            m(torch.randn(16, 32))
+
+
+@pytest.fixture
+def group_of_one():  # noqa: ANN201
+    """A gloo group of this process alone: TE's collectives over it are identities."""
+    import tempfile
+
+    dist = require("torch.distributed")
+    own = not dist.is_initialized()
+    if own:
+        with tempfile.NamedTemporaryFile(delete=False) as f:
+            store = dist.FileStore(f.name, 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    if dist.get_world_size() != 1:
+        pytest.fail("a process group of several ranks is already initialised in this process")
+    try:
+        yield dist.new_group([0])
+    finally:
+        if own:
+            dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("mode", ["column", "row"])
+def test_a_tensor_parallel_linear_over_one_rank_is_the_local_linear_of_its_shard(group_of_one, mode, sp) -> None:  # noqa: ANN001
+    """TE linear.py with ``tp_size=2`` and a group of one rank: the column layer's copy/all-gather and the row layer's
+    all-reduce/reduce-scatter are identities, the row layer adds its bias after the reduction: output and every
+    gradient are those of a plain Linear holding the same shard (``tp_size`` 2 keeps the shapes of one of two)."""
+    torch.manual_seed(0)
+    m = te.Linear(32, 64, tp_size=2, parallel_mode=mode, sequence_parallel=sp)
+    m.set_tensor_parallel_group(group_of_one)
+    ref = te.Linear(m.weight.shape[1], m.weight.shape[0])
+    with torch.no_grad():
+        ref.weight.copy_(m.weight)
+        ref.bias.copy_(m.bias)
+    x = torch.randn(16, m.weight.shape[1])
+    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+    with te.autocast(recipe=Float8CurrentScaling()):
+        ys = [m(xs[0]), ref(xs[1])]
+    assert torch.equal(ys[0], ys[1])
+    for y in ys:
+        y.backward(torch.linspace(-1, 1, y.numel()).reshape(y.shape))
+    assert torch.equal(xs[0].grad, xs[1].grad) and torch.equal(m.weight.grad, ref.weight.grad)
+    assert torch.equal(m.bias.grad, ref.bias.grad)
