@@ -533,3 +533,26 @@ def test_a_tensor_parallel_linear_over_one_rank_is_the_local_linear_of_its_shard
         y.backward(torch.linspace(-1, 1, y.numel()).reshape(y.shape))
     assert torch.equal(xs[0].grad, xs[1].grad) and torch.equal(m.weight.grad, ref.weight.grad)
     assert torch.equal(m.bias.grad, ref.bias.grad)
+
+
+def test_custom_recipe_boundary_roles_reach_the_factory() -> None:
+    """TE linear.py:1816-1840 ``get_quantizer_roles``: the output slot takes ``output_quantizer_role`` and the
+    grad-input slot ``grad_input_quantizer_role`` (the consumers' identities) when they are set."""
+    from fp8sim.pytorch.constants import DType as D
+    from fp8sim.pytorch.tensor import QuantizerRole
+    from fp8sim.recipe import CustomRecipe
+
+    seen: list = []
+
+    def qfactory(role):  # noqa: ANN001, ANN202
+        seen.append(role)
+        return te.Float8CurrentScalingQuantizer(D.kFloat8E4M3)
+
+    lin = te.Linear(32, 32, name="proj")
+    out_role, gi_role = QuantizerRole("linear", "input", "next"), QuantizerRole("linear", "grad_output", "prev")
+    lin.output_quantizer_role, lin.grad_input_quantizer_role = out_role, gi_role
+    with te.autocast(recipe=CustomRecipe(qfactory=qfactory)):
+        lin(torch.randn(16, 32))
+    r = QuantizerRole
+    assert seen == [r("linear", "input", "proj"), r("linear", "weight", "proj"), out_role,
+                    r("linear", "grad_output", "proj"), gi_role]  # fmt: skip
