@@ -556,3 +556,16 @@ def test_custom_recipe_boundary_roles_reach_the_factory() -> None:
     r = QuantizerRole
     assert seen == [r("linear", "input", "proj"), r("linear", "weight", "proj"), out_role,
                     r("linear", "grad_output", "proj"), gi_role]  # fmt: skip
+
+
+def test_block_scaled_gemm_plans_name_their_blocks() -> None:
+    """The plan's ``scaling`` (``fp8sim explain``) of block-scaled GEMMs: MXFP8 scales 1x32 blocks (TE
+    MXFP8BlockScaling); Float8BlockScaling the input 1x128 and the weight 128x128 tiles (its default dims 1 and 2)."""
+    from fp8sim.gemm.plans import record_plans
+    from fp8sim.recipe import Float8BlockScaling, MXFP8BlockScaling
+
+    for recipe, want in ((MXFP8BlockScaling(), "1x32 blocks"), (Float8BlockScaling(), "1x128 blocks x 128x128 blocks")):
+        with record_plans() as rec:
+            with te.autocast(recipe=recipe):
+                te.Linear(128, 128)(torch.randn(128, 128))
+        assert [p.scaling for p in rec.plans] == [want]
