@@ -445,3 +445,32 @@ def test_block_scaled_gemm_plans_name_their_blocks() -> None:
             with te.autocast(recipe=recipe):
                 te.Linear(128, 128)(torch.randn(128, 128))
         assert [p.scaling for p in rec.plans] == [want]
+
+
+def test_delayed_scaling_fp8_output_stages_the_output_amax_in_the_output_slot() -> None:
+    """TE linear.py (``fp8_output``): under delayed scaling the GEMM output goes through the forward OUTPUT slot
+    (index 2), whose amax is the output's before the cast: that of the same module's high-precision output."""
+    torch.manual_seed(0)
+    a, b = te.Linear(16, 16), te.Linear(16, 16)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(16, 16)
+    with te.autocast(recipe=DelayedScaling()):
+        y = a(x)
+    with te.autocast(recipe=DelayedScaling()):
+        b(x, fp8_output=True)
+    assert b.fp8_gemms["gemm"].fwd.amax_history[-1, 2] == y.abs().max().item()
+    assert a.fp8_gemms["gemm"].fwd.amax_history[-1, 2] == 0.0  # without fp8_output the slot stays unused
+
+
+def test_collected_statistics_count_current_scaling_underflows() -> None:
+    """``collect_stats``/``fp8_stats``: every quantized element, and the nonzero ones the cast flushes to zero;
+    current scaling (scale = 448 / amax, TE's) leaves 1e-10 beside 1000 far below E4M3's 2^-9 subnormal."""
+    m = te.Linear(16, 16)
+    m.collect_stats()
+    x = torch.full((16, 16), 1e-10)
+    x[0, 0] = 1000.0
+    with torch.no_grad():
+        m.weight.fill_(1.0)
+    with te.autocast(recipe=Float8CurrentScaling()):
+        m(x)
+    assert m.fp8_stats == {"elements": 512, "overflow": 0, "underflow": 255}
