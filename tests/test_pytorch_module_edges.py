@@ -300,7 +300,8 @@ def test_fp8_unpadding_backward_pads_the_gradient_with_zero_rows_and_runs_withou
 
 
 def test_the_backward_gemms_write_tes_output_dtypes() -> None:
-    """TE linear.py:1091: an ``fp8_grad`` dgrad is written by the GEMM with the grad-input quantizer, a backward
+    """TE linear.py: an ``fp8_output`` fprop is written with the forward OUTPUT quantizer (HYBRID: E4M3) and
+    (line 1091) an ``fp8_grad`` dgrad is written by the GEMM with the grad-input quantizer, a backward
     one (HYBRID: E5M2) under delayed scaling; linear.py:1250-1251: a fused wgrad is written in ``main_grad``'s
     dtype.  The plans (``fp8sim explain``) name the dtype each GEMM writes."""
     from fp8sim.gemm.plans import record_plans
@@ -310,10 +311,10 @@ def test_the_backward_gemms_write_tes_output_dtypes() -> None:
     x = torch.randn(16, 32).to(torch.bfloat16).requires_grad_()
     with record_plans() as rec:
         with te.autocast(recipe=DelayedScaling(fp8_format=Format.HYBRID)):
-            y = m(x, fp8_grad=True)
+            y = m(x, fp8_output=True, fp8_grad=True)
         y.float().sum().backward()
     assert [(p.role, p.out_dtype) for p in rec.plans] == [
-        ("fprop", "bfloat16"),
+        ("fprop", "e4m3"),
         ("dgrad", "e5m2"),
         ("wgrad", "float32"),
     ]
