@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import warnings
 
+import numpy as np
 import pytest
 
 from fp8sim.testing.oracles import require
@@ -475,3 +476,19 @@ def test_collected_statistics_count_current_scaling_underflows() -> None:
     with te.autocast(recipe=Float8CurrentScaling()):
         m(x)
     assert m.fp8_stats == {"elements": 512, "overflow": 0, "underflow": 255}
+
+
+@pytest.mark.parametrize("trainable", ["bias", "layer_norm_weight", "layer_norm_bias"])
+def test_a_module_trainable_only_through_its_bias_or_norm_takes_the_backward_update_role(trainable: str) -> None:
+    """TE layernorm_linear.py:592: ``requires_grad(inp, ln_weight, ln_bias, weight, bias)`` decides whether the
+    module asks ``is_first_fp8_module``; one trainable bias or norm parameter is enough, so its backward updates
+    the backward scales (HYBRID E5M2 max 57344, margin 0, history of one: scale = 57344 / amax(grad))."""
+    torch.manual_seed(1)
+    m = te.LayerNormLinear(16, 16)
+    m.requires_grad_(False)
+    getattr(m, trainable).requires_grad_(True)
+    g = torch.randn(16, 16) * 4
+    with te.autocast(recipe=DelayedScaling(amax_history_len=1)):
+        y = m(torch.randn(16, 16))
+    y.backward(g)
+    assert m.fp8_gemms["gemm"].bwd.scale[0] == np.float32(57344.0) / np.float32(g.abs().max().item())
