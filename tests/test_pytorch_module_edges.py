@@ -492,3 +492,28 @@ def test_a_module_trainable_only_through_its_bias_or_norm_takes_the_backward_upd
         y = m(torch.randn(16, 16))
     y.backward(g)
     assert m.fp8_gemms["gemm"].bwd.scale[0] == np.float32(57344.0) / np.float32(g.abs().max().item())
+
+
+def test_a_frozen_fp8_primary_weight_gets_its_columnwise_copy_for_the_input_gradient() -> None:
+    """TE linear.py:1051: a block-scaled FP8 weight made without grad holds its rowwise copy only; when the input
+    needs a gradient (the weight frozen) the dgrad asks ``update_usage(columnwise_usage=True)``, made from the
+    rowwise 128x128 tiles, and the input gradient is that of the same module with high-precision weights."""
+    from fp8sim.recipe import Float8BlockScaling
+
+    recipe = Float8BlockScaling()
+    torch.manual_seed(5)
+    ref = te.Linear(128, 128, bias=False)
+    torch.manual_seed(5)
+    with torch.no_grad(), te.quantized_model_init(recipe=recipe):
+        fp8 = te.Linear(128, 128, bias=False)
+    assert fp8.weight.get_usages() == {"rowwise": True, "columnwise": False}
+    x = torch.randn(128, 128)
+    grads = []
+    for m in (fp8, ref):
+        m.weight.requires_grad_(False)
+        xr = x.clone().requires_grad_(True)
+        with te.autocast(recipe=recipe):
+            y = m(xr)
+        y.backward(torch.ones_like(y))
+        grads.append(xr.grad)
+    assert fp8.weight.get_usages()["columnwise"] and torch.equal(grads[0], grads[1])
