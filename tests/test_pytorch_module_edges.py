@@ -517,3 +517,18 @@ def test_a_frozen_fp8_primary_weight_gets_its_columnwise_copy_for_the_input_grad
         y.backward(torch.ones_like(y))
         grads.append(xr.grad)
     assert fp8.weight.get_usages()["columnwise"] and torch.equal(grads[0], grads[1])
+
+
+def test_a_factory_returning_no_quantizer_names_the_accepted_ones() -> None:
+    """A ``CustomRecipe`` factory must return a TE quantizer (TE's ``qfactory`` contract): anything else is a
+    TypeError naming what came back and, with TE's class names, what the modules take."""
+    from fp8sim.recipe import CustomRecipe
+
+    want = (
+        "CustomRecipe qfactory returned object; fp8sim's modules take TE quantizers "
+        "(Float8Quantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer, Float8BlockQuantizer, "
+        "NVFP4Quantizer, IdentityQuantizer), custom quantizers (.custom True) or a DelayedScalingRequest"
+    )
+    with pytest.raises(TypeError, match=f"^{re.escape(want)}$"):
+        with te.autocast(recipe=CustomRecipe(qfactory=lambda role: object())):
+            te.Linear(16, 16)(torch.randn(16, 16))
