@@ -25,7 +25,8 @@ def _rows(rows: list[int], inp: torch.Tensor, fill: Any) -> torch.Tensor:
 class _Pad(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, inp: torch.Tensor, m_splits: list[int], padded: list[int]) -> torch.Tensor:
-        ctx.m_splits, ctx.padded = m_splits, padded
+        if ctx is not None:  # None: called directly under no_grad (TE keeps nothing then, fp8_padding.py:44)
+            ctx.m_splits, ctx.padded = m_splits, padded
         return _rows(padded, inp, lambda i, o: fused_multi_row_padding(i, o, m_splits, padded))
 
     @staticmethod
@@ -37,7 +38,8 @@ class _Pad(torch.autograd.Function):
 class _Unpad(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, inp: torch.Tensor, m_splits: list[int], padded: list[int]) -> torch.Tensor:
-        ctx.m_splits, ctx.padded = m_splits, padded
+        if ctx is not None:
+            ctx.m_splits, ctx.padded = m_splits, padded
         return _rows(m_splits, inp, lambda i, o: fused_multi_row_unpadding(i, o, padded, m_splits))
 
     @staticmethod
