@@ -151,3 +151,32 @@ def test_torch_conventions_take_lists_and_keep_0d_arrays_for_e8m0():
         assert isinstance(got, np.ndarray) and got.tolist() == want
         zero_d = conv.encode(np.array(-1.0, np.float32), "e8m0")
         assert isinstance(zero_d, np.ndarray) and zero_d.shape == () and zero_d == want[1]
+
+
+def test_decode_of_empty_wide_unsigned_tensors_and_of_a_non_integer_names_the_type():
+    """torch's uint16/uint32/uint64 codes are decoded through int64 (torch has no min/max for them); an empty
+    one gives an empty float32 tensor.  A code that is no integer is refused by its type's name."""
+    torch = require("torch")
+    import fp8sim
+
+    for name in ("uint16", "uint32", "uint64"):
+        if hasattr(torch, name):
+            out = fp8sim.decode(torch.empty((0, 3), dtype=getattr(torch, name)), "e4m3")
+            assert out.shape == (0, 3) and out.dtype == torch.float32
+    with pytest.raises(TypeError, match=r"^codes must be integers \(int, integer array or tensor\); got str$"):
+        fp8sim.decode("7", "e4m3")
+
+
+def test_the_exact_path_widens_signalling_nans_without_a_warning():
+    """A format whose grid reaches below float32 bit 16 is cast through float64 (no table): float32 signalling
+    NaNs are quieted there without numpy's "invalid value" warning, and stay NaN of their sign."""
+    import warnings
+
+    import fp8sim
+
+    deep = fp8sim.FloatFormat("x_e4m3_b140", 4, 3, 140, specials="fn")
+    snan = np.array([0x7F800001, 0xFF800001, 0x7FA00000], np.uint32).view(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        codes = fp8sim.encode(snan, deep)
+    assert codes.tolist() == [0x7F, 0xFF, 0x7F]
