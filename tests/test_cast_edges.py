@@ -180,3 +180,14 @@ def test_the_exact_path_widens_signalling_nans_without_a_warning():
         warnings.simplefilter("error")
         codes = fp8sim.encode(snan, deep)
     assert codes.tolist() == [0x7F, 0xFF, 0x7F]
+
+
+def test_seeds_that_differ_only_in_their_high_word_give_different_streams():
+    """All 64 bits of a stochastic-rounding seed count: seeds ``j * 2^32`` (low word 0) give pairwise different
+    random bits, as do seeds that differ in one high bit."""
+    from fp8sim.cast._random import numpy_bits
+
+    streams = {tuple(numpy_bits(j << 32, 0, 8).tolist()) for j in range(64)}
+    assert len(streams) == 64
+    flips = {tuple(numpy_bits(5 | (1 << (32 + b)), 0, 8).tolist()) for b in range(32)}
+    assert len(flips) == 32 and tuple(numpy_bits(5, 0, 8).tolist()) not in flips
