@@ -191,3 +191,20 @@ def test_seeds_that_differ_only_in_their_high_word_give_different_streams():
     assert len(streams) == 64
     flips = {tuple(numpy_bits(5 | (1 << (32 + b)), 0, 8).tolist()) for b in range(32)}
     assert len(flips) == 32 and tuple(numpy_bits(5, 0, 8).tolist()) not in flips
+
+
+def test_a_format_below_float32_bit_16_is_rounded_from_every_bit():
+    """A record whose half grid spacing (2^-144) lies below float32 bit 16 (weight >= 2^-133 there) cannot use
+    the 2^17-entry float32 table (upper 16 bits and a sticky bit): float32 inputs whose low bits decide the
+    rounding are rounded exactly, as the spec's Fraction reference (``conftest.ref_encode_array``) says."""
+    from conftest import assert_codes_equal, ref_encode_array
+
+    import fp8sim
+
+    deep = fp8sim.FloatFormat("x_e4m3_b140", 4, 3, 140, specials="fn")
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0x00000001, 0x00800000, 2000, dtype=np.uint32)  # float32 subnormals: DEEP's low range
+    x = np.concatenate([bits, bits | 0x80000000]).view(np.float32)
+    for rounding in ("nearest_even", "toward_zero", "up"):
+        want = ref_encode_array(x, deep, rounding, True)
+        assert_codes_equal(fp8sim.encode(x, deep, rounding=rounding), want, deep, x, rounding)
