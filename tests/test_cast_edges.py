@@ -196,7 +196,8 @@ def test_seeds_that_differ_only_in_their_high_word_give_different_streams():
 def test_a_format_below_float32_bit_16_is_rounded_from_every_bit():
     """A record whose half grid spacing (2^-144) lies below float32 bit 16 (weight >= 2^-133 there) cannot use
     the 2^17-entry float32 table (upper 16 bits and a sticky bit): float32 inputs whose low bits decide the
-    rounding are rounded exactly, as the spec's Fraction reference (``conftest.ref_encode_array``) says."""
+    rounding are rounded exactly, as the spec's Fraction reference (``conftest.ref_encode_array``) says (numpy
+    and torch)."""
     from conftest import assert_codes_equal, ref_encode_array
 
     import fp8sim
@@ -205,6 +206,9 @@ def test_a_format_below_float32_bit_16_is_rounded_from_every_bit():
     rng = np.random.default_rng(7)
     bits = rng.integers(0x00000001, 0x00800000, 2000, dtype=np.uint32)  # float32 subnormals: DEEP's low range
     x = np.concatenate([bits, bits | 0x80000000]).view(np.float32)
+    torch = require("torch")
     for rounding in ("nearest_even", "toward_zero", "up"):
         want = ref_encode_array(x, deep, rounding, True)
         assert_codes_equal(fp8sim.encode(x, deep, rounding=rounding), want, deep, x, rounding)
+        got = fp8sim.encode(torch.from_numpy(x), deep, rounding=rounding)
+        assert_codes_equal(got, want, deep, x, f"{rounding} torch float32")
