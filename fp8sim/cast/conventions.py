@@ -80,7 +80,7 @@ class Convention:
             opts["seed"] = seed
         x = self._narrow(x)
         if not f.signed and self.unsigned_negative == "abs":
-            x = abs(x)
+            x = _abs(x)
         e8m0_rule = (self.e8m0_ties, self.e8m0_sliver) != ("up", "nearest")
         if f.name == "e8m0" and e8m0_rule and opts["rounding"] == "nearest_even":
             from .e8m0 import encode_e8m0
@@ -109,6 +109,15 @@ class Convention:
         if getattr(x, "dtype", None) is not None and str(x.dtype) == "torch.float64":
             return x.float()
         return x
+
+
+def _abs(x: Any) -> Any:
+    """``|x|`` of the kind ``encode`` takes: numpy's abs for arrays, numpy scalars and lists (a 0-d array stays
+    one: numpy returns a scalar), Python's for floats and tensors."""
+    if isinstance(x, (np.ndarray, np.generic, list, tuple)):
+        out = np.abs(x)
+        return np.asarray(out) if isinstance(x, np.ndarray) else out
+    return abs(x)
 
 
 def _isnan(x: Any) -> Any:
