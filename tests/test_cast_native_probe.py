@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 
 import fp8sim
-from fp8sim.cast import torch_backend as tb
 from fp8sim.testing.oracles import require
 
 torch = require("torch")
+from fp8sim.cast import torch_backend as tb  # noqa: E402  (needs torch: after the lean session's marker)
 
 
 def _choice(monkeypatch, fmt: str, saturate: bool, dtype, wrong) -> str:
