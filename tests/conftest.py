@@ -51,6 +51,18 @@ ALL_MODES = (*DETERMINISTIC_MODES, "stochastic")
 SR_BITS = 32
 
 
+@pytest.fixture
+def one_torch_thread() -> Any:
+    """torch on one intra-op thread for the test (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``):
+    torch's CPU reductions split by thread count, so a bit-exact comparison must not depend on the host's cores."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 # -- collection: the torch marker -------------------------------------------------------------
 
 

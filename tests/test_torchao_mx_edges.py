@@ -19,13 +19,7 @@ from torchao.quantization.quantize_.common.kernel_preference import KernelPrefer
 import fp8sim.torchao as fs  # noqa: E402
 from fp8sim.testing import assert_bit_exact  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _pair(dtype: torch.dtype, mode: str, wgrad_with_hp: bool = False) -> tuple[nn.Module, nn.Module]:

@@ -19,13 +19,7 @@ ao_train = require("torchao.prototype.moe_training.nvfp4_training.nvfp4_training
 import fp8sim.torchao as fs  # noqa: E402
 from fp8sim.testing import assert_bit_exact  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _module(n_in: int = 128, n_out: int = 128, **kw) -> fs.NVFP4Linear:
