@@ -23,8 +23,9 @@ mutants in one pytest process with the test ranks forked from one forkserver (``
 mutant, for ``spawn._entry``).
 
 ``--sample N`` runs a uniform random sample of N of the package's mutants (``--seed``, default 30; the names
-are kept in ``.mutation/<package>/sample.txt``): a package too large for a session gets an estimated score
-with its 95 % (Wilson) interval, printed by ``--sample N --results``; ``--recheck --sample N`` rechecks the
+are kept in ``.mutation/<package>/sample.txt``, ``sample-seed<N>.txt`` for another seed, so a second independent
+sample never overwrites the first): a package too large for a session gets an estimated score with its 95 %
+(Wilson) interval, printed by ``--sample N --results``; ``--recheck --sample N`` rechecks the
 sample's mutants only.
 """
 
@@ -234,6 +235,12 @@ def _wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def _sample_file(work: Path, seed: int) -> Path:
+    """Where a sample's names are kept: ``sample.txt`` for the default seed 30, ``sample-seed<N>.txt`` otherwise, so
+    a second, independent sample (another seed) never overwrites the first."""
+    return work / ("sample.txt" if seed == 30 else f"sample-seed{seed}.txt")
+
+
 def _sample(work: Path, size: int, seed: int, results: bool) -> int:
     """Run (or with ``results`` tally) a uniform random sample of ``size`` of the package's mutants."""
     if not results and not list((work / "mutants").rglob("*.py.meta")):
@@ -243,7 +250,7 @@ def _sample(work: Path, size: int, seed: int, results: bool) -> int:
     if not names:
         raise SystemExit("no mutants generated: see mutmut's output above")
     chosen = sorted(random.Random(seed).sample(names, min(size, len(names))))
-    drawn = work / "sample.txt"
+    drawn = _sample_file(work, seed)
     if results and drawn.exists() and drawn.read_text("utf-8").split() != chosen:
         held = len(drawn.read_text("utf-8").split())
         raise SystemExit(f"the sample run for this package has {held} mutants, not --sample {size} --seed {seed}")
@@ -310,9 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--sample must be a positive number of mutants, got {args.sample}")
     work = _workdir(args.package, packages[args.package])
     if args.sample is not None and args.recheck:  # the sample's mutants only (and those of the globs)
-        sampled = (work / "sample.txt").read_text("utf-8").split() if (work / "sample.txt").exists() else []
+        drawn = _sample_file(work, args.seed)
+        sampled = drawn.read_text("utf-8").split() if drawn.exists() else []
         if not sampled:
-            raise SystemExit(f"--recheck --sample: no sample drawn yet for {args.package!r}")
+            raise SystemExit(f"--recheck --sample: no sample drawn yet for {args.package!r} with --seed {args.seed}")
         rest = [n for n in sampled if not rest or any(fnmatch.fnmatchcase(n, g) for g in rest)]
         if not rest:
             raise SystemExit("--recheck --sample: no sampled mutant matches the given names")

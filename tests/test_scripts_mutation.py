@@ -50,3 +50,23 @@ def test_all_mutants_reads_every_meta_file_in_name_order(tmp_path: Path) -> None
 def test_sample_rejects_a_size_below_one(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit, match="--sample must be a positive number of mutants, got 0"):
         _script().main(["testing", "--sample", "0"])
+
+
+def _fake_root(script, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "pyproject.toml").write_text((_PATH.parent.parent / "pyproject.toml").read_text("utf-8"), "utf-8")
+    monkeypatch.setattr(script, "ROOT", tmp_path)
+    return tmp_path / ".mutation" / "testing"
+
+
+def test_a_second_seed_keeps_its_own_sample_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = _script()
+    work = _fake_root(script, tmp_path, monkeypatch)
+    work.mkdir(parents=True)
+    (work / "sample.txt").write_text("a.f__mutmut_1\n", "utf-8")
+    # the first sample's names stay where --seed 30 reads them; another seed has none yet
+    with pytest.raises(SystemExit, match="no sample drawn yet for 'testing' with --seed 31"):
+        script.main(["testing", "--recheck", "--sample", "1", "--seed", "31"])
+    assert (work / "sample.txt").read_text("utf-8") == "a.f__mutmut_1\n"
+    (work / "sample-seed31.txt").write_text("b.g__mutmut_2\n", "utf-8")
+    with pytest.raises(SystemExit, match="no sampled mutant matches"):
+        script.main(["testing", "--recheck", "--sample", "1", "--seed", "31", "a.f*"])
