@@ -127,8 +127,8 @@ def test_auto_kernel_forward_equals_block_scaled_reference():
     """AUTO: torchao calls ``torch._scaled_mm(a.qdata, b.qdata, blocked scales, out_dtype=torch.bfloat16)``
     (``mx_formats/mx_tensor.py`` ``_addmm_mx_dispatch``).  With the exact accumulator that is the exact sum
     of the decoded, block-scaled products rounded to float32 and then to bfloat16."""
-    m = fs.MXFP8Linear(64, 16, bias=False, accumulator="exact")
-    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(7))
+    m = fs.MXFP8Linear(64, 16, bias=False, accumulator="exact").to(torch.bfloat16)  # AUTO casts bf16 only
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
     got = m(x)
     qa = quantize_mx(x, "e4m3", scale_rule="rceil")
     qb = quantize_mx(m.weight.detach(), "e4m3", scale_rule="rceil")

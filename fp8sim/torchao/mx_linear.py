@@ -16,7 +16,8 @@ in that dtype, with the layouts torchao's GEMMs see::
 ``out + bias.to(out.dtype)``.  ``KernelPreference.AUTO`` (torchao's CUDA/CUTLASS kernels) is emulated as
 the same casts followed by a block-scaled GEMM in :func:`fp8sim.gemm.scaled_mm` (``accumulator``,
 default ``"blackwell"``) with bfloat16 output, as torchao calls ``torch._scaled_mm(..., out_dtype=bf16)``;
-that path is re-derived from torchao's source, not measured.  Needs torch.
+that path is re-derived from torchao's source, not measured.  As torchao's casts do, EMULATED refuses inputs and
+weights other than bfloat16/float32, AUTO anything but bfloat16 (AssertionError, torchao's messages).  Needs torch.
 """
 
 from __future__ import annotations
@@ -215,15 +216,28 @@ def _mm(
     return torch.from_numpy(out.astype(np.float32)).to(device=device, dtype=torch.bfloat16)
 
 
+def _check_cast_dtype(x: torch.Tensor, kern: KernelPreference) -> None:
+    """torchao's forward casts refuse other dtypes before any arithmetic (torchao 0.18): EMULATED's ``to_mx``
+    takes bfloat16 and float32 only (``mx_formats/mx_tensor.py:225-228``); AUTO casts dim0 with
+    ``triton_to_mxfp8_dim0``, bfloat16 only (``mx_formats/kernels.py:860-862``)."""
+    if kern is KernelPreference.EMULATED:
+        if x.dtype not in (torch.bfloat16, torch.float32):
+            raise AssertionError(f"{x.dtype} is not supported yet")
+    elif x.dtype != torch.bfloat16:
+        raise AssertionError(f"only bfloat16 inputs are supported, got {x.dtype}")
+
+
 class _MXMatMul(torch.autograd.Function):
     """torchao's ``mx_mm`` autograd function (module docstring)."""
 
     @staticmethod
     def forward(ctx: Any, input_hp: torch.Tensor, weight_hp: torch.Tensor, cfg: MXFP8TrainingOpConfig, acc: Any):  # type: ignore[override]
+        mode, kern = cfg.scale_calculation_mode, cfg.kernel_preference
+        _check_cast_dtype(input_hp, kern)
+        _check_cast_dtype(weight_hp, kern)
         ctx.save_for_backward(input_hp, weight_hp)
         ctx.cfg, ctx.acc = cfg, acc
         x = input_hp.reshape(-1, input_hp.shape[-1])
-        mode, kern = cfg.scale_calculation_mode, cfg.kernel_preference
         with torch.autocast(input_hp.device.type, enabled=False):
             out = _mm(_to_mx(x, mode), _to_mx(weight_hp, mode), input_hp.dtype, input_hp.device, kern, acc)
         return out.reshape(*input_hp.shape[:-1], out.shape[-1])
