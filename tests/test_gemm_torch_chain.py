@@ -31,12 +31,7 @@ SETS = {
 ACCS = ("hopper_fast", "hopper_split", "ada_fast", "ada_split", "blackwell", "blackwell_split")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():  # noqa: ANN202 - tiny workloads
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # bit-exact: reductions split by thread
 
 
 @pytest.mark.parametrize("stem", list(SETS))

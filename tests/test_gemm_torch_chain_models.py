@@ -26,12 +26,7 @@ DATA = Path(__file__).parent / "data"
 E4M3 = get_format("e4m3")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():  # noqa: ANN202 - tiny workloads
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # bit-exact: reductions split by thread
 
 
 def _u32(d) -> np.ndarray:  # noqa: ANN001

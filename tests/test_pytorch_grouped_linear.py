@@ -40,12 +40,7 @@ RECIPES = {
 SPLITS = [32, 0, 64, 32]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # bit-exact: reductions split by thread
 
 
 def _modules(k: int = 128, n: int = 128, bias: bool = True):

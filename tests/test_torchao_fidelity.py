@@ -32,12 +32,7 @@ RECIPES = ("tensorwise", "rowwise")
 F8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # bit-exact: reductions split by thread
 
 
 def _pair(recipe: str, dtype: torch.dtype = torch.float32, emulate: bool = True) -> tuple[nn.Module, nn.Module]:

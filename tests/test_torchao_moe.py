@@ -36,12 +36,7 @@ from fp8sim.torchao.moe import (  # noqa: E402
 OFFS = [32, 64, 64, 128]  # four experts, one of them empty
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # bit-exact: reductions split by thread
 
 
 def _offs(ends=OFFS):

@@ -27,13 +27,7 @@ from fp8sim.cast import decode  # noqa: E402
 from fp8sim.scaling.mx import quantize_mx  # noqa: E402
 from fp8sim.testing import assert_bit_exact  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # bit-exact: reductions split by thread
 
 
 def _heavy(shape, dtype, seed):

@@ -35,12 +35,7 @@ from fp8sim.torchao.nvfp4_linear import philox4x64  # noqa: E402
 M64 = (1 << 64) - 1
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # bit-exact: reductions split by thread
 
 
 # -- Philox4x64-10 (Triton's randint for 64-bit offsets) ----------------------------------------------------
