@@ -60,6 +60,20 @@ def test_torchao_amax_to_scale_propagates_a_signalling_nan_without_a_warning() -
             assert np.isnan(got).all() and np.isnan(want).all()
 
 
+def test_a_float32_signalling_nan_amax_gives_a_nan_scale_without_a_warning() -> None:
+    """torchao widens the amax with ``amax.to(torch.float64)``, which quiets a signalling NaN silently; fp8sim's
+    numpy widening raised 'invalid value encountered in cast' (fixed)."""
+    fu = require("torchao.float8.float8_utils")
+    amax = np.array([SNAN32, 2.0], F32)
+    want = fu.amax_to_scale(torch.from_numpy(amax.copy()), torch.float8_e4m3fn).numpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = torchao_amax_to_scale(amax, "e4m3")
+        te = compute_scale_from_amax(amax, 448.0)
+    assert np.isnan(got[0]) and np.isnan(want[0]) and got[1] == want[1]
+    np.testing.assert_array_equal(te, [F32(1), F32(224)])  # TE: a NaN amax gives scale 1
+
+
 def test_torchao_tensorwise_nan_codes_of_a_small_tensor_equal_torchao() -> None:
     """On a short tensor numpy keeps the NaN element's sign in ``x * scale`` where torch's kernel keeps the NaN
     scale's: the codes must be torch's (exactly, not by NaN class)."""
