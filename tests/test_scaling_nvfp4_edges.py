@@ -99,18 +99,17 @@ def test_row_scaled_te_dequantize_uses_each_rows_amax() -> None:
 
 
 def test_4over6_te_dequantize_per_row_and_per_tensor_rounds_in_float32() -> None:
+    """TE's amax is a float32 tensor: an amax given as Python floats is rounded to float32 first, and every step
+    rounds to float32."""
     rng = np.random.default_rng(11)
     codes = rng.integers(0, 16, (3, 32)).astype(np.uint8)
     scales = rng.integers(0x08, 0x78, (3, 2)).astype(np.uint8)  # finite, normal and subnormal E4M3
-    amax = (rng.random(3) * 1000 + 1).astype(F32)
+    amax = [float(v) for v in rng.random(3) * 1000 + 1]  # float64 values, not float32 ones
     for e4m3_max in (256, 448):
-        np.testing.assert_array_equal(
-            dequantize_nvfp4_te(codes, scales, amax, e4m3_max), _te_dequantize(codes, scales, amax, e4m3_max)
-        )
-        one = amax[:1]
-        np.testing.assert_array_equal(
-            dequantize_nvfp4_te(codes, scales, one[0], e4m3_max), _te_dequantize(codes, scales, one, e4m3_max)
-        )
+        want = _te_dequantize(codes, scales, np.array(amax, F32), e4m3_max)
+        np.testing.assert_array_equal(dequantize_nvfp4_te(codes, scales, amax, e4m3_max), want)
+        want = _te_dequantize(codes, scales, np.array(amax[:1], F32), e4m3_max)
+        np.testing.assert_array_equal(dequantize_nvfp4_te(codes, scales, amax[0], e4m3_max), want)
 
 
 def test_4over6_all_nan_and_empty_tensors_have_amax_zero_and_global_scale_one() -> None:
