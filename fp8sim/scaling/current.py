@@ -131,7 +131,8 @@ def _real(x: Any, arg: str, dtype: Any) -> np.ndarray:
     arr = as_array(x, arg)
     if arr.dtype.kind not in "iuf" and not is_real_float_dtype(arr.dtype):
         raise TypeError(f"{arg} must be real numbers (a float, an array or a tensor), got {arr.dtype}")
-    return arr.astype(dtype)
+    with np.errstate(invalid="ignore"):  # a signalling NaN widens quietly, as torch's .to(float64) does
+        return arr.astype(dtype)
 
 
 def quantize_current_scaling(
