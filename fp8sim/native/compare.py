@@ -286,8 +286,11 @@ def _compare_torchao(op: dict, arrays: dict) -> OpResult:
     eq_scale = q.scales.reshape(scale.shape).view(np.uint32) == scale.astype(np.float32).view(np.uint32)
     res = OpResult(op["name"], "torchao_float8", emulator="fp8sim.scaling.current.quantize_torchao")
     equal = np.concatenate([eq_codes.reshape(-1), eq_scale.reshape(-1)])
-    ulp = _ulp_codes(q.codes.reshape(-1), codes.reshape(-1), f)
-    _stats(res, equal, np.concatenate([ulp.astype(np.float64), (~eq_scale.reshape(-1)).astype(np.float64)]))
+    ulp = _ulp_codes(q.codes.reshape(-1), codes.reshape(-1), f).astype(np.float64)
+    # as for casts: a NaN against a number is no count of grid steps (left out of max/mean), NaN = NaN is 0
+    ulp = np.where(nan_codes[q.codes.reshape(-1)] | nan_codes[codes.reshape(-1)], np.inf, ulp)
+    ulp[eq_codes.reshape(-1)] = 0
+    _stats(res, equal, np.concatenate([ulp, (~eq_scale.reshape(-1)).astype(np.float64)]))
     res.clusters = {
         "codes": [int(eq_codes.size), int((~eq_codes).sum())],
         "scales": [int(eq_scale.size), int((~eq_scale).sum())],
