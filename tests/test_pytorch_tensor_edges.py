@@ -1,0 +1,237 @@
+"""Edges of TE's quantized-tensor classes that the mutation sample of ``fp8sim/pytorch/tensor`` found
+untested (issue 30, ``reports/mutation_pytorch_tensor.md``).  Each expectation is written from
+NVIDIA/TransformerEngine at d0067d0 (file and line in each test) or from torch's own ops, never from
+fp8sim's formula:
+
+- ``pytorch/quantized_tensor.py``: ``half`` (822-824), ``new_empty`` (934-952), ``empty_like`` (955-971);
+- ``pytorch/tensor/float8_tensor.py``: ``new_zeros`` refuses a tensor without data (815);
+- ``pytorch/tensor/float8_blockwise_tensor.py``: ``get_columnwise_shape`` (213-233);
+- ``pytorch/tensor/nvfp4_tensor.py``: ``nvfp4_e4m3_max`` is 448 unless 4over6 (169-171);
+- ``pytorch/quantization.py``: ``_handle_delayed_scaling_requests`` (1754-1838: an existing state is reused
+  when its dtype, slot count and history length fit);
+- ``pytorch/tensor/storage/float8_blockwise_tensor_storage.py``: FSDP2 buffer fields and gather (541-667);
+- ``pytorch/tensor/utils.py``: ``quantize_master_weights`` (204-344), the blockwise messages (640-658) and
+  ``common/recipe/fp8_block_scaling.cu`` (partial cast, 80-120: ``static_cast<fp8>``, CUDA's satfinite
+  ``__nv_fp8_e4m3(float)``), ``common/recipe/recipe_common.cuh`` (``compute_scale_from_amax``, 14-45).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fp8sim.testing.oracles import require
+
+torch = require("torch")
+
+from fp8sim.pytorch.constants import DType  # noqa: E402
+from fp8sim.pytorch.tensor import (  # noqa: E402
+    DelayedScalingRequest,
+    Float8BlockQuantizer,
+    Float8CurrentScalingQuantizer,
+    MXFP8Quantizer,
+    NVFP4Quantizer,
+    QuantizerRole,
+    custom_recipe_quantizers,
+)
+from fp8sim.pytorch.tensor.utils import quantize_master_weights  # noqa: E402
+from fp8sim.recipe import CustomRecipe, Format  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+E4M3 = DType.kFloat8E4M3
+
+
+def _x(shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _current(**kw: object) -> Float8CurrentScalingQuantizer:
+    return Float8CurrentScalingQuantizer(E4M3, "cpu", **kw)
+
+
+# --- quantized_tensor.py: half, new_empty, quantize_ ---------------------------------------------------------
+
+
+def test_half_dequantizes_straight_to_float16() -> None:
+    """TE ``quantized_tensor.py:822-824``: ``dequantize(dtype=torch.float16)``; the value is TE's dequantize
+    kernel's float32 product ``fp8 * scale_inv`` rounded once to float16 (torch's own ops here)."""
+    t = _current()(_x((16, 32)).to(torch.bfloat16))
+    h = t.half()
+    assert type(h) is torch.Tensor and h.dtype == torch.float16
+    want = (t._data.view(torch.float8_e4m3fn).float() * t._scale_inv).to(torch.float16)
+    assert torch.equal(h, want)
+
+
+def test_new_empty_keeps_the_nominal_dtype_or_takes_the_given_one() -> None:
+    """TE ``quantized_tensor.py:934-952``: ``dtype = kwargs.get("dtype", tensor.dtype)``, made by the quantizer."""
+    t = _current()(_x((16, 32)).to(torch.bfloat16))
+    same = t.new_empty((4, 32))
+    assert type(same) is type(t) and same.dtype == torch.bfloat16 and tuple(same.shape) == (4, 32)
+    assert t.new_empty((4, 32), dtype=torch.float16).dtype == torch.float16
+
+
+def test_new_empty_without_a_quantizer_names_the_tensor_class() -> None:
+    """TE ``quantized_tensor.py:940-944``: ``f"{type(tensor).__name__} does not have a quantizer; ..."``."""
+    t = _current()(_x((16, 32)))
+    t._quantizer = None
+    with pytest.raises(RuntimeError, match="^Float8Tensor does not have a quantizer; cannot create new_empty"):
+        t.new_empty((4, 32))
+
+
+def test_quantize_into_a_tensor_of_another_shape_names_both_shapes() -> None:
+    """fp8sim's refusal (TE's C++ would fail deeper in the kernel launch): the message names both shapes."""
+    t = _current()(_x((16, 32)))
+    with pytest.raises(ValueError, match=r"cannot quantize a tensor of shape \(3, 4\) into \(16, 32\)"):
+        t.quantize_(torch.zeros(3, 4))
+
+
+def test_float8_new_zeros_without_rowwise_or_columnwise_data_is_tes_error() -> None:
+    """TE ``float8_tensor.py:815``."""
+    t = _current(rowwise=True, columnwise=False)(_x((16, 32)))
+    t.update_usage(rowwise_usage=False)
+    with pytest.raises(RuntimeError, match="^Float8Tensor.new_zeros requires rowwise or columnwise data$"):
+        t.new_zeros((16, 32))
+
+
+# --- custom_recipe.py ------------------------------------------------------------------------------------------
+
+ROLE = [QuantizerRole("linear", "grad_output", "fc1")]
+
+
+def test_custom_recipe_needs_roles_or_a_count() -> None:
+    with pytest.raises(ValueError, match="^give roles or num_quantizers$"):
+        custom_recipe_quantizers(CustomRecipe(qfactory=lambda r: DelayedScalingRequest()), None)
+
+
+def test_custom_recipe_reuses_a_backward_e4m3_state() -> None:
+    """TE ``quantization.py:1815-1822``: reused when ``num_quantizers``, ``dtype`` (the request's format in
+    this direction: E4M3 in the backward pass for ``Format.E4M3``, not HYBRID's E5M2) and ``amax_history_len``
+    fit."""
+    recipe = CustomRecipe(qfactory=lambda r: DelayedScalingRequest(amax_history_len=4, fp8_format=Format.E4M3))
+    first = custom_recipe_quantizers(recipe, ROLE, mode="backward")
+    assert first.scaler.fmt.name == "e4m3"
+    again = custom_recipe_quantizers(recipe, ROLE, mode="backward", existing=first.scaler)
+    assert again.scaler is first.scaler
+
+
+# --- float8_blockwise_tensor.py / nvfp4_tensor.py -------------------------------------------------------------
+
+
+def test_blockwise_columnwise_copy_of_a_3d_tensor_made_from_the_rowwise_one() -> None:
+    """TE ``float8_blockwise_tensor.py:229-233``: the columnwise data of shape (A, B, K) is (K, A, B); made from
+    the rowwise copy (2D tiles) it equals the columnwise copy a direct quantization gives."""
+    x = _x((2, 128, 256), seed=3)
+    rowwise = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=False, block_scaling_dim=2)(x)
+    both = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=True, block_scaling_dim=2)(x)
+    rowwise.update_usage(rowwise_usage=True, columnwise_usage=True)
+    assert tuple(rowwise._columnwise_data.shape) == (256, 2, 128)
+    assert torch.equal(rowwise._columnwise_data, both._columnwise_data)
+    assert torch.equal(rowwise._columnwise_scale_inv, both._columnwise_scale_inv)
+
+
+def test_nvfp4_e4m3_max_is_448_unless_4over6() -> None:
+    """TE ``nvfp4_tensor.py:169-171``: ``nvfp4_e4m3_max if nvfp4_use_4over6 else 448``, then checked."""
+    assert NVFP4Quantizer(nvfp4_e4m3_max=256).nvfp4_e4m3_max == 448
+    assert NVFP4Quantizer(nvfp4_e4m3_max=7).nvfp4_e4m3_max == 448  # ignored, so not refused
+    assert NVFP4Quantizer(nvfp4_use_4over6=True, nvfp4_e4m3_max=256).nvfp4_e4m3_max == 256
+    with pytest.raises(ValueError, match="nvfp4_e4m3_max must be 448 or 256"):
+        NVFP4Quantizer(nvfp4_use_4over6=True, nvfp4_e4m3_max=7)
+
+
+# --- float8_blockwise_tensor_storage.py: FSDP2 buffers ---------------------------------------------------------
+
+
+def test_blockwise_fsdp_fields_are_tes_and_1d_scaling_is_tes_error() -> None:
+    """TE ``float8_blockwise_tensor_storage.py:541-555``: the fields in TE's order, and TE's exact message."""
+    t = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=True, block_scaling_dim=2)(_x((128, 256)))
+    assert t.fsdp_buffer_fields() == (
+        "_rowwise_data",
+        "_rowwise_scale_inv",
+        "_columnwise_data",
+        "_columnwise_scale_inv",
+    )
+    one_d = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=False, block_scaling_dim=1)(_x((128, 256)))
+    with pytest.raises(NotImplementedError) as err:
+        one_d.fsdp_buffer_fields()
+    assert str(err.value) == (
+        "FSDP2 for Float8BlockwiseQTensor requires 2D block scaling (block_scaling_dim=2). 1D block scaling is not "
+        "supported because its scale layout has M in dim1, which is incompatible with FSDP2 dim-0 all-gather."
+    )
+
+
+def test_blockwise_fsdp_gather_of_3d_shards_flattens_the_leading_dims() -> None:
+    """TE ``float8_blockwise_tensor_storage.py:626-640``: ``m_full`` is the product of all leading dims of the
+    gathered data; two (2, 64, 256) shards (128 flattened rows each) gather into the (4, 64, 256) weight."""
+    q = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=False, block_scaling_dim=2)
+    shards = [q(_x((2, 64, 256), seed=s)) for s in (4, 5)]
+    parts = [s.fsdp_extract_buffers() for s in shards]
+    gathered = tuple(torch.cat([p[0][i] for p in parts]) for i in range(2))
+    full = q(torch.zeros(4, 64, 256))
+    full.fsdp_assign_gathered(gathered, parts[0][1])
+    assert torch.equal(full.dequantize(), torch.cat([s.dequantize() for s in shards]))
+
+
+# --- utils.py: quantize_master_weights (128x128 blockwise) ---------------------------------------------------
+
+
+def _block_weight(**kw: object) -> torch.Tensor:
+    q = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=False, block_scaling_dim=2, **kw)
+    return q(torch.zeros(128, 128))
+
+
+def test_blockwise_master_weights_need_one_amax_epsilon() -> None:
+    """TE ``utils.py:653-658``."""
+    a, b = _block_weight(), _block_weight(amax_epsilon=1e-3)
+    with pytest.raises(ValueError, match="^All model weights must have the same amax_epsilon, expected 0.0 but got"):
+        quantize_master_weights([a, b], [torch.zeros(16), torch.zeros(16)], [0, 0], group=None)
+
+
+def _inf_master(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    master = torch.zeros(n, dtype=dtype)
+    master[:4] = torch.tensor([float("-inf"), float("inf"), 2.0, -3.0])
+    return master
+
+
+def test_blockwise_master_weight_infinities_saturate_to_448() -> None:
+    """The partial-cast kernel converts with ``static_cast<__nv_fp8_e4m3>``, CUDA's SATFINITE conversion
+    (``fp8_block_scaling.cu:111``): -inf -> -448 (0xFE), +inf -> 448 (0x7E); torch's plain
+    ``.to(float8_e4m3fn)`` would give NaN (0xFF)."""
+    w = _block_weight()
+    quantize_master_weights([w], [_inf_master(128 * 128)], [0], group=None)
+    assert w._rowwise_data.reshape(-1)[:2].tolist() == [0xFE, 0x7E]
+
+
+def test_blockwise_master_weight_with_an_infinity_keeps_scale_one() -> None:
+    """Divergence fixed (2026-12-02): TE's partial amax (``fp8_block_scaling.cu:46-49``, ``fmaxf(amax,
+    fabs(x))``) keeps an infinite element's amax infinite, and ``compute_scale_from_amax``
+    (``recipe_common.cuh:24-26``) gives scale 1 for it, so the tile's finite elements cast unscaled (2 -> 0x40,
+    -3 -> 0xC4).  fp8sim replaced inf by FLT_MAX (``nan_to_num``), giving scale 2^-120 and zero codes."""
+    w = _block_weight()
+    quantize_master_weights([w], [_inf_master(128 * 128)], [0], group=None)
+    assert w._rowwise_scale_inv[0, 0].item() == 1.0
+    assert w._rowwise_data.reshape(-1)[:4].tolist() == [0xFE, 0x7E, 0x40, 0xC4]
+
+
+def test_mxfp8_master_weight_with_an_infinity_gets_tes_e8m0_of_infinity() -> None:
+    """Divergence fixed (2026-12-02): TE's partial amax (``mxfp8_scaling.cu:48-50``) keeps inf, and
+    ``float_to_e8m0`` (``util/ptx_arch_spec.cuh:89-91``) maps an infinite ``amax / 448`` to 0xFE; fp8sim had
+    replaced inf by bfloat16's largest value (scale 0xF7)."""
+    w = MXFP8Quantizer(E4M3)(torch.zeros(64, 64, dtype=torch.bfloat16))
+    quantize_master_weights([w], [_inf_master(64 * 64)], [0], group=None)
+    assert w._rowwise_scale_inv[0, 0].item() == 0xFE  # row 0, block 0: -inf, inf, 2, -3
+    assert w._columnwise_scale_inv[0, :4].tolist() == [0xFE, 0xFE, 120, 120]  # 2, 3: 127 + ceil(log2(x / 448))
+
+
+def test_nvfp4_master_weight_with_an_infinity_keeps_the_infinite_amax() -> None:
+    """Divergence fixed (2026-12-02): TE's partial and global amax (``nvfp4.cu:102-123``, ``fmaxf`` of
+    ``fabs``) keep inf, and the fused scale kernel writes the global amax into ``_amax_rowwise``
+    (``utils.py:854-900``); fp8sim had stored FLT_MAX."""
+    w = NVFP4Quantizer(with_2d_quantization=True, columnwise=False)(torch.zeros(32, 32))
+    quantize_master_weights([w], [_inf_master(32 * 32)], [0], group=None)
+    assert w._amax_rowwise.item() == float("inf")
+
+
+def test_quantize_master_weights_refuses_lists_of_different_lengths() -> None:
+    """fp8sim refuses what TE's ``zip`` (``utils.py:253-255``) would silently truncate: a weight left stale."""
+    w1, w2 = _current()(_x((16, 32))), _current()(_x((16, 32), seed=1))
+    with pytest.raises(ValueError, match="zip"):
+        quantize_master_weights([w1, w2], [torch.zeros(16 * 32)], [0, 0], group=None)
