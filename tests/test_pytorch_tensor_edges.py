@@ -6,7 +6,8 @@ fp8sim's formula:
 - ``pytorch/quantized_tensor.py``: ``half`` (822-824), ``new_empty`` (934-952), ``empty_like`` (955-971);
 - ``pytorch/tensor/float8_tensor.py``: ``new_zeros`` refuses a tensor without data (815);
 - ``pytorch/tensor/float8_blockwise_tensor.py``: ``get_columnwise_shape`` (213-233);
-- ``pytorch/tensor/nvfp4_tensor.py``: ``nvfp4_e4m3_max`` is 448 unless 4over6 (169-171);
+- ``pytorch/tensor/nvfp4_tensor.py``: ``nvfp4_e4m3_max`` is 448 unless 4over6 (169-171), the FSDP2 gather's
+  usages (715); ``mxfp8_tensor.py`` (687-756); ``pytorch/csrc/quantizer.cpp`` (2742-2743);
 - ``pytorch/quantization.py``: ``_handle_delayed_scaling_requests`` (1754-1838: an existing state is reused
   when its dtype, slot count and history length fit);
 - ``pytorch/tensor/storage/float8_blockwise_tensor_storage.py``: FSDP2 buffer fields and gather (541-667);
@@ -137,6 +138,15 @@ def test_nvfp4_e4m3_max_is_448_unless_4over6() -> None:
         NVFP4Quantizer(nvfp4_use_4over6=True, nvfp4_e4m3_max=7)
 
 
+def test_row_scaled_nvfp4_quantize_with_amax_is_tes_error() -> None:
+    """TE ``pytorch/csrc/quantizer.cpp:2742-2743``."""
+    q = NVFP4Quantizer(columnwise=False, row_scaled_nvfp4=True)
+    with pytest.raises(
+        RuntimeError, match=r"^quantize_with_amax is not supported for row-scaled NVFP4 quantization\.$"
+    ):
+        q.quantize_with_amax(_x((32, 32)), 1.0)
+
+
 # --- float8_blockwise_tensor_storage.py: FSDP2 buffers ---------------------------------------------------------
 
 
@@ -235,3 +245,61 @@ def test_quantize_master_weights_refuses_lists_of_different_lengths() -> None:
     w1, w2 = _current()(_x((16, 32))), _current()(_x((16, 32), seed=1))
     with pytest.raises(ValueError, match="zip"):
         quantize_master_weights([w1, w2], [torch.zeros(16 * 32)], [0, 0], group=None)
+
+
+# --- FSDP2 shard ops and gathers, in one process (``_fsdp2*.py``) ---------------------------------------------
+# FSDP2 shards a parameter with ``split``/``new_zeros``/``narrow`` and rebuilds it with ``fsdp_post_all_gather``;
+# the gathered buffers are built here as TE's ``fsdp_pre_all_gather`` sends them (the shard's codes and its
+# scale rows without padding), so the rebuilt tensor must equal the quantization of the whole weight.
+
+
+def test_a_partial_narrow_of_a_padded_fsdp2_shard_is_refused_naming_the_rows() -> None:
+    full = MXFP8Quantizer(E4M3)(_x((128, 64)))
+    padded = full.new_zeros((128, 64))  # FSDP2's padded shard
+    with pytest.raises(NotImplementedError, match=r"uneven shards \(a shard of 64 rows in a padded shard of 128\)"):
+        padded.narrow(0, 0, 64)
+
+
+def test_mxfp8_backward_gather_of_the_columnwise_copy_sets_the_quantizers_usages() -> None:
+    """TE ``mxfp8_tensor.py:687-756``: the columnwise-only gather (resharded, backward) rebuilds the columnwise
+    copy, and ``out._quantizer.set_usage(rowwise=rowwise_usage, columnwise=columnwise_usage)``."""
+    x = _x((128, 64), seed=6)
+    q = MXFP8Quantizer(E4M3)
+    full, shards = q(x), [q(x[:64]), q(x[64:])]
+    gathered = (
+        torch.cat([s._columnwise_data for s in shards]),
+        torch.cat([s._columnwise_scale_inv[: 64 // 32] for s in shards]),
+    )
+    out, _ = shards[0].fsdp_post_all_gather(gathered, (E4M3, False, False, True, True), torch.float32)
+    assert out._rowwise_data is None
+    assert (out._quantizer.rowwise_usage, out._quantizer.columnwise_usage) == (False, True)
+    assert torch.equal(out._columnwise_data, full._columnwise_data)
+    assert torch.equal(out._columnwise_scale_inv, full._columnwise_scale_inv)
+
+
+def test_nvfp4_gather_always_sets_rowwise_usage() -> None:
+    """TE ``nvfp4_tensor.py:715``: ``out._quantizer.set_usage(rowwise=True, columnwise=columnwise_usage)``."""
+    x = _x((32, 64), seed=7)
+    q = NVFP4Quantizer(with_2d_quantization=True)
+    shard = q(x)
+    shard._quantizer.set_usage(rowwise=False)
+    meta = (False, shard._amax_rowwise, shard._amax_columnwise, 64)
+    out, _ = shard.fsdp_post_all_gather((shard._rowwise_data, shard._rowwise_scale_inv[:32]), meta, torch.float32)
+    assert out._quantizer.rowwise_usage is True and out._quantizer.columnwise_usage is False
+    assert torch.equal(out.dequantize(), q(x).dequantize())
+
+
+def test_nvfp4_row_split_pieces_keep_the_fp4_dtype_codes_and_scales() -> None:
+    """A 16-row-aligned split of a 2D-quantized NVFP4 weight (FSDP2's shards) gives NVFP4 pieces whose values are
+    the rows of the weight's values (2D tiles do not straddle the cut)."""
+    t = NVFP4Quantizer(with_2d_quantization=True)(_x((64, 64), seed=8))
+    pieces = torch.split(t, 32)
+    assert all(type(p) is type(t) and p._fp4_dtype == t._fp4_dtype for p in pieces)
+    assert torch.equal(torch.cat([p.dequantize() for p in pieces]), t.dequantize())
+
+
+def test_row_scaled_nvfp4_shards_are_refused() -> None:
+    """fp8sim gathers one amax per weight; a row-scaled weight (one amax per row) is refused, not mis-gathered."""
+    t = NVFP4Quantizer(columnwise=False, row_scaled_nvfp4=True)(_x((64, 64)))
+    with pytest.raises(NotImplementedError, match="row-scaled NVFP4 weights"):
+        t.new_zeros((32, 64))
