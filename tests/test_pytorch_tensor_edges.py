@@ -18,6 +18,7 @@ fp8sim's formula:
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from fp8sim.testing.oracles import require
@@ -29,6 +30,7 @@ from fp8sim.pytorch.tensor import (  # noqa: E402
     DelayedScalingRequest,
     Float8BlockQuantizer,
     Float8CurrentScalingQuantizer,
+    HybridQuantizer,
     MXFP8Quantizer,
     NVFP4Quantizer,
     QuantizerRole,
@@ -303,3 +305,54 @@ def test_row_scaled_nvfp4_shards_are_refused() -> None:
     t = NVFP4Quantizer(columnwise=False, row_scaled_nvfp4=True)(_x((64, 64)))
     with pytest.raises(NotImplementedError, match="row-scaled NVFP4 weights"):
         t.new_zeros((32, 64))
+
+
+# --- _quantized_data.py: the GEMM record of an NVFP4 tensor ---------------------------------------------------
+
+
+def test_nvfp4_record_has_1x16_blocks_and_the_tensors_values() -> None:
+    """TE's 1x16 NVFP4: one E4M3 scale per 16 elements of a row; the record dequantizes to the tensor's values
+    (``fp4 * e4m3 scale / S_enc``; equal up to the order of the float32 products)."""
+    t = NVFP4Quantizer(columnwise=False)(_x((32, 64), seed=9))
+    rec = t.quantized_data()
+    assert rec.block == (1, 16)
+    np.testing.assert_allclose(rec.dequantize(), t.dequantize(dtype=torch.float32).numpy(), rtol=3e-7, atol=0)
+
+
+def test_nvfp4_record_of_zeros_has_global_scale_one() -> None:
+    """TE ``cast/nvfp4/core_nvfp4.cuh:87-93``: a zero global amax gives ``S_enc = 1`` (not FLT_MAX), so the record's
+    global (decode) scale is 1."""
+    rec = NVFP4Quantizer(columnwise=False)(torch.zeros(16, 32)).quantized_data()
+    assert float(rec.global_scale) == 1.0
+
+
+# --- hybrid_tensor.py / mxfp8_tensor.py ----------------------------------------------------------------------
+
+
+def test_hybrid_storage_asked_for_a_dropped_columnwise_copy_is_tes_error() -> None:
+    """TE ``tensor/storage/hybrid_tensor_storage.py:87-91``."""
+    h = HybridQuantizer(
+        rowwise_quantizer=MXFP8Quantizer(E4M3),
+        columnwise_quantizer=NVFP4Quantizer(with_rht=False, with_post_rht_amax=False),
+    )
+    out = h.quantize(_x((32, 64)).to(torch.bfloat16))
+    out.update_usage(columnwise_usage=False)
+    with pytest.raises(
+        RuntimeError,
+        match="^Requested columnwise usage, but HybridQuantizedTensorStorage has no columnwise sub-storage$",
+    ):
+        out.update_usage(columnwise_usage=True)
+
+
+def test_mxfp8_row_split_pieces_are_the_quantizations_of_the_pieces() -> None:
+    """A 32-row-aligned split (FSDP2's shards): 1x32 rowwise and 32x1 columnwise blocks do not straddle the cut,
+    so each piece's codes and scales (both copies, TE's padded scale layouts) are those of quantizing the piece's
+    rows alone."""
+    x = _x((96, 64), seed=10)
+    q = MXFP8Quantizer(E4M3)
+    pieces = torch.split(q(x), 32)
+    for i, p in enumerate(pieces):
+        alone = q(x[32 * i : 32 * (i + 1)])
+        assert type(p) is type(alone) and tuple(p.shape) == (32, 64)
+        for name in ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv"):
+            assert torch.equal(getattr(p, name), getattr(alone, name)), name
