@@ -36,6 +36,8 @@ from fp8sim.pytorch.tensor import (  # noqa: E402
     QuantizerRole,
     custom_recipe_quantizers,
 )
+from fp8sim.pytorch.tensor.storage import Float8TensorStorage  # noqa: E402
+from fp8sim.pytorch.tensor.storage.quantized_tensor_storage import as_storage  # noqa: E402
 from fp8sim.pytorch.tensor.utils import quantize_master_weights  # noqa: E402
 from fp8sim.recipe import CustomRecipe, Format  # noqa: E402
 
@@ -149,6 +151,17 @@ def test_row_scaled_nvfp4_quantize_with_amax_is_tes_error() -> None:
         q.quantize_with_amax(_x((32, 32)), 1.0)
 
 
+def test_a_storage_view_is_tes_storage_class_over_the_tensors_buffers() -> None:
+    """TE's ``internal=True`` quantizers return ``*TensorStorage`` objects that are no ``torch.Tensor``
+    (``quantized_tensor.py:53``, ``tensor/storage/float8_tensor_storage.py``); fp8sim's view of a tensor as one
+    reads the very buffers and dequantizes to the same values."""
+    t = _current()(_x((8, 16)))
+    s = as_storage(t)
+    assert isinstance(s, Float8TensorStorage) and not isinstance(s, torch.Tensor)
+    assert s._data is t._data and s._scale_inv is t._scale_inv
+    assert torch.equal(s.dequantize(), t.dequantize())
+
+
 # --- float8_blockwise_tensor_storage.py: FSDP2 buffers ---------------------------------------------------------
 
 
@@ -203,13 +216,14 @@ def _inf_master(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return master
 
 
-def test_blockwise_master_weight_infinities_saturate_to_448() -> None:
-    """The partial-cast kernel converts with ``static_cast<__nv_fp8_e4m3>``, CUDA's SATFINITE conversion
-    (``fp8_block_scaling.cu:111``): -inf -> -448 (0xFE), +inf -> 448 (0x7E); torch's plain
-    ``.to(float8_e4m3fn)`` would give NaN (0xFF)."""
-    w = _block_weight()
+@pytest.mark.parametrize(("dtype", "codes"), [(E4M3, [0xFE, 0x7E]), (DType.kFloat8E5M2, [0xFB, 0x7B])])
+def test_blockwise_master_weight_infinities_saturate(dtype: DType, codes: list[int]) -> None:
+    """The partial-cast kernel converts with ``static_cast<__nv_fp8_e4m3>`` / ``<__nv_fp8_e5m2>``
+    (``fp8_block_scaling.cu:111``), CUDA's SATFINITE conversions: -inf -> -448 (0xFE) / -57344 (0xFB), +inf ->
+    448 / 57344; torch's plain ``.to(float8_e5m2)`` keeps inf (0xFC)."""
+    w = Float8BlockQuantizer(dtype, rowwise=True, columnwise=False, block_scaling_dim=2)(torch.zeros(128, 128))
     quantize_master_weights([w], [_inf_master(128 * 128)], [0], group=None)
-    assert w._rowwise_data.reshape(-1)[:2].tolist() == [0xFE, 0x7E]
+    assert w._rowwise_data.reshape(-1)[:2].tolist() == codes
 
 
 def test_blockwise_master_weight_with_an_infinity_keeps_scale_one() -> None:
