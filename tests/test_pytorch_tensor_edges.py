@@ -370,3 +370,62 @@ def test_mxfp8_row_split_pieces_are_the_quantizations_of_the_pieces() -> None:
         assert type(p) is type(alone) and tuple(p.shape) == (32, 64)
         for name in ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv"):
             assert torch.equal(getattr(p, name), getattr(alone, name)), name
+
+
+# --- FSDP2 sharding ops of the block-scaled classes (``_fsdp2_block.py``, ``_fsdp2.py``) ---------------------
+
+
+def test_unaligned_row_splits_fall_back_to_the_dequantized_values() -> None:
+    """Splits that cut a scale block (MXFP8: 16 rows; 128x128 tiles: 64 rows) and 1x128 (1D) block scaling,
+    whose scales keep M in dim 1, give TE's fallback: plain tensors holding the rows of the dequantized values."""
+    mx = MXFP8Quantizer(E4M3)(_x((128, 64), seed=11))
+    two_d = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=True, block_scaling_dim=2)(_x((256, 128), seed=12))
+    one_d = Float8BlockQuantizer(E4M3, rowwise=True, columnwise=True, block_scaling_dim=1)(_x((256, 128), seed=13))
+    for t, rows in ((mx, 16), (two_d, 64), (one_d, 128)):
+        pieces = torch.split(t, rows)
+        assert all(type(p) is torch.Tensor for p in pieces)
+        assert torch.equal(torch.cat(pieces), t.dequantize())
+
+
+def test_fsdp2_same_shape_as_strided_keeps_the_block_scaled_tensor() -> None:
+    """FSDP2 views the gathered parameter with ``as_strided(size, stride)`` of its own shape: TE returns the
+    tensor's class over the same buffers (a contiguous, same-shape view)."""
+    t = MXFP8Quantizer(E4M3)(_x((128, 64)))
+    view = torch.as_strided(t, t.shape, t.stride())
+    assert type(view) is type(t) and view._rowwise_data is t._rowwise_data
+
+
+def test_fsdp2_new_zeros_of_an_mxfp8_shard_has_zero_codes_and_scales_in_tes_layouts() -> None:
+    """The padded shard FSDP2 copies into: both copies present, zero, with ``get_scale_shape``'s padded layouts
+    (``mxfp8_tensor.py:164-176``: rowwise rows padded to 128, columnwise to 4)."""
+    q = MXFP8Quantizer(E4M3)
+    z = q(_x((128, 64))).new_zeros((64, 64))
+    assert tuple(z._rowwise_scale_inv.shape) == q.get_scale_shape((64, 64), False) == (128, 4)
+    assert tuple(z._columnwise_scale_inv.shape) == q.get_scale_shape((64, 64), True) == (4, 128)
+    for name in ("_rowwise_data", "_columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv"):
+        assert not getattr(z, name).any(), name
+
+
+def test_mxfp8_forward_gather_pads_the_rowwise_scales_to_tes_layout() -> None:
+    """The rowwise gather (``mxfp8_tensor.py:687-756``): scale rows re-padded to a multiple of 128; the rebuilt
+    tensor is the quantization of the whole weight."""
+    x = _x((64, 64), seed=14)
+    q = MXFP8Quantizer(E4M3)
+    full, shards = q(x), [q(x[:32]), q(x[32:])]
+    gathered = (torch.cat([s._rowwise_data for s in shards]), torch.cat([s._rowwise_scale_inv[:32] for s in shards]))
+    out, _ = shards[0].fsdp_post_all_gather(gathered, (E4M3, False, True, False, False), torch.float32)
+    assert tuple(out._rowwise_scale_inv.shape) == q.get_scale_shape((64, 64), False) == (128, 4)
+    assert torch.equal(out._rowwise_scale_inv, full._rowwise_scale_inv)
+    assert torch.equal(out._rowwise_data, full._rowwise_data)
+
+
+def test_float8_gather_rebuilds_a_parameter_that_does_not_require_grad() -> None:
+    """TE ``float8_tensor.py`` ``fsdp_post_all_gather``: ``Float8Tensor(..., requires_grad=False)`` over the
+    gathered codes and the shard's ``_scale_inv``; its values are the whole weight's."""
+    xs = _x((64, 32), seed=15)
+    full = _current()(xs)
+    shard = _current()(xs[:32])
+    meta = (full._scale_inv, True, False, E4M3)
+    out, _ = shard.fsdp_post_all_gather((full._data.clone(),), meta, torch.float32)
+    assert out.requires_grad is False
+    assert torch.equal(out.dequantize(), full.dequantize())
