@@ -66,6 +66,11 @@ def replace_raw_data(tensor: Any, new_raw_data: torch.Tensor) -> None:
         raise ValueError(f"replace_raw_data for {type(tensor)} is not supported yet")
 
 
+def _magnitude(x: torch.Tensor) -> torch.Tensor:
+    """``|x|`` as TE's partial-amax kernels reduce it (``fmaxf(amax, fabs(x))``): NaN skipped (0), inf kept."""
+    return x.abs().nan_to_num(nan=0.0, posinf=float("inf"))
+
+
 def _all_reduce_max(t: torch.Tensor, group: Any) -> None:
     import torch.distributed as dist
 
@@ -192,7 +197,7 @@ def _blockwise(params: list, group: Any, manual: bool) -> None:
                 f"quantize_master_weights: the 128x128 tiles of a {tuple(model_weight.shape)} weight do not fit "
                 f"its {tuple(amax.shape)} scale buffer (TE's kernel would write past it)"
             )
-        mag = master.detach().float().reshape(-1).abs().nan_to_num(nan=0.0)
+        mag = _magnitude(master.detach().float().reshape(-1))
         amax.view(-1).scatter_reduce_(0, flat, mag, reduce="amax")
     packed = torch.cat([a.reshape(-1) for a in amaxes])
     _all_reduce_max(packed, group)
@@ -252,7 +257,7 @@ def _mxfp8(params: list, group: Any) -> None:
         if master is None:
             continue
         r, c = _tile_index(model_weight, master, start_offset, 1)
-        mag = master.detach().reshape(-1).abs().nan_to_num(nan=0.0)
+        mag = _magnitude(master.detach().reshape(-1))
         ra.view(-1).scatter_reduce_(0, r * ra.shape[1] + c // 32, mag, reduce="amax")
         ca.view(-1).scatter_reduce_(0, (r // 32) * ca.shape[1] + c, mag, reduce="amax")
     packed = torch.cat([a.reshape(-1) for a in rows_amax + cols_amax])
@@ -302,7 +307,7 @@ def _nvfp4_2d(params: list, group: Any, manual: bool) -> None:
     for i, ((model_weight, master, start_offset), t) in enumerate(zip(params, tiles, strict=True)):
         if master is not None and master.numel():
             r, c = _tile_index(model_weight, master, start_offset, 16)
-            mag = master.detach().reshape(-1).float().abs().nan_to_num(nan=0.0)
+            mag = _magnitude(master.detach().reshape(-1).float())
             t.view(-1).scatter_reduce_(0, r * t.shape[1] + c, mag, reduce="amax")
             amaxes[i] = mag.max()
     packed = torch.cat([t.reshape(-1) for t in tiles])
@@ -315,7 +320,8 @@ def _nvfp4_2d(params: list, group: Any, manual: bool) -> None:
         offset += tiles[i].numel()
         g = f32(amaxes[i].item())
         s_enc = f32(min(f32(f32(2688) / max(g, f32(np.finfo(np.float32).tiny))), flt_max)) if g > 0 else f32(1)
-        scale_val = np.fmin(t * f32(s_enc * (f32(1) / f32(6))), flt_max).astype(np.float32)
+        with np.errstate(invalid="ignore"):  # an infinite amax: inf * 0 is NaN, and fminf(NaN, FLT_MAX) = FLT_MAX
+            scale_val = np.fmin(t * f32(s_enc * (f32(1) / f32(6))), flt_max).astype(np.float32)
         e4m3 = encode(scale_val, E4M3, saturate=True)
         target = model_weight._rowwise_scale_inv
         rows_padded, tile_cols = target.shape[0], t.shape[1]
