@@ -152,22 +152,12 @@ class MXFP8Tensor(MXFP8TensorStorage, BlockScaledTensor):
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         """TE's MXFP8 ``split`` (FSDP2): along dim 0 in multiples of 32 rows the pieces stay MXFP8Tensors
-        (data and scales split, scales re-padded to TE's 128 / 4 rows); any other split dequantizes."""
+        (data and scales split, scales re-padded to TE's 128 / 4 rows; ``_fsdp2_block``); any other split
+        dequantizes."""
         kwargs = kwargs or {}
         out = _fsdp2_block.dispatch(func, args, kwargs)  # FSDP2's new_zeros, split, narrow, view, as_strided
         if out is not NotImplemented:
             return out
-        if func == torch.ops.aten.split.Tensor:
-            tensor, size = args[0], args[1]
-            dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
-            if (
-                dim == 0
-                and isinstance(size, int)
-                and tensor.shape[0] % size == 0
-                and size % _B == 0
-                and not tensor._with_gemm_swizzled_scales
-            ):
-                return _split_rows(tensor, size)
         return super().__torch_dispatch__(func, types, args, kwargs)
 
     def _view_refusal(self, shape: tuple[int, ...], view: bool) -> tuple[type | None, str] | None:
@@ -199,33 +189,3 @@ class MXFP8Tensor(MXFP8TensorStorage, BlockScaledTensor):
 
     def _dequantize_columnwise(self) -> torch.Tensor:
         return self._values(self._columnwise_data, self._columnwise_scale_inv, True)
-
-
-def _split_rows(tensor: MXFP8Tensor, size: int) -> list[MXFP8Tensor]:
-    def pieces(t: torch.Tensor | None, step: int, pad: int) -> list[Any] | None:
-        if t is None:
-            return None
-        out = list(torch.split(t, step, 0))
-        if pad:
-            out = [torch.nn.functional.pad(p, (0, 0, 0, (pad - p.shape[0] % pad) % pad)) for p in out]
-        return out
-
-    rows, cols = pieces(tensor._rowwise_data, size, 0), pieces(tensor._columnwise_data, size, 0)
-    row_s = pieces(tensor._rowwise_scale_inv, size, 128)
-    col_s = pieces(tensor._columnwise_scale_inv, size // _B, 4)
-    ref = rows if rows is not None else cols
-    return [
-        MXFP8Tensor(
-            shape=ref[i].shape,
-            dtype=tensor.dtype,
-            device=tensor.device,
-            rowwise_data=None if rows is None else rows[i],
-            rowwise_scale_inv=None if row_s is None else row_s[i],
-            columnwise_data=None if cols is None else cols[i],
-            columnwise_scale_inv=None if col_s is None else col_s[i],
-            fp8_dtype=tensor._fp8_dtype,
-            quantizer=tensor._quantizer,
-            with_gemm_swizzled_scales=False,
-        )
-        for i in range(len(ref))
-    ]
