@@ -145,3 +145,27 @@ def test_te_philox_block_words_bounds_name_the_argument_and_its_range():
     with pytest.raises(ValueError, match=re.escape(f"block must be an int in [0, {top}], got -1")):
         te_philox_block_words(1, -1, 4)
     assert te_philox_block_words(top, top, 2).shape == (2, 4)
+
+
+def test_stochastic_rounding_without_a_seed_draws_a_valid_fresh_seed_each_call():
+    """``seed=None``: a fresh 64-bit seed per call (not reproducible), never one the seed check refuses."""
+    x = np.linspace(-3, 3, 256, dtype=np.float32) + np.float32(0.01)
+    draws = {fp8sim.encode(x, "e4m3", rounding="stochastic").tobytes() for _ in range(40)}
+    assert len(draws) > 1
+
+
+@pytest.mark.parametrize("bias", [130, 131, 133])
+def test_formats_at_the_float32_table_limit_are_rounded_from_every_bit(bias):
+    """E4M3 records whose half grid spacing is 2^-133 (bias 130: float32 bit 16 of a subnormal, the table's
+    last exact bit), 2^-134 and 2^-136 (bits 15 and 13: below the table's upper 16 bits, which a sticky bit
+    cannot resolve): every float32 subnormal bit pattern drawn is rounded as the spec's Fraction reference
+    (``conftest.ref_encode_array``) says."""
+    from conftest import assert_codes_equal
+
+    deep = fp8sim.FloatFormat(f"x_e4m3_b{bias}", 4, 3, bias, specials="fn")
+    rng = np.random.default_rng(bias)
+    bits = rng.integers(0x00000001, 0x00800000, 3000, dtype=np.uint32)
+    x = np.concatenate([bits, bits | 0x80000000]).view(np.float32)
+    for rounding in ("nearest_even", "toward_zero", "up"):
+        want = ref_encode_array(x, deep, rounding, True)
+        assert_codes_equal(fp8sim.encode(x, deep, rounding=rounding), want, deep, x, rounding)

@@ -100,3 +100,12 @@ def test_decode_takes_wide_unsigned_code_tensors(name):
     assert got.dtype == torch.float32 and np.array_equal(got.numpy(), want, equal_nan=True)
     with pytest.raises(ValueError, match=r"^code 256 out of range for e4m3: codes must be in \[0, 255\]$"):
         fp8sim.decode(torch.tensor([1, 256], dtype=dt), "e4m3")
+
+
+def test_a_torch_tensor_without_a_float_dtype_is_refused_by_its_argument_name_as_numpy_is():
+    for t, a in ((torch.tensor([1, 2]), np.array([1, 2])), (torch.tensor([True]), np.array([True]))):
+        with pytest.raises(TypeError) as from_numpy:
+            fp8sim.encode(a, "e4m3")
+        with pytest.raises(TypeError, match=r"^x must have a floating dtype \(float16, bfloat16, float32, float64\); "):
+            fp8sim.encode(t, "e4m3")
+        assert str(from_numpy.value).startswith("x must have a floating dtype (")
