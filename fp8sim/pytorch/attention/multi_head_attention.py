@@ -206,10 +206,8 @@ class MultiheadAttention(nn.Module):
                     name=sub("layernorm_linear_q"),
                     **ln_kw,
                 )
-            else:
-                self.query_layer = Lin(
-                    hidden_size, self.hidden_size_q, parallel_mode=qkv_mode, name=sub("linear_q"), **kw
-                )
+            else:  # TE (multi_head_attention.py 429-437 at d0067d0) gives this Linear no name: its roles say ""
+                self.query_layer = Lin(hidden_size, self.hidden_size_q, parallel_mode=qkv_mode, **kw)
             kv_split = None if fuse_qkv_params else ("key", "value")
             self.key_value = Lin(
                 hidden_size,
