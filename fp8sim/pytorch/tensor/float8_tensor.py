@@ -445,19 +445,25 @@ def _new_zeros(args: tuple, kwargs: dict) -> Float8Tensor:
     dtype = kwargs.get("dtype") or tensor.dtype
     if tensor._data is None and (tensor._transpose is None or tensor._transpose_invalid):
         raise RuntimeError("Float8Tensor.new_zeros requires rowwise or columnwise data")
-    data = torch.zeros(size, dtype=torch.uint8) if tensor._data is not None else None
+    # TE: the codes buffers' own new_zeros (their device, or the ``device`` asked for), the scale moved there
+    opts = {k: v for k, v in kwargs.items() if k not in ("dtype", "layout", "requires_grad")}
+    data = tensor._data.new_zeros(size, **opts) if tensor._data is not None else None
     transpose = None
     if tensor._transpose is not None and not tensor._transpose_invalid:
-        transpose = torch.zeros(_columnwise_shape(size), dtype=torch.uint8)
+        transpose = tensor._transpose.new_zeros(_columnwise_shape(size), **opts)
+    reference = data if data is not None else transpose
+    scale_inv = tensor._scale_inv.detach().clone()
+    if scale_inv.device != reference.device:
+        scale_inv = scale_inv.to(reference.device)
     return Float8Tensor(
         shape=size,
         dtype=dtype,
         data=data,
-        fp8_scale_inv=tensor._scale_inv.detach().clone(),
+        fp8_scale_inv=scale_inv,
         fp8_dtype=tensor._fp8_dtype,
         data_transpose=transpose,
         quantizer=tensor._quantizer,
-        device=tensor.device,
+        device=reference.device,
     )
 
 
