@@ -65,8 +65,11 @@ def test_each_ml_dtypes_release_preset_states_its_rule():
 def test_the_installed_preset_states_what_the_installed_ml_dtypes_does():
     """The three claims of the installed release's description, measured on ml_dtypes itself."""
     desc = conventions._ml_dtypes_preset(conventions.ml_dtypes_rule(ml_dtypes.__version__)).description
-    e8 = np.array([1.5, 1.1 * 2.0**-127], np.float32).astype(ml_dtypes.float8_e8m0fnu).view(np.uint8)
-    assert ("E8M0 ties up" in desc) == (e8[0] == 128)  # 1.5 -> 2.0 (code 128), not 1.0 (127)
+    e8 = np.array([3.0, 1.1 * 2.0**-127], np.float32).astype(ml_dtypes.float8_e8m0fnu).view(np.uint8)
+    # 3.0 is the tie of 2.0 (code 128, even) and 4.0 (129): up -> 129, to the even code -> 128 (1.5 cannot tell:
+    # its tie's upper code 128 is also the even one)
+    assert ("E8M0 ties up" in desc) == (e8[0] == 129)
+    assert ("E8M0 ties to the even code" in desc) == (e8[0] == 128)
     assert ("(2^-127, 2^-126) to nearest" in desc) == (e8[1] == 0)  # 1.1 * 2^-127 -> 2^-127 (code 0)
     # just below the E4M3 midpoint 1.1875: once -> 1.125 (0x39); through float32 it is the tie -> 1.25 (0x3A)
     once = np.array([1.1875 - 2.0**-30]).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)[0] == 0x39

@@ -353,6 +353,14 @@ def cpu_kernel_notes(meta: dict[str, Any]) -> list[str]:
             "is not oneDNN's (AMX tiles, K split per thread): low-bit mismatches are expected and not a fault; "
             "`fp8sim capture --torch-cpu-kernel fallback` records the fallback, which fp8sim reproduces bit for bit"
         )
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        notes.append(
+            "torch is not installed here: the fallback's float32 matmul runs in numpy's summation order, not "
+            "torch's BLAS order, so this capture's GEMMs may differ in the low bits; install torch to compare "
+            "them bit for bit"
+        )
     ours = torch_cpu_kernel()
     if ours != theirs:
         notes.append(f"{where}; this host runs {ours}: the comparison follows the capture's kernel, not this host's")
