@@ -91,7 +91,8 @@ def test_a_stochastic_convention_quantizes_with_its_seed():
 @pytest.mark.parametrize(("ties", "sliver"), [("even", "nearest"), ("up", "up")])
 def test_e8m0_rules_take_signalling_nans_without_a_warning(ties, sliver):
     """The rule's float64 copy of the input quiets signalling NaNs silently; they stay NaN (0xFF, ml_dtypes)."""
-    want = _SNAN.astype(ml_dtypes.float8_e8m0fnu).view(np.uint8)
+    with np.errstate(invalid="ignore"):  # ml_dtypes 0.5 flags the quieting of the oracle's own cast
+        want = _SNAN.astype(ml_dtypes.float8_e8m0fnu).view(np.uint8)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         codes = encode_e8m0(_SNAN, ties=ties, sliver=sliver)
