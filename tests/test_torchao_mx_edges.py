@@ -6,52 +6,21 @@ output's (torchao: ``output + self.bias.to(output.dtype)``)."""
 from __future__ import annotations
 
 import pytest
+from test_torchao_mx_training import _assert_equal, _heavy, _step
+from test_torchao_mx_training import _pair as _training_pair
 
 from fp8sim.testing.oracles import require
 
 torch = require("torch")
-ao_mx = require("torchao.prototype.moe_training.mxfp8_linear")
+require("torchao.prototype.moe_training.mxfp8_linear")  # the oracle of every test here
 
 from torch import nn  # noqa: E402
-from torchao.prototype.mx_formats.config import ScaleCalculationMode as AoMode  # noqa: E402
-from torchao.quantization.quantize_.common.kernel_preference import KernelPreference as AoKP  # noqa: E402
-
-import fp8sim.torchao as fs  # noqa: E402
-from fp8sim.testing import assert_bit_exact  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _pair(dtype: torch.dtype, mode: str, wgrad_with_hp: bool = False) -> tuple[nn.Module, nn.Module]:
-    torch.manual_seed(0)
-    theirs = ao_mx.MXFP8Linear(
-        64, 32, bias=True, kernel_preference=AoKP.EMULATED, scale_calculation_mode=AoMode(mode),
-        wgrad_with_hp=wgrad_with_hp,
-    ).to(dtype)  # fmt: skip
-    ours = fs.MXFP8Linear(
-        64, 32, bias=True, kernel_preference="emulated", scale_calculation_mode=mode, wgrad_with_hp=wgrad_with_hp
-    ).to(dtype)
-    ours.load_state_dict(theirs.state_dict())
-    return ours, theirs
-
-
-def _step(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    x = x.clone().requires_grad_(True)
-    y = model(x)
-    y.float().square().sum().backward()
-    return {"output": y.detach(), "grad_input": x.grad, **{n: p.grad for n, p in model.named_parameters()}}
-
-
-def _assert_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert got.keys() == want.keys()
-    for k in want:
-        assert got[k].dtype == want[k].dtype, k
-        assert_bit_exact(got[k], want[k])
-
-
-def _heavy(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=g) * torch.exp(2 * torch.randn(shape, generator=g))).to(dtype)
+    return _training_pair(dtype, wgrad_with_hp, mode, out_features=32)
 
 
 @pytest.mark.parametrize("mode", ["ceil", "even"])

@@ -35,14 +35,16 @@ def _heavy(shape, dtype, seed):
     return (torch.randn(shape, generator=g) * torch.exp(2 * torch.randn(shape, generator=g))).to(dtype)
 
 
-def _pair(dtype, wgrad_with_hp, mode, bias=True):
+def _pair(dtype, wgrad_with_hp, mode, bias=True, out_features=96):
+    """fp8sim's MXFP8Linear (EMULATED) and torchao's, 64 -> ``out_features``, with torchao's initial weights."""
     torch.manual_seed(0)
     theirs = ao_mx.MXFP8Linear(
-        64, 96, bias=bias, kernel_preference=AoKP.EMULATED, wgrad_with_hp=wgrad_with_hp,
+        64, out_features, bias=bias, kernel_preference=AoKP.EMULATED, wgrad_with_hp=wgrad_with_hp,
         scale_calculation_mode=AoMode(mode),
     ).to(dtype)  # fmt: skip
     ours = fs.MXFP8Linear(
-        64, 96, bias=bias, kernel_preference="emulated", wgrad_with_hp=wgrad_with_hp, scale_calculation_mode=mode
+        64, out_features, bias=bias, kernel_preference="emulated", wgrad_with_hp=wgrad_with_hp,
+        scale_calculation_mode=mode,
     ).to(dtype)
     ours.load_state_dict(theirs.state_dict())
     return ours, theirs
