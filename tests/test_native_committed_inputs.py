@@ -29,7 +29,8 @@ def test_the_committed_capture_still_compares_bit_exact() -> None:
 def test_the_committed_capture_gemms_still_compare_bit_exact_with_torch() -> None:
     """The tensorwise GEMMs of K = 32 (their scales): the fallback's float32 matmul is torch's (its BLAS order);
     without torch fp8sim sums in numpy's order (``gemm/scaled_mm.py`` ``_matmul_f32``), which is not the
-    capture's."""
+    capture's.  The capture was recorded on an AVX2 host (no AVX-512, no AMX: its meta); that this host's torch
+    float32 matmul sums K = 32 in the same order on an AVX-512 CPU is assumed, not yet measured there."""
     require("torch")
     res = compare_capture(COMMITTED, infer="none", ops=["scaled_mm/*/tensorwise/*/*/64x64x32"])
     assert [o.kind for o in res.ops].count("scaled_mm") == 8
