@@ -40,7 +40,8 @@ def _mx_data(seed: int) -> list[torch.Tensor]:
 
 def test_mxfp8_dv_takes_do_blocked_along_the_query_sequence() -> None:
     """dO's rows scaled by 2^0 ... 2^-15: blocks along d (one row each) keep every row's precision, blocks along
-    the sequence (32 rows) flush the small rows, so only the sequence-blocked dO gives the reference's dV."""
+    the sequence (32 rows) flush the small rows; dV must equal the reference's, whose dO is blocked along the
+    sequence (a d-blocked dO is not computed here)."""
     q, k, v, do = _mx_data(31)
     do = do * torch.pow(2.0, -(torch.arange(128) % 16).float()).view(1, 128, 1, 1)
     dpa = DotProductAttention(1, 32, qkv_format="bshd", attn_mask_type="causal")

@@ -421,7 +421,8 @@ def test_mxfp8_forward_gather_pads_the_rowwise_scales_to_tes_layout() -> None:
 
 def test_float8_gather_rebuilds_a_parameter_that_does_not_require_grad() -> None:
     """TE ``float8_tensor.py`` ``fsdp_post_all_gather``: ``Float8Tensor(..., requires_grad=False)`` over the
-    gathered codes and the shard's ``_scale_inv``; its values are the whole weight's."""
+    gathered codes and scale; here (no process group) the whole weight's codes and scale stand for the gathered
+    buffers, so the rebuilt values are the whole weight's."""
     xs = _x((64, 32), seed=15)
     full = _current()(xs)
     shard = _current()(xs[:32])

@@ -68,7 +68,8 @@ def _small_integers(rows: int, cols: int, seed: int) -> torch.Tensor:
 def test_tensorwise_input_with_rowwise_weight_scales_on_the_scaled_gemm_path_equals_torchao() -> None:
     """``a`` tensorwise, ``b`` axiswise: torchao's ``preprocess_addmm`` (float8_ops.py) repeats ``a``'s one
     scale for each of its rows before ``addmm_float8_unwrapped``; with exact data any accumulator gives the
-    exact sums, so fp8sim's Hopper path equals torchao's ``emulate=True`` bit for bit."""
+    exact sums, so fp8sim's scaled-GEMM path equals torchao's ``emulate=True`` bit for bit (which accumulator ran
+    is not asserted)."""
     axis = dict(scaling_granularity=ao.ScalingGranularity.AXISWISE)
     cfg_ao = ao.Float8LinearConfig(cast_config_weight=ao.CastConfig(**axis), emulate=True)
     cfg_fs = fs.Float8LinearConfig(cast_config_weight=fs.CastConfig(scaling_granularity=fs.ScalingGranularity.AXISWISE))

@@ -11,8 +11,9 @@ torchao 0.18 itself run side by side, torch's own ops, or torchao's source (file
 - MoE: a weight converted with an MXFP8 config runs with it; ``create_graph=True`` is refused naming the GEMMs;
   FP8 rowwise refuses an expert dim N not a multiple of 16 as torchao does (``fp8_grouped_mm.py:88``) and,
   with ``accumulator=None`` (the device's), every GEMM is Hopper's fast accumulation as torchao asks
-  (``use_fast_accum=True``, ``fp8_grouped_mm.py:184, 269, 317``); MXFP8 AUTO with ``accumulator=None`` runs
-  Blackwell's and gives the exact products of exactly representable data, as torch's own grouped mm.
+  (``use_fast_accum=True``, ``fp8_grouped_mm.py:184, 269, 317``); MXFP8 AUTO with ``accumulator=None`` gives the
+  exact products of exactly representable data, as torch's own grouped mm (which accumulator ran is not asserted:
+  on exact data they all agree).
 """
 
 from __future__ import annotations
